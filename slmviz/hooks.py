@@ -1,0 +1,173 @@
+"""Hook names, their shapes, and the per-run context that captures and intervenes.
+
+Names follow TransformerLens so existing notebooks port over; DESIGN.md's table is reproduced in
+`LAYER_HOOKS` / `GLOBAL_HOOKS`, and tests/test_hooks.py runs the model and checks every name and shape.
+Shapes are for one prompt, no batch dimension. Dim names: pos, d_model, h (query heads), g (KV heads),
+d_head, d_mlp, pos_q, pos_k. `hook_k`/`hook_v` keep g KV heads (not expanded to h).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+HookFn = Callable[[torch.Tensor, str], torch.Tensor | None]
+NameFilter = Iterable[str] | Callable[[str], bool] | None
+
+# name → dims, in the order the forward pass reaches them.
+GLOBAL_HOOKS_BEFORE: dict[str, tuple[str, ...]] = {"hook_embed": ("pos", "d_model")}
+LAYER_HOOKS: dict[str, tuple[str, ...]] = {
+    "hook_resid_pre": ("pos", "d_model"),
+    "ln1.hook_scale": ("pos", "1"),
+    "ln1.hook_normalized": ("pos", "d_model"),
+    "attn.hook_q": ("pos", "h", "d_head"),
+    "attn.hook_k": ("pos", "g", "d_head"),
+    "attn.hook_v": ("pos", "g", "d_head"),
+    "attn.hook_rot_q": ("pos", "h", "d_head"),
+    "attn.hook_rot_k": ("pos", "g", "d_head"),
+    "attn.hook_attn_scores": ("h", "pos_q", "pos_k"),
+    "attn.hook_pattern": ("h", "pos_q", "pos_k"),
+    "attn.hook_z": ("pos", "h", "d_head"),
+    "attn.hook_result": ("pos", "h", "d_model"),
+    "hook_attn_out": ("pos", "d_model"),
+    "hook_resid_mid": ("pos", "d_model"),
+    "ln2.hook_scale": ("pos", "1"),
+    "ln2.hook_normalized": ("pos", "d_model"),
+    "mlp.hook_pre": ("pos", "d_mlp"),
+    "mlp.hook_gate": ("pos", "d_mlp"),
+    "mlp.hook_pre_linear": ("pos", "d_mlp"),
+    "mlp.hook_post": ("pos", "d_mlp"),
+    "hook_mlp_out": ("pos", "d_model"),
+    "hook_resid_post": ("pos", "d_model"),
+}
+GLOBAL_HOOKS_AFTER: dict[str, tuple[str, ...]] = {
+    "ln_final.hook_scale": ("pos", "1"),
+    "ln_final.hook_normalized": ("pos", "d_model"),
+}
+
+
+def layer_hook_name(layer: int, local: str) -> str:
+    return f"blocks.{layer}.{local}"
+
+
+def hook_names(n_layers: int) -> list[str]:
+    """Every hook name of an n_layers model, in execution order."""
+    names = list(GLOBAL_HOOKS_BEFORE)
+    for layer in range(n_layers):
+        names += [layer_hook_name(layer, local) for local in LAYER_HOOKS]
+    return names + list(GLOBAL_HOOKS_AFTER)
+
+
+def hook_dims(name: str) -> tuple[str, ...]:
+    """The dim names of a hook, e.g. ("h", "pos_q", "pos_k") for any layer's hook_pattern."""
+    if name.startswith("blocks."):
+        local = name.split(".", 2)[2]
+        return LAYER_HOOKS[local]
+    return {**GLOBAL_HOOKS_BEFORE, **GLOBAL_HOOKS_AFTER}[name]
+
+
+def hook_shape(name: str, cfg: Any, n_pos: int, n_pos_k: int | None = None) -> tuple[int, ...]:
+    """The exact shape a hook has for a prompt of n_pos tokens (n_pos_k keys, default n_pos)."""
+    sizes = {
+        "pos": n_pos,
+        "pos_q": n_pos,
+        "pos_k": n_pos if n_pos_k is None else n_pos_k,
+        "d_model": cfg.d_model,
+        "h": cfg.n_heads,
+        "g": cfg.n_kv_heads,
+        "d_head": cfg.d_head,
+        "d_mlp": cfg.d_mlp,
+        "1": 1,
+    }
+    return tuple(sizes[d] for d in hook_dims(name))
+
+
+def layer_of(name: str) -> int | None:
+    """Layer index of a `blocks.L.*` name, None for global hooks."""
+    return int(name.split(".")[1]) if name.startswith("blocks.") else None
+
+
+def check_names(requested: Iterable[str], valid: list[str]) -> None:
+    """Raise KeyError naming the closest valid hooks for any unknown name."""
+    valid_set = set(valid)
+    for name in requested:
+        if name not in valid_set:
+            close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise KeyError(
+                f"Unknown hook name {name!r}{hint} (valid names look like 'blocks.0.attn.hook_pattern'; "
+                f"see slmviz.hook_names(n_layers))"
+            )
+
+
+class HookContext:
+    """What one forward pass captures and which hook functions it calls.
+
+    `capture`: the set of names to store (None = nothing). `fns`: name → fn(tensor, name).
+    A fn's non-None return replaces the value and feeds forward; it must keep shape and dtype.
+    Stored tensors are the live values (no copy): the model never modifies a tensor in place after
+    it has passed a hook point.
+    """
+
+    __slots__ = ("capture", "fns", "store", "_active")
+
+    def __init__(self, capture: set[str] | None = None, fns: dict[str, list[HookFn]] | None = None):
+        self.capture = capture or set()
+        self.fns = fns or {}
+        self.store: dict[str, torch.Tensor] = {}
+        self._active = self.capture | set(self.fns)
+
+    def wants(self, name: str) -> bool:
+        """True if anyone reads this value; optional work (per-head results, patterns) is skipped otherwise."""
+        return name in self._active
+
+    def __call__(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        if name not in self._active:
+            return x
+        for fn in self.fns.get(name, ()):
+            out = fn(x, name)
+            if out is not None:
+                x = _checked_replacement(name, x, out)
+        if name in self.capture:
+            self.store[name] = x
+        return x
+
+
+NULL_CONTEXT = HookContext()
+
+
+def _checked_replacement(name: str, old: torch.Tensor, new: Any) -> torch.Tensor:
+    if not isinstance(new, torch.Tensor):
+        raise TypeError(f"Hook on {name!r} returned {type(new).__name__}; return a tensor or None")
+    if new.shape != old.shape:
+        raise ValueError(f"Hook on {name!r} returned shape {tuple(new.shape)}, expected {tuple(old.shape)}")
+    if new.dtype != old.dtype:
+        raise ValueError(f"Hook on {name!r} returned dtype {new.dtype}, expected {old.dtype}")
+    return new
+
+
+def build_context(
+    valid: list[str], names: NameFilter = None, hooks: dict[str, HookFn | list[HookFn]] | None = None,
+    capture_all_by_default: bool = True,
+) -> HookContext:
+    """Resolve a `names=` filter (None = all, [] = none, list of exact names, or a predicate) and hook fns."""
+    if names is None:
+        capture = set(valid) if capture_all_by_default else set()
+    elif callable(names):
+        capture = {n for n in valid if names(n)}
+    else:
+        names = [names] if isinstance(names, str) else list(names)
+        check_names(names, valid)
+        capture = set(names)
+    fns: dict[str, list[HookFn]] = {}
+    for name, fn in (hooks or {}).items():
+        check_names([name], valid)
+        fn_list = list(fn) if isinstance(fn, list | tuple) else [fn]
+        for f in fn_list:
+            if not callable(f):
+                raise TypeError(f"Hook for {name!r} must be callable fn(tensor, name), got {type(f).__name__}")
+        fns[name] = fn_list
+    return HookContext(capture, fns)

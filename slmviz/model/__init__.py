@@ -1,0 +1,1 @@
+"""The decoder in plain PyTorch: one silent convention per named function, one concern per file."""

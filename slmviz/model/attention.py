@@ -1,0 +1,90 @@
+"""Attention conventions: GQA head mapping, causal mask, score scale, and the attention kernels."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def kv_head_of(q_head: int, n_rep: int) -> int:
+    """Query head q reads KV head q // n_rep: contiguous groups of n_rep query heads share a KV head.
+
+    This is transformers' `repeat_interleave` (repeat_kv) mapping that every GQA checkpoint
+    (SmolLM2: 9 query heads, 3 KV heads) was trained with. `q % n_kv_heads` also indexes a valid
+    KV head and runs, but scrambles the groups: the `gqa_tile` variant.
+    Pinned by tests/test_conventions.py::test_gqa_groups_are_contiguous.
+    """
+    return q_head // n_rep
+
+
+def kv_head_of_tiled(q_head: int, n_kv_heads: int) -> int:
+    """The `gqa_tile` variant: query head q reads KV head q % g (what `k.repeat(1, n_rep, 1)` gives)."""
+    return q_head % n_kv_heads
+
+
+def kv_head_index(n_heads: int, n_kv_heads: int, mapping: str = "grouped") -> torch.Tensor:
+    """LongTensor [h]: the KV head each query head reads, from `kv_head_of` (or the tiled variant)."""
+    n_rep = n_heads // n_kv_heads
+    pick = {"grouped": lambda q: kv_head_of(q, n_rep), "tile": lambda q: kv_head_of_tiled(q, n_kv_heads)}[mapping]
+    return torch.tensor([pick(q) for q in range(n_heads)], dtype=torch.long)
+
+
+def attention_scale(d_head: int) -> float:
+    """Scores are q·k / sqrt(d_head), with d_head the per-head size (config.head_dim when given).
+
+    Using d_model, or hidden_size/heads when a checkpoint sets an explicit head_dim, sharpens or
+    flattens every pattern without error. Pinned by tests/test_conventions.py::test_scores_are_scaled_by_sqrt_d_head.
+    """
+    return d_head**-0.5
+
+
+def attention_mask(
+    n_q: int, n_k: int, causal: bool = True, sliding_window: int | None = None
+) -> torch.Tensor | None:
+    """Bool [pos_q, pos_k], True where query i may read key j; None when every key is visible.
+
+    Queries are the last n_q of the n_k positions (key j is at absolute position j, query i at
+    n_k - n_q + i), so during cached decoding the new token sees the whole cache. Causal: key
+    position <= query position; dropping this lets every position read the future
+    (`no_causal_mask`). A sliding window (Mistral) additionally requires query - key < window.
+    Pinned by tests/test_conventions.py::test_causal_mask_hides_the_future.
+    """
+    q_pos = torch.arange(n_k - n_q, n_k)[:, None]
+    k_pos = torch.arange(n_k)[None, :]
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool)
+    if causal:
+        allowed &= k_pos <= q_pos
+    if sliding_window is not None:
+        allowed &= (q_pos - k_pos) < sliding_window
+    return None if bool(allowed.all()) else allowed
+
+
+def eager_attention(
+    q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores, pattern), both [h, pos_q, pos_k]; masked scores are -inf. q: [h, pos_q, dh]; k: [h, pos_k, dh].
+
+    Like transformers' eager path: scale after the matmul, softmax in fp32.
+    """
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [h, pos_q, pos_k]
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    pattern = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return scores, pattern
+
+
+def fused_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """z [h, pos_q, dh] through PyTorch's fused SDPA kernel, used when nobody asked for scores or patterns.
+
+    A plain causal prefill goes through `is_causal=True` (no mask tensor is materialised).
+    """
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if allowed is not None and n_q == n_k and n_q > 1 and torch.equal(allowed, _lower_triangle(n_q)):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+
+
+def _lower_triangle(n: int) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool).tril()

@@ -1,0 +1,44 @@
+"""A preallocated KV cache: one [g, capacity, d_head] buffer per layer for keys and values."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Keys (after RoPE) and values of every position seen so far, per layer.
+
+    Buffers are allocated once for `capacity` positions and written in place, so a decoding step
+    never reallocates; `grow` doubles them if a caller goes past the capacity it asked for.
+    `length` is the number of positions *committed*: the decoder advances it once per forward,
+    after every layer has appended (see decoder.position_offset).
+    """
+
+    def __init__(self, n_layers: int, n_kv_heads: int, d_head: int, capacity: int, dtype=torch.float32):
+        self.k = [torch.empty(n_kv_heads, capacity, d_head, dtype=dtype) for _ in range(n_layers)]
+        self.v = [torch.empty(n_kv_heads, capacity, d_head, dtype=dtype) for _ in range(n_layers)]
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[1]
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [g, n_new, dh] after the committed positions; return views of all keys/values so far."""
+        end = self.length + k.shape[1]
+        if end > self.capacity:
+            self._grow(end)
+        self.k[layer][:, self.length : end] = k
+        self.v[layer][:, self.length : end] = v
+        return self.k[layer][:, :end], self.v[layer][:, :end]
+
+    def advance(self, n_new: int) -> None:
+        self.length += n_new
+
+    def _grow(self, needed: int) -> None:
+        new_capacity = max(needed, 2 * self.capacity)
+        for buffers in (self.k, self.v):
+            for i, old in enumerate(buffers):
+                new = torch.empty(old.shape[0], new_capacity, old.shape[2], dtype=old.dtype)
+                new[:, : self.length] = old[:, : self.length]
+                buffers[i] = new

@@ -1,0 +1,86 @@
+"""Rotary position embedding: frequencies (with the checkpoint's scaling) and the pairing convention."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def rope_inv_freq(d_head: int, theta: float, scaling: dict[str, Any], seq_len: int, max_pos: int) -> torch.Tensor:
+    """Inverse frequencies [d_head/2]: theta^(-2i/d_head), then the checkpoint's RoPE scaling.
+
+    The exponent uses integer 0, 2, 4, ... cast to float (as in transformers): computing it as
+    arange(d_head/2)*2/d_head in another dtype shifts high frequencies slightly. The wrong base
+    (e.g. a hard-coded 10 000 instead of SmolLM2's 100 000) runs fine and is the `rope_theta_10k`
+    variant. Scaling types: linear divides all frequencies by `factor`; dynamic (NTK) enlarges
+    theta once seq_len exceeds max_position_embeddings; llama3 divides low frequencies by
+    `factor` and blends the middle band. Pinned by tests/test_conventions.py::test_rope_frequencies_*.
+    """
+    rope_type = scaling.get("rope_type", "default")
+    if rope_type == "dynamic" and seq_len > max_pos:
+        factor = scaling["factor"]
+        theta = theta * ((factor * seq_len / max_pos) - (factor - 1)) ** (d_head / (d_head - 2))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))
+    if rope_type == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif rope_type == "llama3":
+        inv_freq = _llama3_scaled(inv_freq, scaling)
+    return inv_freq
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1's frequency-dependent scaling (Meta's reference `apply_scaling`)."""
+    factor = scaling["factor"]
+    low_freq_factor = scaling.get("low_freq_factor", 1.0)
+    high_freq_factor = scaling.get("high_freq_factor", 4.0)
+    old_context_len = scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Angle of each (position, frequency) pair: [pos] x [d_head/2] -> [pos, d_head/2], in fp32.
+
+    Positions are absolute: during cached decoding the caller passes offset + arange(new tokens).
+    """
+    return positions.float()[:, None] * inv_freq[None, :]
+
+
+def rotate_half(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """HF/NeoX pairing: dim i rotates with dim i + d/2 by angle i. x: [pos, heads, d_head].
+
+    transformers' LLaMA-family checkpoints need this pairing (their q/k rows were permuted at
+    conversion so that it holds). Pairing (2i, 2i+1) instead is `rotate_interleaved`, which runs
+    and corrupts every attention score except at position 0.
+    Pinned by tests/test_conventions.py::test_rope_pairs_dim_i_with_i_plus_half.
+    """
+    emb = torch.cat((angles, angles), dim=-1)[:, None, :]  # [pos, 1, d_head]
+    cos, sin = emb.cos(), emb.sin()
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def rotate_interleaved(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """GPT-J / original Meta pairing: dim 2i rotates with dim 2i+1 by angle i (the variant)."""
+    emb = angles.repeat_interleave(2, dim=-1)[:, None, :]  # [pos, 1, d_head]
+    cos, sin = emb.cos(), emb.sin()
+    x_even, x_odd = x[..., 0::2], x[..., 1::2]
+    rotated = torch.stack((-x_odd, x_even), dim=-1).flatten(-2)  # [..., d_head]
+    return x * cos + rotated * sin
+
+
+def no_rotation(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """The `no_rope` variant: queries and keys carry no position."""
+    return x
+
+
+ROTATIONS = {"rotate_half": rotate_half, "interleaved": rotate_interleaved, "none": no_rotation}

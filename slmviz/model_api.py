@@ -1,0 +1,217 @@
+"""Model: a loaded checkpoint (config + decoder + tokenizer) with `trace`, `generate` and `stream`."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import ArchConfig, UnsupportedModelError, config_from_hf
+from .hooks import HookFn, NameFilter, build_context
+from .model.decoder import Decoder
+from .tokens import PromptError, check_ids, encode, token_strings
+from .trace import Trace
+from .variants import VariantLike, resolve_variant
+from .weights import WeightsError, load_params
+
+HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
+Hooks = dict[str, HookFn | list[HookFn]] | None
+
+
+@dataclass
+class GenerationStep:
+    """One decoded token of a stream: its id, its text, and the whole continuation so far."""
+
+    token_id: int
+    token: str
+    text: str
+
+
+class Model:
+    """A supported checkpoint ready to trace. Build with `slmviz.load()`."""
+
+    def __init__(self, cfg: ArchConfig, decoder: Decoder, tokenizer: Any, name: str, path: Path | None = None):
+        self.cfg, self.decoder, self.tokenizer, self.name, self.path = cfg, decoder, tokenizer, name, path
+        # Prompts longer than this are refused (the app lowers it further); the context length by default.
+        self.max_tokens = cfg.context_length
+
+    def __repr__(self) -> str:
+        c = self.cfg
+        return (f"Model({self.name!r}: {c.model_type}, {c.n_layers} layers, d_model={c.d_model}, "
+                f"heads={c.n_heads}/{c.n_kv_heads} KV, vocab={c.vocab_size})")
+
+    @property
+    def hook_names(self) -> list[str]:
+        return self.decoder.hook_names
+
+    # --- inputs -----------------------------------------------------------------------------------
+    def encode(self, text_or_ids: str | Sequence[int] | torch.Tensor, chat: bool = False) -> torch.Tensor:
+        ids = encode(self.tokenizer, text_or_ids, chat)
+        check_ids(ids, self.cfg.vocab_size, self.max_tokens)
+        return ids
+
+    def to_strings(self, ids: torch.Tensor | Sequence[int]) -> list[str]:
+        return token_strings(self.tokenizer, ids)
+
+    # --- tracing ----------------------------------------------------------------------------------
+    def trace(
+        self,
+        text_or_ids: str | Sequence[int] | torch.Tensor,
+        variant: VariantLike = None,
+        hooks: Hooks = None,
+        names: NameFilter = None,
+        chat: bool = False,
+    ) -> Trace:
+        """Run one prompt, capturing every hook (or those `names` selects) and calling `hooks` fns."""
+        v = resolve_variant(variant)
+        ids = self.encode(text_or_ids, chat)
+        ctx = build_context(self.hook_names, names, hooks)
+        logits = self.decoder.forward(ids, ctx, v)
+        return Trace(
+            tokens=self.to_strings(ids), input_ids=ids, logits=logits, cache=ctx.store, config=self.cfg,
+            variant=v, model_name=self.name, _model=self,
+        )
+
+    def logits(self, text_or_ids: str | Sequence[int] | torch.Tensor, variant: VariantLike = None,
+               chat: bool = False) -> torch.Tensor:
+        """Logits [pos, vocab] with capture off (the fast path)."""
+        ids = self.encode(text_or_ids, chat)
+        return self.decoder.forward(ids, build_context(self.hook_names, []), resolve_variant(variant))
+
+    # --- generation -------------------------------------------------------------------------------
+    def stream(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        max_new_tokens: int = 32,
+        temperature: float = 0.0,
+        variant: VariantLike = None,
+        hooks: Hooks = None,
+        chat: bool = False,
+        seed: int | None = None,
+        top_k: int | None = None,
+        stop_at_eos: bool = True,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Iterator[GenerationStep]:
+        """Decode with a KV cache, yielding one GenerationStep per new token. Greedy when temperature == 0.
+
+        Hook fns see every step: the prefill with all prompt positions, then one position per step.
+        """
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        v = resolve_variant(variant)
+        ids = self.encode(prompt, chat)
+        total = ids.numel() + max_new_tokens
+        if total > self.cfg.context_length:
+            raise PromptError(
+                f"Prompt ({ids.numel()} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context "
+                f"length {self.cfg.context_length}"
+            )
+        ctx = build_context(self.hook_names, [], hooks)
+        cache = self.decoder.new_cache(total)
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        eos = self.tokenizer.eos_token_id
+        generated: list[int] = []
+        text = ""
+        next_input = ids
+        for _ in range(max_new_tokens):
+            logits = self.decoder.forward(next_input, ctx, v, cache, last_only=True)[-1]
+            token = _pick(logits, temperature, top_k, generator)
+            if stop_at_eos and token == eos:
+                break
+            generated.append(token)
+            new_text = self.tokenizer.decode(generated, skip_special_tokens=False)
+            yield GenerationStep(token, new_text[len(text):], new_text)
+            text = new_text
+            if should_stop is not None and should_stop():
+                break
+            next_input = torch.tensor([token])
+
+    def generate(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 32, **kwargs) -> str:
+        """The continuation of `prompt` as text (greedy by default). kwargs as for `stream`."""
+        text = ""
+        for step in self.stream(prompt, max_new_tokens, **kwargs):
+            text = step.text
+        return text
+
+    def generate_ids(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 32, **kwargs) -> list[int]:
+        return [step.token_id for step in self.stream(prompt, max_new_tokens, **kwargs)]
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> int:
+    if temperature == 0:
+        return int(logits.argmax())
+    if not torch.isfinite(logits).all():
+        raise FloatingPointError("Logits are not finite; cannot sample (use temperature=0 or another variant)")
+    scaled = logits.float() / temperature
+    if top_k:
+        kth = scaled.topk(min(top_k, scaled.numel())).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+# --- loading -------------------------------------------------------------------------------------
+_DEFAULT: Model | None = None
+
+
+def load(path_or_hub_id: str | os.PathLike | None = None) -> Model:
+    """The bundled SmolLM2-135M-Instruct (no argument), a transformers folder, or a hub id.
+
+    Weights are read from safetensors only; no pickle, no remote code.
+    """
+    global _DEFAULT
+    if path_or_hub_id is None:
+        if _DEFAULT is None:
+            from .default_model import DEFAULT_MODEL_NAME, prepare
+
+            _DEFAULT = load_folder(prepare(), name=DEFAULT_MODEL_NAME)
+        return _DEFAULT
+    folder = Path(path_or_hub_id).expanduser()
+    if folder.exists():
+        return load_folder(folder)
+    text = str(path_or_hub_id)
+    if HUB_ID_PATTERN.match(text) and not text.startswith((".", "/", "~")):
+        return load_folder(download_from_hub(text), name=text)
+    raise FileNotFoundError(f"No model folder at {text!r} (and it is not a hub id of the form owner/name)")
+
+
+def download_from_hub(hub_id: str) -> Path:
+    """Fetch only config, tokenizer and safetensors files of a hub repo (never *.bin pickles)."""
+    if not HUB_ID_PATTERN.match(hub_id):
+        raise ValueError(f"{hub_id!r} is not a valid hub id (owner/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(
+            hub_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.txt", "*.model"],
+        ))
+    except Exception as e:  # the hub client raises many types (offline, 404, gated)
+        raise FileNotFoundError(f"Could not fetch {hub_id!r} from the Hugging Face hub: {e}") from e
+
+
+def load_folder(folder: Path, name: str | None = None) -> Model:
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder")
+    if not (folder / "config.json").exists():
+        raise FileNotFoundError(f"{folder} has no config.json; expected a transformers-format model folder")
+    try:
+        hf_config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    except (ValueError, KeyError, OSError) as e:
+        raise UnsupportedModelError(f"Cannot read {folder / 'config.json'}: {e}") from e
+    cfg = config_from_hf(hf_config)
+    params = load_params(cfg, folder)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    except (ValueError, OSError) as e:
+        raise WeightsError(f"Cannot load the tokenizer in {folder}: {e}") from e
+    return Model(cfg, Decoder(cfg, params), tokenizer, name or folder.name, folder)

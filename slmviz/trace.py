@@ -1,0 +1,222 @@
+"""Trace: the result of one traced forward pass — tokens, logits and every captured hook tensor."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import ArchConfig
+from .hooks import hook_names
+from .variants import BASE, Variant
+
+FORMAT_VERSION = 1
+RESIDUAL_STAGES = {"pre": "hook_resid_pre", "mid": "hook_resid_mid", "post": "hook_resid_post"}
+
+
+class TraceFormatError(ValueError):
+    """A saved trace is from another format version or is not a slmviz trace."""
+
+
+@dataclass
+class Trace:
+    """One prompt through one model under one variant. No batch dimension anywhere.
+
+    `t[name]` is the tensor a hook saw (see slmviz.hooks for names and shapes); `t.names` lists what
+    was captured. Plots and the notebook display read a Trace; they never run the model.
+    """
+
+    tokens: list[str]
+    input_ids: torch.Tensor  # [pos]
+    logits: torch.Tensor  # [pos, vocab]
+    cache: dict[str, torch.Tensor]
+    config: ArchConfig
+    variant: Variant = BASE
+    model_name: str = ""
+    # token id -> string for top-token tables; filled by the model, saved with the trace.
+    vocab_strings: dict[int, str] = field(default_factory=dict, repr=False)
+    _model: Any = field(default=None, repr=False, compare=False)
+
+    # --- access -----------------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.cache:
+            from .hooks import check_names
+
+            check_names([name], hook_names(self.config.n_layers))
+            raise KeyError(f"Hook {name!r} was not captured in this trace; trace again with names=[{name!r}, ...]")
+        return self.cache[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.cache
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.cache)
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.n_layers
+
+    # --- numerical health -------------------------------------------------------------------------
+    def first_nonfinite(self) -> str | None:
+        """The first hook (in execution order) holding NaN or ±inf, then 'logits'; None if all finite.
+
+        Masked attention scores are -inf by contract and do not count.
+        """
+        for name in hook_names(self.config.n_layers):
+            if name in self.cache and not _finite(name, self.cache[name]):
+                return name
+        return None if torch.isfinite(self.logits).all() else "logits"
+
+    @property
+    def is_finite(self) -> bool:
+        return bool(torch.isfinite(self.logits).all())
+
+    # --- pandas views -----------------------------------------------------------------------------
+    def residual_norms(self) -> pd.DataFrame:
+        """L2 norm of the residual stream: columns layer, stage (pre|mid|post), position, token, norm."""
+        rows = []
+        for layer in range(self.n_layers):
+            for stage, local in RESIDUAL_STAGES.items():
+                name = f"blocks.{layer}.{local}"
+                if name not in self.cache:
+                    continue
+                norms = self.cache[name].float().norm(dim=-1)
+                rows += [(layer, stage, pos, self.tokens[pos], float(n)) for pos, n in enumerate(norms)]
+        if not rows:
+            raise KeyError("No residual hooks were captured; trace with names=None or lambda n: 'resid' in n")
+        return pd.DataFrame(rows, columns=["layer", "stage", "position", "token", "norm"])
+
+    def probs(self, position: int = -1) -> torch.Tensor:
+        return torch.softmax(self.logits[position].float(), dim=-1)
+
+    def top_tokens(self, k: int = 5, position: int = -1) -> pd.DataFrame:
+        """Next-token prediction at `position`: columns rank, token, token_id, prob, logit."""
+        logits = self.logits[position].float()
+        if not torch.isfinite(logits).all():
+            bad = self.first_nonfinite()
+            raise FloatingPointError(f"Logits are not finite (values first stopped being finite at {bad})")
+        probs = torch.softmax(logits, dim=-1)
+        top = probs.topk(k)
+        return pd.DataFrame({
+            "rank": range(1, k + 1),
+            "token": [self.token_string(int(i)) for i in top.indices],
+            "token_id": [int(i) for i in top.indices],
+            "prob": [float(p) for p in top.values],
+            "logit": [float(logits[i]) for i in top.indices],
+        })
+
+    def token_string(self, token_id: int) -> str:
+        if token_id not in self.vocab_strings and self._model is not None:
+            self.vocab_strings[token_id] = self._model.tokenizer.decode([token_id])
+        return self.vocab_strings.get(token_id, f"<{token_id}>")
+
+    def logit_lens(self, k: int = 5) -> pd.DataFrame:
+        """Top-k tokens read from each layer's resid_post through the final norm and unembedding."""
+        from .lens import logit_lens
+
+        return logit_lens(self, k)
+
+    def diff(self, other: Trace) -> pd.DataFrame:
+        """Per-layer, per-position divergence of `other` from this trace (see slmviz.compare.trace_diff)."""
+        from .compare import trace_diff
+
+        return trace_diff(self, other)
+
+    # --- plots (same figures as the app) ----------------------------------------------------------
+    def plot_attention(self, layer: int, head: int | None = None):
+        from . import plots
+
+        return plots.attention(self, layer, head)
+
+    def plot_residual_norms(self, **kwargs):
+        from . import plots
+
+        return plots.residual_norms(self, **kwargs)
+
+    def plot_logit_lens(self, **kwargs):
+        from . import plots
+
+        return plots.logit_lens(self, **kwargs)
+
+    def _repr_html_(self) -> str:
+        from . import plots
+
+        return plots.trace_html(self)
+
+    def __repr__(self) -> str:
+        return (f"Trace({self.model_name or 'model'}, {len(self.tokens)} tokens, variant={self.variant.label()!r}, "
+                f"{len(self.cache)} hooks)")
+
+    # --- persistence ------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write one .safetensors file (tensors + JSON metadata), atomically: temp file, then rename."""
+        path = Path(path)
+        tensors = {f"hook/{k}": v.contiguous() for k, v in self.cache.items()}
+        tensors["input_ids"] = self.input_ids.contiguous()
+        tensors["logits"] = self.logits.contiguous()
+        meta = {
+            "slmviz_format": str(FORMAT_VERSION),
+            "tokens": json.dumps(self.tokens),
+            "config": json.dumps(self.config.to_dict()),
+            "variant": json.dumps(self.variant.__dict__),
+            "model_name": self.model_name,
+            "vocab_strings": json.dumps({str(k): v for k, v in self.vocab_strings.items()}),
+            "hook_order": json.dumps(list(self.cache)),
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata=meta)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Trace:
+        from safetensors import safe_open
+
+        path = Path(path)
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+            tensors = load_file(str(path))
+        except (SafetensorError, OSError) as e:
+            raise TraceFormatError(f"{path} is not a readable .safetensors trace: {e}") from e
+        version = meta.get("slmviz_format")
+        if version is None:
+            raise TraceFormatError(f"{path} is a safetensors file but not a slmviz trace (no slmviz_format)")
+        if version != str(FORMAT_VERSION):
+            raise TraceFormatError(
+                f"{path} was written by trace format {version}; this slmviz reads format {FORMAT_VERSION}. "
+                "Re-run the trace with this version."
+            )
+        order = json.loads(meta["hook_order"])
+        return cls(
+            tokens=json.loads(meta["tokens"]),
+            input_ids=tensors["input_ids"],
+            logits=tensors["logits"],
+            cache={k: tensors[f"hook/{k}"] for k in order},
+            config=ArchConfig.from_dict(json.loads(meta["config"])),
+            variant=Variant(**json.loads(meta["variant"])),
+            model_name=meta.get("model_name", ""),
+            vocab_strings={int(k): v for k, v in json.loads(meta.get("vocab_strings", "{}")).items()},
+        )
+
+
+def _finite(name: str, t: torch.Tensor) -> bool:
+    if name.endswith("hook_attn_scores"):
+        return not bool((torch.isnan(t) | torch.isposinf(t)).any())
+    return bool(torch.isfinite(t).all())
+

@@ -1,0 +1,113 @@
+"""Loading weights: the only module that knows HF parameter names. safetensors only, never pickle."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from .config import ArchConfig
+from .model.params import DecoderParams, LayerParams
+
+
+class WeightsError(ValueError):
+    """A model folder's weights are missing, corrupt, or do not fit its config."""
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files of a transformers folder: model.safetensors or the shards its index names."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / s for s in shards]
+    single = folder / "model.safetensors"
+    if single.exists():
+        return [single]
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")) or any(folder.glob("*.pth")):
+        raise WeightsError(
+            f"{folder} holds only pickle weights (*.bin/*.pt); slmviz loads safetensors only, because "
+            "unpickling runs arbitrary code. Convert with transformers: "
+            "model.save_pretrained(dir, safe_serialization=True)"
+        )
+    raise WeightsError(f"{folder} has no model.safetensors (or model.safetensors.index.json)")
+
+
+def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a folder, memory-mapped by safetensors; a corrupt file is a WeightsError."""
+    tensors: dict[str, torch.Tensor] = {}
+    for path in safetensors_files(folder):
+        if not path.exists():
+            raise WeightsError(f"Missing weight shard {path}")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    tensors[key] = f.get_tensor(key)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise WeightsError(f"Cannot read {path} (corrupt or truncated safetensors file?): {e}") from e
+    return tensors
+
+
+def _strip_prefix(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    # Checkpoints saved from the bare base model lack the "model." prefix.
+    return {k if k.startswith(("model.", "lm_head.")) else f"model.{k}": v for k, v in tensors.items()}
+
+
+def build_params(cfg: ArchConfig, tensors: dict[str, torch.Tensor], dtype=torch.float32) -> DecoderParams:
+    """Copy HF tensors key for key into DecoderParams, checking every shape against the config."""
+    tensors = _strip_prefix(tensors)
+    h, g, dh, d, m = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model, cfg.d_mlp
+
+    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if name not in tensors:
+            raise WeightsError(f"Weight {name!r} is missing from the checkpoint (config says {cfg.model_type})")
+        t = tensors[name]
+        if tuple(t.shape) != shape:
+            raise WeightsError(f"Weight {name!r} has shape {tuple(t.shape)}, but the config implies {shape}")
+        return t.to(dtype)
+
+    def maybe(name: str, shape: tuple[int, ...], present: bool) -> torch.Tensor | None:
+        return take(name, shape) if present else None
+
+    def cat_t(*ws: torch.Tensor) -> torch.Tensor:
+        # [out, in] HF matrices -> one [in, sum(out)] contiguous matrix (see model/params.py for why).
+        return torch.cat(ws, dim=0).t().contiguous()
+
+    def cat_b(*bs: torch.Tensor | None) -> torch.Tensor | None:
+        return None if bs[0] is None else torch.cat(bs).contiguous()
+
+    layers = []
+    for i in range(cfg.n_layers):
+        pre = f"model.layers.{i}."
+        a, mlp = pre + "self_attn.", pre + "mlp."
+        layers.append(
+            LayerParams(
+                ln1=take(pre + "input_layernorm.weight", (d,)),
+                ln2=take(pre + "post_attention_layernorm.weight", (d,)),
+                w_qkv=cat_t(take(a + "q_proj.weight", (h * dh, d)), take(a + "k_proj.weight", (g * dh, d)),
+                            take(a + "v_proj.weight", (g * dh, d))),
+                b_qkv=cat_b(maybe(a + "q_proj.bias", (h * dh,), cfg.qkv_bias),
+                            maybe(a + "k_proj.bias", (g * dh,), cfg.qkv_bias),
+                            maybe(a + "v_proj.bias", (g * dh,), cfg.qkv_bias)),
+                w_o=cat_t(take(a + "o_proj.weight", (d, h * dh))),
+                b_o=maybe(a + "o_proj.bias", (d,), cfg.o_bias),
+                w_gate_up=cat_t(take(mlp + "gate_proj.weight", (m, d)), take(mlp + "up_proj.weight", (m, d))),
+                b_gate_up=cat_b(maybe(mlp + "gate_proj.bias", (m,), cfg.mlp_bias),
+                                maybe(mlp + "up_proj.bias", (m,), cfg.mlp_bias)),
+                w_down=cat_t(take(mlp + "down_proj.weight", (d, m))),
+                b_down=maybe(mlp + "down_proj.bias", (d,), cfg.mlp_bias),
+            )
+        )
+    embed = take("model.embed_tokens.weight", (cfg.vocab_size, d)).contiguous()
+    if cfg.tie_embeddings or "lm_head.weight" not in tensors:
+        if not cfg.tie_embeddings:
+            raise WeightsError("lm_head.weight is missing and the config does not tie embeddings")
+        unembed = embed.t().contiguous()  # tied: logits = x · E^T
+    else:
+        unembed = take("lm_head.weight", (cfg.vocab_size, d)).t().contiguous()
+    return DecoderParams(embed=embed, layers=layers, ln_final=take("model.norm.weight", (d,)), unembed=unembed)
+
+
+def load_params(cfg: ArchConfig, folder: Path) -> DecoderParams:
+    return build_params(cfg, read_tensors(folder))

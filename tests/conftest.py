@@ -1,0 +1,105 @@
+"""Shared fixtures: the real default model, and tiny random checkpoints built by transformers itself."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# Keep CPU runs reproducible and leave a core for the server processes some tests start.
+torch.manual_seed(0)
+
+TINY_BASE = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+)
+
+# name -> (config class name, extra kwargs): every option point 3 of the core issue lists.
+TINY_ARCHS: dict[str, tuple[str, dict]] = {
+    "llama_gqa": ("LlamaConfig", {}),
+    "llama_mha": ("LlamaConfig", {"num_key_value_heads": 4}),
+    "llama_mqa_tied": ("LlamaConfig", {"num_key_value_heads": 1, "tie_word_embeddings": True}),
+    "llama_bias": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
+    "llama_head_dim": ("LlamaConfig", {"head_dim": 24}),
+    "llama_linear": ("LlamaConfig", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
+    "llama_dynamic": ("LlamaConfig", {"max_position_embeddings": 16,
+                                      "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}),
+    "llama3": ("LlamaConfig", {"rope_parameters": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16, "rope_theta": 500000.0}}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen2_tied": ("Qwen2Config", {"tie_word_embeddings": True}),
+    "mistral": ("MistralConfig", {"sliding_window": 4096}),
+    "mistral_window": ("MistralConfig", {"sliding_window": 5}),
+}
+
+
+def build_tiny_model(folder: Path, arch: str, seed: int = 0) -> Path:
+    """Save a random-weight checkpoint of `arch` with transformers' own classes (non-unit norm weights)."""
+    import transformers
+
+    cls_name, extra = TINY_ARCHS[arch]
+    config = getattr(transformers, cls_name)(**{**TINY_BASE, **extra})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.5 * torch.randn_like(p))  # non-unit: a skipped norm weight must show
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    _write_tokenizer(folder, config.vocab_size)
+    return folder
+
+
+def _write_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A tiny word-level tokenizer (no download): ids 0..vocab-1, so random models have a tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size - 1)}
+    vocab["<unk>"] = vocab_size - 1
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="w1")
+    fast.save_pretrained(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    return {arch: build_tiny_model(root / arch, arch) for arch in TINY_ARCHS}
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tiny_dirs) -> Path:
+    return tiny_dirs["llama_gqa"]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_dir):
+    import slmviz
+
+    return slmviz.load(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def model():
+    """The real bundled SmolLM2-135M-Instruct (prepared by `make test` before pytest runs)."""
+    import slmviz
+
+    return slmviz.load()
+
+
+@pytest.fixture(scope="session")
+def hf_model(model):
+    from slmviz.reference import load_reference
+
+    return load_reference(model.path)
+
+
+def pytest_report_header(config):
+    return f"torch {torch.__version__}, threads {torch.get_num_threads()}, SLMVIZ_CACHE={os.environ.get('SLMVIZ_CACHE', '~/.cache/slmviz')}"
