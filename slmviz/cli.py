@@ -1,0 +1,107 @@
+"""`slmviz check | trace | prepare | app`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+CHECK_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who every morning",
+]
+LOGIT_TOL = 1e-4
+RESID_TOL = 1e-5
+PATTERN_TOL = 1e-5
+
+
+def check(model_path: str | None, prompts: list[str], out=sys.stdout) -> bool:
+    """Run slmviz and transformers side by side; print per-layer max differences; True if all match."""
+    import slmviz
+    from slmviz.reference import load_reference, relative_error, run_reference
+
+    model = slmviz.load(model_path)
+    hf = load_reference(model.path)
+    ok = True
+    print(f"slmviz check: {model!r}\nreference: transformers {_version()} eager attention, fp32\n", file=out)
+    for prompt in prompts:
+        ids = model.encode(prompt)
+        ours = model.trace(ids, names=lambda n: n.endswith(("hook_resid_post", "hook_pattern")))
+        ref = run_reference(hf, ids)
+        print(f"prompt ({ids.numel()} tokens): {prompt[:60]!r}", file=out)
+        print(f"  {'layer':>5}  {'resid rel err':>13}  {'pattern max |Δ|':>15}", file=out)
+        for layer in range(model.cfg.n_layers):
+            r = relative_error(ref.resid_post[layer], ours[f"blocks.{layer}.hook_resid_post"])
+            p = float((ref.patterns[layer] - ours[f"blocks.{layer}.attn.hook_pattern"]).abs().max())
+            flag = "" if (r <= RESID_TOL and p <= PATTERN_TOL) else "  MISMATCH"
+            ok &= not flag
+            print(f"  {layer:>5}  {r:>13.2e}  {p:>15.2e}{flag}", file=out)
+        dlogit = float((ref.logits - ours.logits).abs().max())
+        same_argmax = bool((ref.logits.argmax(-1) == ours.logits.argmax(-1)).all())
+        good = dlogit <= LOGIT_TOL and same_argmax
+        ok &= good
+        print(f"  logits: max |Δ| = {dlogit:.2e} (tol {LOGIT_TOL:g}), argmax identical at every position: "
+              f"{same_argmax}{'' if good else '  MISMATCH'}\n", file=out)
+    print("OK: slmviz matches transformers" if ok else "FAILED: slmviz differs from transformers", file=out)
+    return ok
+
+
+def _version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="slmviz", description="Look inside a small language model.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_check = sub.add_parser("check", help="compare slmviz with transformers on the same weights")
+    p_check.add_argument("--model", default=None, help="model folder or hub id (default: bundled SmolLM2-135M)")
+    p_check.add_argument("--prompt", action="append", help="prompt to check (repeatable)")
+
+    p_trace = sub.add_parser("trace", help="trace a prompt and print the next-token prediction")
+    p_trace.add_argument("prompt")
+    p_trace.add_argument("--model", default=None)
+    p_trace.add_argument("--variant", default=None, help="preset name, e.g. post_norm")
+    p_trace.add_argument("--save", default=None, help="write the trace to this .safetensors file")
+
+    sub.add_parser("prepare", help="dequantize the bundled default model into the cache (once)")
+
+    p_app = sub.add_parser("app", help="start the Gradio app")
+    p_app.add_argument("--port", type=int, default=None, help="default: $GRADIO_SERVER_PORT or 7860")
+    p_app.add_argument("--host", default="127.0.0.1")
+    p_app.add_argument("--model", default=None, help="hub id (or a local folder with --allow-local-models)")
+    p_app.add_argument("--allow-local-models", action="store_true", help="let the app load local folders")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "check":
+            return 0 if check(args.model, args.prompt or CHECK_PROMPTS) else 1
+        if args.command == "trace":
+            import slmviz
+
+            t = slmviz.load(args.model).trace(args.prompt, variant=args.variant)
+            print(t)
+            print(t.top_tokens().to_string(index=False))
+            if args.save:
+                print(f"saved {t.save(args.save)}")
+            return 0
+        if args.command == "prepare":
+            from slmviz.default_model import prepare
+
+            print(f"default model ready at {prepare()}")
+            return 0
+        if args.command == "app":
+            from app.main import launch
+
+            launch(port=args.port, host=args.host, allow_local_models=args.allow_local_models, model=args.model)
+            return 0
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"slmviz {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Each silent-correctness convention, pinned: unit checks of the named function, and a mutation check
+that breaking the convention makes a tiny random model stop matching transformers.
+
+Not covered here: the variants built on these conventions (tests/test_variants.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import slmviz
+from slmviz.hooks import build_context
+from slmviz.model import attention, block, decoder, mlp, norm, rope
+from slmviz.reference import load_reference, relative_error, run_reference
+from slmviz.variants import BASE
+
+
+# --- unit pins -------------------------------------------------------------------------------------
+def test_rms_norm_does_not_subtract_the_mean():
+    x = torch.tensor([[1.0, 2.0, 3.0, 6.0]])
+    out = norm.normalize(x, torch.ones(4), eps=0.0)
+    assert torch.allclose(out, x / x.pow(2).mean().sqrt())
+    centred = norm.normalize(x, torch.ones(4), eps=0.0, norm_type="layer")
+    assert abs(float(centred.mean())) < 1e-6 and not torch.allclose(out, centred)
+
+
+def test_rms_norm_matches_transformers_bit_for_bit():
+    """Same op order as LlamaRMSNorm (fp32 rsqrt multiply, weight after): identical bits, not just close."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    ref = LlamaRMSNorm(64, eps=1e-5)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(64))
+    x = torch.randn(7, 64) * 1000
+    assert torch.equal(norm.normalize(x, ref.weight.detach(), 1e-5), ref(x).detach())
+
+
+def test_rms_norm_hooks_have_transformerlens_meaning():
+    x = torch.randn(3, 8)
+    seen = {}
+    norm.normalize(x, torch.full((8,), 2.0), 1e-6, "rms",
+                   lambda s: seen.setdefault("scale", s), lambda n: seen.setdefault("normalized", n))
+    assert torch.allclose(seen["scale"], (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt())
+    assert torch.allclose(seen["normalized"], x / seen["scale"])
+
+
+@pytest.mark.parametrize("arch", ["llama_gqa", "llama_linear", "llama_dynamic", "llama3", "llama_head_dim"])
+def test_rope_frequencies_match_transformers(tiny_dirs, arch):
+    """inv_freq for default/linear/dynamic(NTK, beyond max positions)/llama3 equals transformers' own."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf_cfg = AutoConfig.from_pretrained(tiny_dirs[arch])
+    m = slmviz.load(tiny_dirs[arch])
+    cfg = m.cfg
+    rope_type = cfg.rope_scaling["rope_type"]
+    for seq_len in (8, 30):
+        ours = rope.rope_inv_freq(cfg.d_head, cfg.rope_theta, cfg.rope_scaling, seq_len, cfg.max_position_embeddings)
+        if rope_type == "default":
+            theirs = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.d_head, 2).float() / cfg.d_head))
+        else:
+            theirs, _ = ROPE_INIT_FUNCTIONS[rope_type](hf_cfg, "cpu", seq_len=seq_len)
+        assert torch.equal(ours, theirs), (arch, seq_len)
+
+
+def test_rope_uses_the_checkpoints_base(model):
+    assert model.cfg.rope_theta == 100_000.0  # SmolLM2; 10 000 is the `rope_theta_10k` variant
+
+
+def test_rope_pairs_dim_i_with_i_plus_half():
+    """A unit vector on dim 0 rotates into dim d/2 (rotate_half), not into dim 1 (interleaved)."""
+    d = 8
+    x = torch.zeros(1, 1, d)
+    x[..., 0] = 1.0
+    angles = torch.full((1, d // 2), torch.pi / 2)
+    out = rope.rotate_half(x, angles)
+    assert torch.allclose(out[0, 0], torch.eye(d)[d // 2], atol=1e-6)
+    out_interleaved = rope.rotate_interleaved(x, angles)
+    assert torch.allclose(out_interleaved[0, 0], torch.eye(d)[1], atol=1e-6)
+
+
+def test_rope_matches_transformers_apply_rotary_pos_emb():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    q, k = torch.randn(5, 4, 16), torch.randn(5, 2, 16)
+    angles = rope.rope_angles(torch.arange(3, 8), rope.rope_inv_freq(16, 10_000.0, {}, 8, 64))
+    emb = torch.cat((angles, angles), -1)
+    hq, hk = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], emb.cos()[None], emb.sin()[None])
+    assert torch.equal(rope.rotate_half(q, angles), hq[0].transpose(0, 1))
+    assert torch.equal(rope.rotate_half(k, angles), hk[0].transpose(0, 1))
+
+
+def test_rope_preserves_norms_and_does_nothing_at_position_zero():
+    x = torch.randn(6, 3, 16)
+    angles = rope.rope_angles(torch.arange(6), rope.rope_inv_freq(16, 10_000.0, {}, 6, 64))
+    for rotate in (rope.rotate_half, rope.rotate_interleaved):
+        out = rotate(x, angles)
+        assert torch.allclose(out.norm(dim=-1), x.norm(dim=-1), atol=1e-5)
+        assert torch.equal(out[0], x[0])
+
+
+def test_gqa_groups_are_contiguous():
+    """SmolLM2: 9 query heads, 3 KV heads → heads 0-2 read KV 0, 3-5 KV 1, 6-8 KV 2 (repeat_interleave)."""
+    assert [attention.kv_head_of(q, 3) for q in range(9)] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert attention.kv_head_index(9, 3).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert attention.kv_head_index(9, 3, "tile").tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2]
+    k = torch.randn(1, 3, 5, 4)
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    assert torch.equal(repeat_kv(k, 3)[0], k[0][attention.kv_head_index(9, 3)])
+
+
+def test_each_query_head_reads_its_groups_values(tiny_model):
+    """In the model, z of head i = pattern_i @ v[kv_head_of(i)] (tiny model: 4 query heads, 2 KV heads)."""
+    t = tiny_model.trace(torch.arange(2, 12))
+    pattern, v, z = t["blocks.0.attn.hook_pattern"], t["blocks.0.attn.hook_v"], t["blocks.0.attn.hook_z"]
+    n_rep = tiny_model.cfg.n_rep
+    for head in range(tiny_model.cfg.n_heads):
+        expected = pattern[head] @ v[:, attention.kv_head_of(head, n_rep)]
+        assert torch.allclose(z[:, head], expected, atol=1e-5)
+
+
+def test_causal_mask_hides_the_future():
+    assert torch.equal(attention.attention_mask(4, 4), torch.ones(4, 4, dtype=torch.bool).tril())
+    assert attention.attention_mask(1, 6) is None  # a decoding step sees the whole cache
+    assert attention.attention_mask(4, 4, causal=False) is None
+    window = attention.attention_mask(5, 5, sliding_window=2)
+    assert window[4].tolist() == [False, False, False, True, True]
+
+
+def test_scores_are_scaled_by_sqrt_d_head(tiny_dirs):
+    """With head_dim=24 ≠ hidden/heads=16 the scale must come from head_dim."""
+    m = slmviz.load(tiny_dirs["llama_head_dim"])
+    assert m.cfg.d_head == 24 and attention.attention_scale(24) == 24**-0.5
+    t = m.trace(torch.arange(1, 6))
+    q, k = t["blocks.0.attn.hook_rot_q"], t["blocks.0.attn.hook_rot_k"]
+    expected = torch.einsum("qhd,khd->hqk", q, k[:, attention.kv_head_index(4, 2)]) / 24**0.5
+    scores = t["blocks.0.attn.hook_attn_scores"]
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    assert torch.allclose(scores[:, mask], expected[:, mask], atol=1e-5)
+    assert torch.isneginf(scores[:, ~mask]).all()
+
+
+def test_swiglu_activates_the_gate_not_up(tiny_model):
+    t = tiny_model.trace(torch.arange(1, 8))
+    pre, gate, lin, post = (t[f"blocks.1.mlp.{n}"] for n in ("hook_pre", "hook_gate", "hook_pre_linear", "hook_post"))
+    assert torch.allclose(gate, F.silu(pre))
+    assert torch.allclose(post, gate * lin)
+    d_mlp = tiny_model.cfg.d_mlp
+    x = t["blocks.1.ln2.hook_normalized"] * tiny_model.decoder.params.layers[1].ln2
+    assert torch.allclose(pre, x @ tiny_model.decoder.params.layers[1].w_gate_up[:, :d_mlp], atol=1e-5)
+
+
+def test_blocks_normalise_before_each_sublayer(tiny_model):
+    """resid_mid = resid_pre + attn_out and ln1 reads resid_pre (pre-norm), per layer."""
+    t = tiny_model.trace(torch.arange(1, 8))
+    for layer in range(tiny_model.cfg.n_layers):
+        pre = t[f"blocks.{layer}.hook_resid_pre"]
+        assert torch.allclose(t[f"blocks.{layer}.ln1.hook_normalized"] * t[f"blocks.{layer}.ln1.hook_scale"], pre,
+                              atol=1e-5)
+        assert torch.allclose(t[f"blocks.{layer}.hook_resid_mid"], pre + t[f"blocks.{layer}.hook_attn_out"])
+
+
+def test_tied_unembedding_reuses_the_embedding(tiny_dirs):
+    m = slmviz.load(tiny_dirs["llama_mqa_tied"])
+    p = m.decoder.params
+    assert torch.equal(p.unembed, p.embed.t())
+    t = m.trace(torch.arange(1, 6))
+    assert torch.allclose(t.logits, (t["ln_final.hook_normalized"] * p.ln_final) @ p.embed.t(), atol=1e-5)
+
+
+def test_position_offset_is_read_once_from_the_cache():
+    assert decoder.position_offset(None) == 0
+    assert decoder.layer_position_offset(7, 3, decoding=True, kv_position_bug=False) == 7
+    assert decoder.layer_position_offset(7, 3, decoding=True, kv_position_bug=True) == 10
+    assert decoder.layer_position_offset(0, 3, decoding=False, kv_position_bug=True) == 0
+
+
+def test_cached_decoding_matches_one_full_forward(tiny_model):
+    """Logits of each cached step equal the last row of a full forward over the same tokens."""
+    ids = torch.arange(2, 9)
+    steps = list(tiny_model.stream(ids, 6, stop_at_eos=False))
+    full_ids = torch.cat([ids, torch.tensor([s.token_id for s in steps])])
+    full = tiny_model.logits(full_ids)
+    assert [int(full[len(ids) - 1 + i].argmax()) for i in range(6)] == [s.token_id for s in steps]
+    cache = tiny_model.decoder.new_cache(len(full_ids))
+    ctx = build_context(tiny_model.hook_names, [])
+    v = BASE
+    tiny_model.decoder.forward(full_ids[:7], ctx, v, cache)
+    for i in range(7, len(full_ids)):
+        step = tiny_model.decoder.forward(full_ids[i : i + 1], ctx, v, cache)
+        assert relative_error(full[i], step[0]) <= 1e-5
+
+
+# --- mutations: break one convention, the tiny model stops matching transformers --------------------
+def _layer_statistics_as_rms(monkeypatch):
+    monkeypatch.setitem(norm.NORM_STATISTICS, "rms", norm.layer_statistics)
+
+
+def _interleaved_pairs(monkeypatch):
+    monkeypatch.setitem(rope.ROTATIONS, "rotate_half", rope.rotate_interleaved)
+
+
+def _wrong_rope_base(monkeypatch):
+    original = rope.rope_inv_freq
+    monkeypatch.setattr(decoder, "rope_inv_freq", lambda d, theta, *a: original(d, theta * 10, *a))
+
+
+def _tiled_gqa(monkeypatch):
+    monkeypatch.setattr(attention, "kv_head_of", lambda q, n_rep: q % 2)
+
+
+def _no_causal_mask(monkeypatch):
+    original = attention.attention_mask
+    monkeypatch.setattr(decoder, "attention_mask", lambda nq, nk, causal, sw: original(nq, nk, False, sw))
+
+
+def _scale_by_d_model(monkeypatch):
+    monkeypatch.setattr(block, "attention_scale", lambda d_head: 64**-0.5)
+
+
+def _activate_up_not_gate(monkeypatch):
+    monkeypatch.setitem(mlp.MLP_FORMS, "swiglu", lambda x, gate, up, act, hook: mlp.swiglu(x, up, gate, act, hook))
+
+
+def _post_norm_order(monkeypatch):
+    monkeypatch.setitem(block.RESIDUAL_FORMS, "pre", block.post_norm_residual)
+
+
+MUTATIONS = {
+    "rms_norm": _layer_statistics_as_rms,
+    "rope_pairing": _interleaved_pairs,
+    "rope_frequencies": _wrong_rope_base,
+    "gqa_mapping": _tiled_gqa,
+    "causal_mask": _no_causal_mask,
+    "score_scale": _scale_by_d_model,
+    "swiglu_gate": _activate_up_not_gate,
+    "norm_order": _post_norm_order,
+}
+
+
+@pytest.mark.parametrize("convention", list(MUTATIONS))
+def test_breaking_a_convention_breaks_parity(tiny_dir, convention, monkeypatch):
+    """The parity check is sensitive to each convention: the broken model differs from transformers by > 1e-3."""
+    hf = load_reference(tiny_dir)
+    ids = torch.arange(3, 19)
+    ref = run_reference(hf, ids)
+    MUTATIONS[convention](monkeypatch)
+    m = slmviz.load(tiny_dir)  # a fresh Decoder, so index tables built at construction see the mutation
+    assert relative_error(ref.logits, m.trace(ids).logits) > 1e-3
+
+
+def test_breaking_the_position_offset_breaks_cached_decoding(tiny_model, monkeypatch):
+    ids = torch.arange(2, 9)
+    faithful = tiny_model.generate_ids(ids, 8, stop_at_eos=False)
+    monkeypatch.setattr(decoder, "position_offset", lambda cache: 0)
+    assert tiny_model.generate_ids(ids, 8, stop_at_eos=False) != faithful
