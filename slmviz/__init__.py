@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .compare import compare
 from .config import ArchConfig, UnsupportedModelError
 from .hooks import hook_names
 from .model_api import GenerationStep, Model, load
@@ -38,9 +39,3 @@ def trace(
     """Trace one prompt; `model` defaults to the bundled `slmviz.load()`."""
     return (model or load()).trace(text_or_ids, variant=variant, hooks=hooks, names=names, chat=chat)
 
-
-def compare(prompt, variants=None, model: Model | None = None, max_new_tokens: int = 0, chat: bool = False):
-    """One row per variant: KL from faithful, top-1 agreement, divergence layer, continuations."""
-    from .compare import compare as _compare
-
-    return _compare(prompt, variants=variants, model=model or load(), max_new_tokens=max_new_tokens, chat=chat)

@@ -8,6 +8,8 @@ wrong. Each behaviour lives in a small table next to its convention in `slmviz.m
 
 from __future__ import annotations
 
+import difflib
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -56,9 +58,10 @@ class Variant:
             if value not in allowed:
                 raise ValueError(f"Variant.{name}={value!r} is not valid; choose one of {list(allowed)}")
         if self.rope_theta is not None and not (
-            isinstance(self.rope_theta, int | float) and self.rope_theta > 1
+            isinstance(self.rope_theta, int | float) and not isinstance(self.rope_theta, bool)
+            and 1 < self.rope_theta < math.inf
         ):
-            raise ValueError(f"Variant.rope_theta must be a number > 1 or None, got {self.rope_theta!r}")
+            raise ValueError(f"Variant.rope_theta must be a finite number > 1 or None, got {self.rope_theta!r}")
         for name in ("causal", "kv_position_bug"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Variant.{name} must be True or False, got {getattr(self, name)!r}")
@@ -156,7 +159,9 @@ def describe(name: str) -> str:
 
 def _preset(name: str) -> Preset:
     if name not in PRESETS:
-        raise ValueError(f"Unknown variant {name!r}; presets are: {', '.join(PRESETS)}")
+        close = difflib.get_close_matches(str(name), list(PRESETS), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"Unknown variant {name!r}{hint}; presets are: {', '.join(PRESETS)}")
     return PRESETS[name]
 
 
