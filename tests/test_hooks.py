@@ -53,7 +53,8 @@ def test_identities_hold_between_hooks(trace, model):
             assert torch.equal(trace[f"blocks.{L + 1}.hook_resid_pre"], post)
         attn_out = trace[b + "hook_attn_out"]
         assert (trace[b + "attn.hook_result"].sum(1) - attn_out).abs().max() <= 1e-4 * attn_out.abs().max()
-        torch.testing.assert_close(trace[b + "mlp.hook_post"], trace[b + "mlp.hook_gate"] * trace[b + "mlp.hook_pre_linear"])
+        gate_times_up = trace[b + "mlp.hook_gate"] * trace[b + "mlp.hook_pre_linear"]
+        torch.testing.assert_close(trace[b + "mlp.hook_post"], gate_times_up)
         pattern = trace[b + "attn.hook_pattern"]
         torch.testing.assert_close(pattern.sum(-1), torch.ones(9, n))
         assert (pattern[:, upper] == 0).all()

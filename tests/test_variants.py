@@ -169,7 +169,8 @@ def test_variants_compose(tiny_model):
     from slmviz.model.rope import rope_angles, rotate_interleaved
 
     angles = rope_angles(torch.arange(6), tiny_model.decoder.inv_freq(Variant(), 6))
-    torch.testing.assert_close(both["blocks.0.attn.hook_rot_q"], rotate_interleaved(both["blocks.0.attn.hook_q"], angles))
+    rotated = rotate_interleaved(both["blocks.0.attn.hook_q"], angles)
+    torch.testing.assert_close(both["blocks.0.attn.hook_rot_q"], rotated)
     total = both["blocks.0.hook_resid_pre"] + both["blocks.0.hook_attn_out"]
     torch.testing.assert_close(both["blocks.0.ln1.hook_normalized"] * both["blocks.0.ln1.hook_scale"], total)
     torch.testing.assert_close(both["blocks.0.attn.hook_q"].flatten(1),
@@ -191,7 +192,8 @@ def test_first_divergent_hook_is_where_each_switch_acts(tiny_model):
     ids = torch.arange(1, 9)
     base = tiny_model.trace(ids)
     expected = {
-        "post_norm": "blocks.0.ln1.hook_scale",  # the norm now measures resid_pre + attn_out "no_norm": "blocks.0.ln1.hook_normalized",
+        "post_norm": "blocks.0.ln1.hook_scale",  # the norm now measures resid_pre + attn_out
+        "no_norm": "blocks.0.ln1.hook_scale",  # the scale becomes 1
         "layer_norm": "blocks.0.ln1.hook_scale", "rope_interleaved": "blocks.0.attn.hook_rot_q",
         "no_rope": "blocks.0.attn.hook_rot_q",
         "gqa_tile": "blocks.0.attn.hook_attn_scores", "no_causal_mask": "blocks.0.attn.hook_attn_scores",
@@ -200,7 +202,8 @@ def test_first_divergent_hook_is_where_each_switch_acts(tiny_model):
     for name, hook in expected.items():
         assert first_divergent_hook(base, tiny_model.trace(ids, variant=name)) == hook, name
     # The tiny model's own base is 10 000, so rope_theta_10k is a no-op there; another base shows the same point.
-    assert first_divergent_hook(base, tiny_model.trace(ids, variant={"rope_theta": 500.0})) == "blocks.0.attn.hook_rot_q"
+    other_base = tiny_model.trace(ids, variant={"rope_theta": 500.0})
+    assert first_divergent_hook(base, other_base) == "blocks.0.attn.hook_rot_q"
 
 
 def test_no_norm_overflow_is_reported_not_raised(model, faithful):

@@ -1,0 +1,69 @@
+"""Start the slmviz app in a subprocess for the app and browser tests, and stop it afterwards."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STARTUP_TIMEOUT_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def app_server(**launch_kwargs) -> Iterator[str]:
+    """Serve app.main.launch(port=<free>, **launch_kwargs) from a subprocess; yield its URL.
+
+    The server's output goes to a log file that is shown if it fails to start. The process is
+    terminated (then killed) on exit, whatever the tests did.
+    """
+    port = free_port()
+    kwargs = ", ".join([f"port={port}"] + [f"{k}={v!r}" for k, v in launch_kwargs.items()])
+    log = tempfile.NamedTemporaryFile(prefix="slmviz-app-", suffix=".log", delete=False)
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    env.pop("SPACE_ID", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"from app.main import launch; launch({kwargs})"],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_serving(proc, url, Path(log.name))
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+        log.close()
+        os.unlink(log.name)
+
+
+def _wait_until_serving(proc: subprocess.Popen, url: str, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"The app exited with code {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "/", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"The app did not answer within {STARTUP_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
