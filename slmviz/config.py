@@ -6,6 +6,7 @@ slmviz speaks `d_model, n_heads, n_kv_heads, d_head, d_mlp`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -78,6 +79,30 @@ def _rope_parameters(hf: Any) -> tuple[float, dict[str, Any]]:
     return float(theta), {"rope_type": rope_type, **merged}
 
 
+_POSITIVE_SIZES = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "max_position_embeddings",
+)
+
+
+def _check_positive(key: str, value: Any) -> None:
+    # A zero or missing size would otherwise surface as a ZeroDivisionError or a torch shape error.
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UnsupportedModelError(f"config.json: {key}={value!r}; it must be a positive integer")
+
+
+def check_sizes(get: Callable[[str], Any]) -> None:
+    """Raise UnsupportedModelError naming the first size that is not a positive integer.
+
+    `get(key)` reads a transformers config attribute or a raw config.json entry; a missing
+    num_key_value_heads means one KV head per query head, as in transformers.
+    """
+    for key in _POSITIVE_SIZES:
+        _check_positive(key, get(key))
+    if get("num_key_value_heads") is not None:
+        _check_positive("num_key_value_heads", get("num_key_value_heads"))
+
+
 def config_from_hf(hf: Any) -> ArchConfig:
     """Translate a transformers config (LlamaConfig, Qwen2Config, MistralConfig) into an ArchConfig.
 
@@ -91,10 +116,13 @@ def config_from_hf(hf: Any) -> ArchConfig:
     act = getattr(hf, "hidden_act", "silu")
     if act not in SUPPORTED_ACTIVATIONS:
         raise UnsupportedModelError(f"hidden_act {act!r} is not supported; only {list(SUPPORTED_ACTIVATIONS)}")
+    check_sizes(lambda key: getattr(hf, key, None))
     n_heads = hf.num_attention_heads
     n_kv_heads = getattr(hf, "num_key_value_heads", None) or n_heads
     if n_heads % n_kv_heads:
-        raise UnsupportedModelError(f"num_attention_heads={n_heads} is not a multiple of num_key_value_heads={n_kv_heads}")
+        raise UnsupportedModelError(
+            f"num_attention_heads={n_heads} is not a multiple of num_key_value_heads={n_kv_heads}"
+        )
     # An explicit head_dim may differ from hidden_size / heads (e.g. Mistral-Nemo); None means derive it.
     d_head = getattr(hf, "head_dim", None) or hf.hidden_size // n_heads
     theta, scaling = _rope_parameters(hf)

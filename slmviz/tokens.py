@@ -13,10 +13,15 @@ class PromptError(ValueError):
 
 
 def encode(tokenizer: Any, text_or_ids: str | Sequence[int] | torch.Tensor, chat: bool = False) -> torch.Tensor:
-    """LongTensor [pos] of token ids. `chat=True` wraps text as one user turn of the model's chat template."""
+    """LongTensor [pos] of token ids. `chat=True` wraps text as one user turn of the model's chat template.
+
+    Any non-empty text is accepted (emoji, control characters, any script, whitespace) as long as the
+    tokenizer turns it into at least one token; everything else is a PromptError saying what is accepted.
+    """
     if isinstance(text_or_ids, str):
         if text_or_ids == "":
             raise PromptError("The prompt is empty; type some text")
+        _check_unicode(text_or_ids)
         if chat:
             if not getattr(tokenizer, "chat_template", None):
                 raise PromptError("This model's tokenizer has no chat template; run without chat=True")
@@ -27,26 +32,52 @@ def encode(tokenizer: Any, text_or_ids: str | Sequence[int] | torch.Tensor, chat
         else:
             ids = tokenizer(text_or_ids)["input_ids"]
         if len(ids) == 0:
-            raise PromptError(f"The prompt {text_or_ids!r} produced no tokens")
+            raise PromptError(
+                f"The prompt {text_or_ids!r} produced no tokens: this model's tokenizer drops all of it "
+                "(e.g. whitespace, or characters it has no token for); type some other text"
+            )
         return torch.tensor(ids, dtype=torch.long)
-    ids = torch.as_tensor(text_or_ids)
+    if text_or_ids is None or isinstance(text_or_ids, int | float | bytes | dict | set):
+        raise PromptError(
+            f"The prompt must be text (str) or token ids (a list of ints or a 1-D integer tensor), "
+            f"got {type(text_or_ids).__name__}"
+        )
+    try:
+        ids = torch.as_tensor(text_or_ids)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:  # e.g. ["a"], [1, [2]], [2**70]
+        raise PromptError(f"Token ids must be a flat sequence of integers (0 <= id < vocab size): {e}") from e
+    # An empty list becomes a float tensor, so test emptiness before the dtype.
+    if ids.numel() == 0:
+        raise PromptError("The prompt is empty (no token ids)")
     if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         raise PromptError(f"Token ids must be integers, got dtype {ids.dtype}")
     ids = ids.long().flatten() if ids.dim() == 2 and ids.shape[0] == 1 else ids.long()
     if ids.dim() != 1:
-        raise PromptError(f"Token ids must be one sequence [pos], got shape {tuple(ids.shape)}")
-    if ids.numel() == 0:
-        raise PromptError("The prompt is empty (no token ids)")
+        raise PromptError(f"Token ids must be one sequence [pos] (or [1, pos]), got shape {tuple(ids.shape)}")
     return ids
 
 
-def check_ids(ids: torch.Tensor, vocab_size: int, max_tokens: int) -> None:
+def _check_unicode(text: str) -> None:
+    """Python strings may hold unpaired surrogates (e.g. from a bad decode); tokenizers reject them deep inside."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PromptError(
+            f"The prompt is not valid Unicode text: unpaired surrogate {text[e.start]!r} at character {e.start}"
+        ) from e
+
+
+def check_ids(ids: torch.Tensor, vocab_size: int, max_tokens: int, context_length: int | None = None) -> None:
+    """Refuse ids outside [0, vocab_size) and prompts longer than min(max_tokens, context_length)."""
     bad = ((ids < 0) | (ids >= vocab_size)).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
         raise PromptError(f"Token id {int(ids[i])} at position {i} is outside the vocabulary [0, {vocab_size})")
-    if ids.numel() > max_tokens:
-        raise PromptError(f"The prompt is {ids.numel()} tokens; the limit is {max_tokens}")
+    limit, why = max_tokens, "the configured limit model.max_tokens"
+    if context_length is not None and context_length <= max_tokens:
+        limit, why = context_length, "the model's context length"
+    if ids.numel() > limit:
+        raise PromptError(f"The prompt is {ids.numel()} tokens; the limit is {limit} ({why}). Shorten the prompt.")
 
 
 def token_strings(tokenizer: Any, ids: torch.Tensor | Sequence[int]) -> list[str]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,11 +159,15 @@ class Trace:
 
     # --- persistence ------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
-        """Write one .safetensors file (tensors + JSON metadata), atomically: temp file, then rename."""
+        """Write one .safetensors file (tensors + JSON metadata), atomically: temp file, then rename.
+
+        A failure part-way (disk full, interrupt) leaves any earlier file at `path` untouched and no
+        temporary file behind.
+        """
         path = Path(path)
-        tensors = {f"hook/{k}": v.contiguous() for k, v in self.cache.items()}
-        tensors["input_ids"] = self.input_ids.contiguous()
-        tensors["logits"] = self.logits.contiguous()
+        tensors = _unshared({
+            **{f"hook/{k}": v for k, v in self.cache.items()}, "input_ids": self.input_ids, "logits": self.logits,
+        })
         meta = {
             "slmviz_format": str(FORMAT_VERSION),
             "tokens": json.dumps(self.tokens),
@@ -173,10 +178,15 @@ class Trace:
             "hook_order": json.dumps(list(self.cache)),
         }
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        os.close(fd)
+        # The temp file sits next to the target (os.replace is atomic only within one file system). It is
+        # created like any new file (0o666 minus the umask) and given that mode back after writing, because
+        # safetensors (like mkstemp) leaves files owner-only, which a downloadable trace should not be.
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
         try:
-            save_file(tensors, tmp, metadata=meta)
+            mode = stat.S_IMODE(os.stat(tmp).st_mode)
+            save_file(tensors, str(tmp), metadata=meta)
+            os.chmod(tmp, mode)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
@@ -185,34 +195,61 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Trace:
+        """Read a file written by `save`. A missing file is a FileNotFoundError; anything that is not a
+        trace of this format version (garbage, another safetensors file, an older or newer slmviz) is a
+        TraceFormatError saying which."""
         from safetensors import safe_open
 
         path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"No saved trace at {path}")
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
             tensors = load_file(str(path))
-        except (SafetensorError, OSError) as e:
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise TraceFormatError(f"{path} is not a readable .safetensors trace: {e}") from e
         version = meta.get("slmviz_format")
         if version is None:
             raise TraceFormatError(f"{path} is a safetensors file but not a slmviz trace (no slmviz_format)")
         if version != str(FORMAT_VERSION):
+            newer = version.isdigit() and int(version) > FORMAT_VERSION
+            fix = "upgrade slmviz to read it" if newer else "re-run the trace with this version"
             raise TraceFormatError(
-                f"{path} was written by trace format {version}; this slmviz reads format {FORMAT_VERSION}. "
-                "Re-run the trace with this version."
+                f"{path} was written by trace format {version}; this slmviz reads format {FORMAT_VERSION}: {fix}."
             )
-        order = json.loads(meta["hook_order"])
-        return cls(
-            tokens=json.loads(meta["tokens"]),
-            input_ids=tensors["input_ids"],
-            logits=tensors["logits"],
-            cache={k: tensors[f"hook/{k}"] for k in order},
-            config=ArchConfig.from_dict(json.loads(meta["config"])),
-            variant=Variant(**json.loads(meta["variant"])),
-            model_name=meta.get("model_name", ""),
-            vocab_strings={int(k): v for k, v in json.loads(meta.get("vocab_strings", "{}")).items()},
-        )
+        try:
+            order = json.loads(meta["hook_order"])
+            return cls(
+                tokens=json.loads(meta["tokens"]),
+                input_ids=tensors["input_ids"],
+                logits=tensors["logits"],
+                cache={k: tensors[f"hook/{k}"] for k in order},
+                config=ArchConfig.from_dict(json.loads(meta["config"])),
+                variant=Variant(**json.loads(meta["variant"])),
+                model_name=meta.get("model_name", ""),
+                vocab_strings={int(k): v for k, v in json.loads(meta.get("vocab_strings", "{}")).items()},
+            )
+        except (KeyError, TypeError, ValueError) as e:  # missing entries, bad JSON, fields of another version
+            raise TraceFormatError(f"{path} is a damaged slmviz trace ({type(e).__name__}: {e})") from e
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous tensors that share no memory, as safetensors requires.
+
+    A trace holds the same tensor under several names (hook_embed is blocks.0.hook_resid_pre, and
+    resid_pre[L+1] is resid_post[L]); those, and views into one buffer, are copied once each.
+    """
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, t in tensors.items():
+        t = t.contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            t = t.clone()
+        seen.add(ptr)
+        out[name] = t
+    return out
 
 
 def _finite(name: str, t: torch.Tensor) -> bool:

@@ -20,7 +20,14 @@ def safetensors_files(folder: Path) -> list[Path]:
     """The weight files of a transformers folder: model.safetensors or the shards its index names."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise WeightsError(f"{index} is not a valid safetensors index (expected a 'weight_map'): {e!r}") from e
+        for shard in shards:
+            # Shards must sit in the folder itself: an index naming "../x" must not read files elsewhere.
+            if not isinstance(shard, str) or Path(shard).name != shard or not shard.endswith(".safetensors"):
+                raise WeightsError(f"{index} names the shard {shard!r}; expected a *.safetensors file in {folder}")
         return [folder / s for s in shards]
     single = folder / "model.safetensors"
     if single.exists():
@@ -42,7 +49,7 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
             raise WeightsError(f"Missing weight shard {path}")
         try:
             with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():
+                for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                     tensors[key] = f.get_tensor(key)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise WeightsError(f"Cannot read {path} (corrupt or truncated safetensors file?): {e}") from e

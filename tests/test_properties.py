@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 import slmviz
@@ -73,7 +73,8 @@ def _assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Non
 def check_trace_invariants(model: slmviz.Model, t: slmviz.Trace, v: Variant) -> None:
     """Every DESIGN.md identity on one full trace, under variant v."""
     cfg, params, n = model.cfg, model.decoder.params, t.input_ids.numel()
-    assert t.names == hook_names(cfg.n_layers)  # everything captured, in execution order
+    # Everything captured (in call order, which post-norm changes: the norm runs after its sub-layer)
+    assert sorted(t.names) == sorted(hook_names(cfg.n_layers))
     for name in t.names:
         assert tuple(t[name].shape) == hook_shape(name, cfg, n), name
     assert t.logits.shape == (n, cfg.vocab_size)
@@ -178,20 +179,31 @@ def test_random_text_either_traces_or_says_it_produced_no_tokens_on_the_tiny_tok
 
 
 @pytest.mark.slow
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# No shrinking: each example is a 30-layer forward, and shrinking one failure can take minutes.
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(text=TEXTS, variant=VARIANT_LIKE, chat=st.booleans())
+@example(text="Bonjour 😀 \x00\x1b[0m 日本語", variant="no_norm", chat=False)
+@example(text=" \t\n", variant=Variant(norm="post", norm_type="layer", causal=False), chat=True)
 def test_trace_identities_hold_for_random_text_on_the_real_model(model, text, variant, chat):
     """Random text (emoji, control characters, other scripts, whitespace) through SmolLM2's own tokenizer,
-    plain or in the chat template, under random variants: every non-empty text traces (byte-level BPE has
-    a token for every byte) and the identities hold. SmolLM2 may legitimately overflow with norms removed;
-    then `first_nonfinite` names the hook and nothing raises.
-    Does not cover long prompts (kept short for CI time)."""
+    plain or in the chat template, under random variants: the text traces with exactly the tokenizer's ids
+    and the identities hold. SmolLM2 may legitimately overflow with norms removed; then `first_nonfinite`
+    names the hook and nothing raises.
+    Does not cover long prompts (kept short for CI time) or that the ids decode back to the text (the
+    vocabulary lacks a few bytes; tests/test_errors.py checks the round trip on representable odd text)."""
+    if not chat and model.tokenizer(text)["input_ids"] == []:
+        # SmolLM2's vocabulary lacks a few byte tokens (e.g. for \x04, \x13 and the lead bytes of
+        # U+40000-U+BFFFF), which its tokenizer drops: text made only of those is a clear PromptError.
+        with pytest.raises(PromptError, match="produced no tokens"):
+            model.trace(text, variant=variant)
+        return
     t = model.trace(text, variant=variant, chat=chat)
     v = slmviz.resolve_variant(variant)
     check_trace_invariants(model, t, v)
     check_health(t, v)
     if not chat:
-        assert model.tokenizer.decode(t.input_ids) == text
+        assert t.input_ids.tolist() == model.tokenizer(text)["input_ids"]  # nothing added, lost or reordered
 
 
 @pytest.mark.slow
