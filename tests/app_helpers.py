@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `app` is a folder of the repo, not an installed package
+    sys.path.insert(0, str(REPO))
 STARTUP_TIMEOUT_S = 240
 
 
@@ -32,26 +35,31 @@ def app_server(**launch_kwargs) -> Iterator[str]:
     """
     port = free_port()
     kwargs = ", ".join([f"port={port}"] + [f"{k}={v!r}" for k, v in launch_kwargs.items()])
-    log = tempfile.NamedTemporaryFile(prefix="slmviz-app-", suffix=".log", delete=False)
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
     env.pop("SPACE_ID", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", f"from app.main import launch; launch({kwargs})"],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_until_serving(proc, url, Path(log.name))
-        yield url
-    finally:
-        proc.terminate()
+    with tempfile.NamedTemporaryFile(prefix="slmviz-app-", suffix=".log") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"from app.main import launch; launch({kwargs})"],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_until_serving(proc, url, Path(log.name))
+            yield url
+        finally:
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Ctrl-C first, so Gradio closes and the app's atexit cleanup of saved traces runs; then harder."""
+    for send in (lambda: proc.send_signal(signal.SIGINT), proc.terminate, proc.kill):
+        if proc.poll() is not None:
+            return
+        send()
         try:
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
-        log.close()
-        os.unlink(log.name)
+            continue
 
 
 def _wait_until_serving(proc: subprocess.Popen, url: str, log: Path) -> None:

@@ -1,0 +1,483 @@
+"""Event handlers: widget values in, slmviz calls, figures and tables out. No torch code, no layout.
+
+Every handler is wrapped by `readable_errors`, so a bad input becomes a one-line message in the page
+(a gr.Error toast, or an AppError for gradio_client) and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import inspect
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+from gradio.components.plot import PlotData
+
+import slmviz
+from slmviz import plots
+from slmviz.compare import compare as compare_variants
+from slmviz.default_model import HUB_ID
+from slmviz.hooks import LAYER_HOOKS
+from slmviz.model_api import HUB_ID_PATTERN, Model, download_from_hub, load_folder
+from slmviz.trace import RESIDUAL_STAGES, Trace
+from slmviz.variants import (
+    GQA_MAPPINGS,
+    MLP_TYPES,
+    NORM_PLACEMENTS,
+    NORM_TYPES,
+    PRESETS,
+    ROPE_PAIRINGS,
+    Variant,
+    resolve_variant,
+)
+
+log = logging.getLogger("slmviz.app")
+
+MAX_PROMPT_TOKENS = 512
+MAX_NEW_TOKENS = 256
+CHARS_PER_TOKEN_LIMIT = 16  # refuse absurdly long text before spending time tokenizing it
+MODELS_KEPT = 2  # the startup model plus one other, so a Space's memory stays bounded
+OUTPUT_TTL_S = 3600
+
+# The app captures what its figures read: the residual stream and the attention patterns.
+APP_HOOK_SUFFIXES = (*RESIDUAL_STAGES.values(), "attn.hook_pattern")
+assert all(s in LAYER_HOOKS for s in APP_HOOK_SUFFIXES)
+
+# Variant fields in the "Break it" tab: choices come from slmviz.variants, never retyped.
+FIELD_CHOICES: dict[str, tuple[str, ...]] = {
+    "norm": NORM_PLACEMENTS, "norm_type": NORM_TYPES, "rope": ROPE_PAIRINGS, "gqa": GQA_MAPPINGS, "mlp": MLP_TYPES,
+}
+FIELD_LABELS = {
+    "norm": "Norm placement", "norm_type": "Norm type", "rope": "RoPE pairing", "rope_theta": "RoPE base",
+    "gqa": "GQA mapping", "causal": "Causal mask", "mlp": "MLP type", "kv_position_bug": "KV position bug",
+}
+VARIANT_FIELDS = [f.name for f in fields(Variant)]
+
+
+def app_hooks(name: str) -> bool:
+    return name.endswith(APP_HOOK_SUFFIXES)
+
+
+def field_help(doc: str | None = Variant.__doc__) -> dict[str, str]:
+    """One line of help per Variant field, read from the Variant docstring ("name: text" blocks)."""
+    help_: dict[str, str] = {}
+    current = None
+    for line in (doc or "").splitlines():
+        m = re.match(r"\s*(\w+):\s+(.*)", line)
+        if m and m.group(1) in VARIANT_FIELDS:
+            current = m.group(1)
+            help_[current] = m.group(2).strip()
+        elif current and line.strip():
+            help_[current] += " " + line.strip()
+        else:
+            current = None
+    return help_
+
+
+FIELD_HELP = field_help()
+
+
+# --- errors --------------------------------------------------------------------------------------
+READABLE_ERRORS = (
+    slmviz.PromptError, slmviz.UnsupportedModelError, slmviz.WeightsError, slmviz.TraceFormatError,
+    ValueError, TypeError, KeyError, FileNotFoundError, FloatingPointError, IndexError,
+)
+
+
+def readable_message(e: BaseException) -> str:
+    text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    return str(text) or type(e).__name__
+
+
+def readable_errors(fn: Callable) -> Callable:
+    """Turn every exception into a gr.Error with a one-line message (never a traceback in the page)."""
+
+    def convert(e: Exception) -> gr.Error:
+        if isinstance(e, gr.Error):
+            return e
+        if isinstance(e, READABLE_ERRORS):
+            return gr.Error(readable_message(e), print_exception=False)
+        log.exception("unexpected error in %s", fn.__name__)
+        return gr.Error(f"Something went wrong ({type(e).__name__}: {e}). The app is still running; "
+                        "try another input.", print_exception=False)
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def gen_wrapper(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            try:
+                yield from fn(*args, **kwargs)
+            except Exception as e:
+                raise convert(e) from None
+
+        return gen_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise convert(e) from None
+
+    return wrapper
+
+
+# --- models --------------------------------------------------------------------------------------
+def on_space() -> bool:
+    return bool(os.environ.get("SPACE_ID"))
+
+
+class ModelStore:
+    """The models this server may serve, loaded on first use and shared by all sessions.
+
+    "" is the startup model: `startup` if given, else on a Space the hub's SmolLM2-135M-Instruct
+    (falling back to the bundled copy), else the bundled one. Other sources are hub ids, or local
+    folders only when `allow_local` (the CLI's --allow-local-models).
+    """
+
+    def __init__(self, startup: str | None = None, allow_local: bool = False,
+                 max_prompt_tokens: int = MAX_PROMPT_TOKENS):
+        self.allow_local = allow_local
+        self.max_prompt_tokens = max_prompt_tokens
+        self._startup = self._checked_source(startup) if startup else None
+        self._models: OrderedDict[str, Model] = OrderedDict()
+        self._lock = threading.Lock()
+        self.startup_note = ""
+
+    def get(self, source: str | None = None) -> Model:
+        key = self.key(source)
+        with self._lock:
+            if key in self._models:
+                self._models.move_to_end(key)
+                return self._models[key]
+            model = self._load(key)
+            model.max_tokens = min(model.max_tokens, self.max_prompt_tokens)
+            self._models[key] = model
+            while len(self._models) > MODELS_KEPT:
+                oldest = next(k for k in self._models if k != "")
+                del self._models[oldest]
+            return model
+
+    def key(self, source: str | None) -> str:
+        text = (source or "").strip()
+        return "" if not text or text == self._startup else self._checked_source(text)
+
+    def _checked_source(self, text: str) -> str:
+        text = text.strip()
+        if self.allow_local and Path(text).expanduser().is_dir():
+            return str(Path(text).expanduser().resolve())
+        if HUB_ID_PATTERN.match(text) and ".." not in text:
+            return text
+        if self.allow_local:
+            raise FileNotFoundError(f"{text!r} is neither a model folder nor a hub id of the form owner/name")
+        if "/" in text and (text.startswith((".", "/", "~")) or Path(text).expanduser().exists()):
+            raise ValueError("Local model folders are disabled; start the app with --allow-local-models to load one")
+        raise ValueError(f"{text[:100]!r} is not a Hugging Face hub id of the form owner/name")
+
+    def _load(self, key: str) -> Model:
+        if key == "":
+            if self._startup:
+                return self._load(self._startup)
+            if on_space():
+                try:
+                    return load_folder(download_from_hub(HUB_ID), name=HUB_ID)
+                except Exception as e:  # offline Space, hub outage: the bundled copy is the same model
+                    self.startup_note = f"could not fetch {HUB_ID} ({e}); using the bundled copy"
+                    log.warning(self.startup_note)
+            return slmviz.load()
+        if Path(key).is_absolute():
+            return load_folder(Path(key))
+        return load_folder(download_from_hub(key), name=key)
+
+
+# --- small converters ----------------------------------------------------------------------------
+def to_plot(fig: Any) -> PlotData:
+    """A plotly figure for gr.Plot, carrying plots.FIGURE_CONFIG (modebar PNG download kept on)."""
+    spec = json.loads(fig.to_json())
+    spec["config"] = plots.FIGURE_CONFIG
+    return PlotData(type="plotly", plot=json.dumps(spec))
+
+
+def display_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """JSON-safe table: ±inf/NaN floats become text, missing values blank."""
+    out = frame.copy()
+    for col in out.columns:
+        out[col] = [_cell(v) for v in out[col]]
+    return out
+
+
+def _cell(v: Any) -> Any:
+    if v is None or v is pd.NA:
+        return ""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return ""
+        if math.isinf(v):
+            return "∞" if v > 0 else "-∞"
+        return round(v, 4)
+    return v
+
+
+def head_value(head: str | int | None) -> int | None:
+    """Dropdown value → head index; "all" (or empty) → None, the GQA grid."""
+    if head is None or head == "" or head == "all":
+        return None
+    try:
+        return int(head)
+    except (TypeError, ValueError):
+        raise ValueError(f"head must be a head number or 'all', got {head!r}") from None
+
+
+def layer_value(layer: float | int | None, model: Model) -> int:
+    n = model.cfg.n_layers
+    if layer is None or not float(layer).is_integer() or not 0 <= int(layer) < n:
+        raise ValueError(f"layer must be a whole number in 0..{n - 1}, got {layer!r}")
+    return int(layer)
+
+
+def head_choices(model: Model) -> list[tuple[str, str]]:
+    return [("all heads, by KV group", "all")] + [(f"head {h}", str(h)) for h in range(model.cfg.n_heads)]
+
+
+def variant_from_fields(norm: str, norm_type: str, rope: str, rope_theta: float | None, gqa: str, causal: bool,
+                        mlp: str, kv_position_bug: bool) -> Variant:
+    """The Break-it fields as a Variant (validated by Variant itself). RoPE base empty or 0 = the checkpoint's."""
+    theta = None if rope_theta in (None, "", 0) else float(rope_theta)
+    return resolve_variant({"norm": norm, "norm_type": norm_type, "rope": rope, "rope_theta": theta, "gqa": gqa,
+                            "causal": causal, "mlp": mlp, "kv_position_bug": kv_position_bug})
+
+
+def describe_variant(v: Variant) -> str:
+    """Markdown: the preset's one-line description, or each changed field with its help line."""
+    name = v.label()
+    if name in PRESETS:
+        return f"**{name}**: {PRESETS[name].description}"
+    lines = [f"**custom variant** ({name}):"]
+    lines += [f"- `{k}={val}`: {FIELD_HELP.get(k, '')}" for k, val in v.changes().items()]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One example prompt (assets/examples.json)."""
+
+    prompt: str
+    chat: bool = False
+    why: str = ""
+
+    def label(self) -> str:
+        text = self.prompt.replace("\n", " ⏎ ")
+        text = text if len(text) <= 60 else text[:57] + "..."
+        return f"{text}{'  [chat]' if self.chat else ''}" + (f"  ({self.why})" if self.why else "")
+
+
+# --- the handlers --------------------------------------------------------------------------------
+class Handlers:
+    """One instance per server; sessions share its ModelStore. Session state lives in gr.State."""
+
+    def __init__(self, store: ModelStore, max_new_tokens: int = MAX_NEW_TOKENS, examples: list[Example] | None = None):
+        self.store = store
+        self.examples = examples or []
+        self.max_new_tokens = max_new_tokens
+        self._output_root: Path | None = None  # created on the first saved trace
+
+    # helpers
+    def model(self, source: str | None, progress: gr.Progress | None = None) -> Model:
+        if progress is not None:
+            progress(0.05, desc="Loading the model (first use only)")
+        return self.store.get(source)
+
+    def checked_prompt(self, prompt: str | None, model: Model) -> str:
+        if prompt is None or not str(prompt).strip():
+            raise slmviz.PromptError("The prompt is empty; type some text or pick an example")
+        limit = model.max_tokens * CHARS_PER_TOKEN_LIMIT
+        if len(prompt) > limit:
+            raise slmviz.PromptError(f"The prompt is {len(prompt)} characters; the limit is {model.max_tokens} "
+                                     f"tokens (at most {limit} characters)")
+        return prompt
+
+    def checked_new_tokens(self, n: float | int | None) -> int:
+        if n is None or not float(n).is_integer() or not 1 <= int(n) <= self.max_new_tokens:
+            raise ValueError(f"Max new tokens must be a whole number from 1 to {self.max_new_tokens}, got {n!r}")
+        return int(n)
+
+    def output_path(self, name: str) -> Path:
+        """A fresh per-request file under this server's temporary folder; folders older than an hour go."""
+        if self._output_root is None:
+            self._output_root = Path(tempfile.mkdtemp(prefix="slmviz-app-"))
+            atexit.register(shutil.rmtree, self._output_root, True)
+        now = time.time()
+        for old in self._output_root.iterdir():
+            if now - old.stat().st_mtime > OUTPUT_TTL_S:
+                shutil.rmtree(old, ignore_errors=True)
+        return Path(tempfile.mkdtemp(dir=self._output_root)) / name
+
+    def trace(self, model: Model, prompt: str, chat: bool, variant: Variant | None = None) -> Trace:
+        return model.trace(self.checked_prompt(prompt, model), names=app_hooks, chat=bool(chat), variant=variant)
+
+    # Run tab
+    @readable_errors
+    def example(self, index: int | None) -> tuple[str, bool]:
+        if index is None or not 0 <= int(index) < len(self.examples):
+            raise ValueError(f"Pick one of the {len(self.examples)} example prompts")
+        e = self.examples[int(index)]
+        return e.prompt, e.chat
+
+    @readable_errors
+    def run(self, prompt: str, chat: bool, layer: float, head: str, stages: list[str], per_position: bool,
+            log_y: bool, include_first: bool, source: str | None,
+            progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008 - Gradio injects progress this way
+        model = self.model(source, progress)
+        layer_i, head_i = layer_value(layer, model), head_value(head)
+        progress(0.3, desc="Tracing the prompt")
+        trace = self.trace(model, prompt, chat)
+        progress(0.7, desc="Drawing attention and the residual stream")
+        attention = plots.attention(trace, layer_i, head_i)
+        residual = plots.residual_norms(trace, tuple(stages or ()), per_position, log_y, include_first)
+        table = display_frame(plots.next_token_table(trace, 10))
+        status = (f"Traced {len(trace.tokens)} tokens through **{model.name}**"
+                  f"{' (chat template)' if chat else ''}. Hover any plot for values; the camera icon saves a PNG.")
+        return plots.tokens_html(trace), to_plot(attention), to_plot(residual), table, status, trace
+
+    @readable_errors
+    def logit_lens(self, trace: Trace | None) -> PlotData:
+        """Runs after /run (the slowest figure: one unembedding per layer), so the others show first."""
+        return to_plot(plots.logit_lens(self.need_trace(trace)))
+
+    @readable_errors
+    def attention(self, trace: Trace | None, layer: float, head: str) -> PlotData:
+        trace = self.need_trace(trace)
+        return to_plot(plots.attention(trace, layer_value(layer, trace._model), head_value(head)))
+
+    @readable_errors
+    def residual(self, trace: Trace | None, stages: list[str], per_position: bool, log_y: bool,
+                 include_first: bool) -> PlotData:
+        trace = self.need_trace(trace)
+        return to_plot(plots.residual_norms(trace, tuple(stages or ()), per_position, log_y, include_first))
+
+    @readable_errors
+    def save_trace(self, trace: Trace | None) -> str:
+        trace = self.need_trace(trace)
+        path = self.output_path(f"slmviz-trace-{len(trace.tokens)}-tokens.safetensors")
+        return str(trace.save(path))
+
+    @staticmethod
+    def need_trace(trace: Trace | None) -> Trace:
+        if trace is None:
+            raise ValueError("Run a prompt first")
+        return trace
+
+    # Break-it tab
+    @readable_errors
+    def preset(self, name: str) -> tuple:
+        if name not in PRESETS:
+            raise ValueError(f"Unknown preset {name!r}; presets are: {', '.join(PRESETS)}")
+        v = PRESETS[name].variant
+        return (*[getattr(v, f) for f in VARIANT_FIELDS], describe_variant(v))
+
+    @readable_errors
+    def compare(self, prompt: str, chat: bool, norm: str, norm_type: str, rope: str, rope_theta: float | None,
+                gqa: str, causal: bool, mlp: str, kv_position_bug: bool, layer: float, head: str,
+                max_new_tokens: float, source: str | None,
+                progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008
+        variant = variant_from_fields(norm, norm_type, rope, rope_theta, gqa, causal, mlp, kv_position_bug)
+        n_new = self.checked_new_tokens(max_new_tokens)
+        model = self.model(source, progress)
+        layer_i, head_i = layer_value(layer, model), head_value(head)
+        if head_i is None:
+            head_i = 0  # side by side, one head each: the all-heads grid twice would not fit
+        progress(0.15, desc="Tracing the faithful model")
+        faithful = self.trace(model, prompt, chat)
+        progress(0.3, desc=f"Tracing {variant.label() or 'faithful'}")
+        broken = model.trace(faithful.input_ids, variant=variant, names=app_hooks)
+        progress(0.45, desc="Comparing")
+        figs = [plots.kl_per_position(faithful, broken),
+                plots.residual_norms(faithful, other=broken, log_y=True),
+                plots.variant_diff(faithful, broken),
+                plots.attention(faithful, layer_i, head_i),
+                plots.attention(broken, layer_i, head_i)]
+        progress(0.6, desc="Greedy continuation, faithful")
+        cont_faithful = model.generate(faithful.input_ids, n_new)
+        progress(0.8, desc="Greedy continuation, variant")
+        cont_broken = model.generate(faithful.input_ids, n_new, variant=variant)
+        bad = plots.first_nonfinite(broken)
+        note = f"\n\n⚠ Values stopped being finite at `{bad}` (fp32 overflow)." if bad else ""
+        if variant.changes() == {"kv_position_bug": True}:
+            note += "\n\nThis bug only affects cached decoding: the prefill is identical; compare the continuations."
+        return (describe_variant(variant) + note,
+                display_frame(plots.next_token_table(faithful, 10)), display_frame(plots.next_token_table(broken, 10)),
+                *[to_plot(f) for f in figs], cont_faithful, cont_broken)
+
+    @readable_errors
+    def compare_all(self, prompt: str, chat: bool, source: str | None,
+                    progress: gr.Progress = gr.Progress()) -> pd.DataFrame:  # noqa: B008
+        model = self.model(source, progress)
+        ids = model.encode(self.checked_prompt(prompt, model), chat=bool(chat))
+        names = [n for n in PRESETS if n != "faithful"]
+        rows = []
+        for i, name in enumerate(names):
+            progress((i, len(names)), desc=f"Variant {name}", unit="variants")
+            rows.append(compare_variants(ids, variants=[name], model=model))
+        frame = pd.concat(rows, ignore_index=True)
+        return display_frame(frame)
+
+    # Generate tab
+    @readable_errors
+    def generate(self, prompt: str, chat: bool, norm: str, norm_type: str, rope: str, rope_theta: float | None,
+                 gqa: str, causal: bool, mlp: str, kv_position_bug: bool, max_new_tokens: float,
+                 temperature: float, top_k: float | None, seed: float | None,
+                 source: str | None) -> Iterator[tuple[str, str]]:
+        variant = variant_from_fields(norm, norm_type, rope, rope_theta, gqa, causal, mlp, kv_position_bug)
+        n_new = self.checked_new_tokens(max_new_tokens)
+        if temperature is None or not 0 <= float(temperature) <= 5:
+            raise ValueError(f"Temperature must be between 0 and 5, got {temperature!r}")
+        k = None if top_k in (None, 0) else int(top_k)
+        if k is not None and k < 0:
+            raise ValueError(f"top-k must be 0 (off) or a positive whole number, got {top_k!r}")
+        seed_i = None if seed is None or seed == "" else int(seed)
+        model = self.model(source)
+        ids = model.encode(self.checked_prompt(prompt, model), chat=bool(chat))
+        kwargs = dict(temperature=float(temperature), top_k=k, seed=seed_i)
+        streams = [model.stream(ids, n_new, **kwargs), model.stream(ids, n_new, variant=variant, **kwargs)]
+        texts = ["", ""]
+        live = [True, True]
+        while any(live):
+            for i, stream in enumerate(streams):
+                if not live[i]:
+                    continue
+                try:
+                    texts[i] = next(stream).text
+                except StopIteration:
+                    live[i] = False
+                except FloatingPointError as e:  # a variant whose logits overflow cannot be sampled
+                    texts[i] += f"\n[stopped: {e}]"
+                    live[i] = False
+            yield texts[0], texts[1]
+
+    # Model
+    @readable_errors
+    def load_model(self, source: str, progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008
+        key = self.store.key(source)
+        progress(0.1, desc=f"Loading {source or 'the startup model'}")
+        model = self.store.get(key)
+        n_layers = model.cfg.n_layers
+        status = f"Model: **{model.name}** ({model.cfg.model_type}, {n_layers} layers, " \
+                 f"{model.cfg.n_heads} query heads / {model.cfg.n_kv_heads} KV heads)"
+        layer = gr.Slider(minimum=0, maximum=n_layers - 1, value=min(1, n_layers - 1), step=1)
+        head = gr.Dropdown(choices=head_choices(model), value="all")
+        head_single = gr.Dropdown(choices=head_choices(model)[1:], value="0")
+        return status, key, layer, head, layer, head_single

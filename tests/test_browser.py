@@ -1,0 +1,138 @@
+"""The app's page in headless Chromium: type, Run, see the plots, break the model, stream text.
+
+Records every request the page makes: none may leave the server it came from (no CDN fonts, scripts,
+analytics). Saves the screenshots README uses into assets/. Does not check plot contents
+(tests/test_plots.py and tests/test_app.py do).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from app_helpers import REPO, app_server
+
+from slmviz.variants import PRESETS
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path(os.environ.get("SLMVIZ_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+ASSETS = REPO / "assets"
+PLOT_TIMEOUT_MS = 180_000
+PROMPT = "When Mary and John went to the store, John gave a drink to"
+
+if not CHROMIUM.exists():
+    pytest.skip(f"Chromium not found at {CHROMIUM}: apt-get install -y chromium (or set SLMVIZ_CHROMIUM)",
+                allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with app_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def page(browser, server):
+    """A page that records the host of every request and websocket it opens."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    pg.hosts = set()
+    pg.on("request", lambda r: pg.hosts.add(_origin(r.url)))
+    pg.on("websocket", lambda ws: pg.hosts.add(_origin(ws.url)))
+    pg.goto(server)
+    pg.wait_for_selector("#prompt textarea")
+    yield pg
+    context.close()
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return parts.netloc if parts.scheme in ("http", "https", "ws", "wss") else parts.scheme
+
+
+def _plot(page, elem_id: str, count: int = 1) -> None:
+    page.wait_for_function(
+        f"document.querySelectorAll('#{elem_id} .js-plotly-plot').length >= {count}", timeout=PLOT_TIMEOUT_MS)
+
+
+def _no_error_toast(page) -> None:
+    errors = page.locator(".toast-body.error")
+    assert errors.count() == 0, errors.first.inner_text()
+
+
+def _only_the_server(page, server: str) -> None:
+    allowed = {urlsplit(server).netloc, "data", "blob", "about"}
+    assert page.hosts - allowed == set(), f"requests left the server: {sorted(page.hosts - allowed)}"
+
+
+def test_run_renders_attention_residual_and_logit_lens_from_the_server_only(page, server):
+    page.click("#examples input")  # pick the example prompt rather than typing it
+    page.get_by_role("option", name=re.compile(re.escape(PROMPT))).click()
+    page.wait_for_function(f"document.querySelector('#prompt textarea').value === {PROMPT!r}", timeout=30_000)
+    page.click("#run")
+    _plot(page, "attention-plot")
+    # every figure keeps plotly's modebar "download plot as PNG" button
+    assert page.locator("#attention-plot .modebar-btn[data-title^='Download plot']").count() == 1
+    page.wait_for_selector("#tokens .slmviz-tokens")
+    assert page.locator("#tokens .slmviz-tokens > span").count() > 5
+    page.wait_for_timeout(500)  # let plotly finish laying out before the screenshot
+    page.screenshot(path=str(ASSETS / "screenshot-run.png"), full_page=True)
+    page.get_by_role("tab", name="Residual stream").click()
+    _plot(page, "residual-plot")
+    page.get_by_role("tab", name="Logit lens").click()
+    _plot(page, "logit-lens-plot")
+    page.wait_for_timeout(500)
+    page.locator("#logit-lens-plot").screenshot(path=str(ASSETS / "screenshot-logit-lens.png"))
+    page.get_by_role("tab", name="Next token").click()
+    # the indirect object: SmolLM2 ranks " Mary" among its top next tokens here
+    page.wait_for_function("document.querySelector('#next-token').innerText.includes('␣Mary')", timeout=30_000)
+    _no_error_toast(page)
+    _only_the_server(page, server)
+
+
+def test_break_it_switches_a_variant_and_renders_the_comparison(page, server):
+    page.fill("#prompt textarea", PROMPT)
+    page.get_by_role("tab", name="Break it").click()
+    page.click("#variant-preset input")
+    page.get_by_role("option", name="gqa_tile", exact=True).click()
+    page.wait_for_function(
+        "document.querySelector('#variant-description').innerText.includes('gqa_tile')", timeout=30_000)
+    assert PRESETS["gqa_tile"].description[:40] in page.locator("#variant-description").inner_text()
+    page.click("#compare")
+    _plot(page, "variant-diff", count=5)
+    page.wait_for_function(
+        "document.querySelectorAll('#variant-diff textarea')[1].value.length > 0", timeout=PLOT_TIMEOUT_MS)
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(ASSETS / "screenshot-break-it.png"), full_page=True)
+    _no_error_toast(page)
+    _only_the_server(page, server)
+
+
+def test_generate_streams_text_and_an_empty_prompt_shows_a_readable_error(page, server):
+    page.fill("#prompt textarea", "Once upon a time")
+    page.get_by_role("tab", name="Generate").click()
+    page.click("#generate")
+    page.wait_for_function("document.querySelector('#generate-faithful textarea').value.length > 20",
+                           timeout=PLOT_TIMEOUT_MS)
+    page.fill("#prompt textarea", "")
+    page.click("#run")
+    toast = page.locator(".toast-body.error")
+    toast.first.wait_for(timeout=60_000)
+    assert "empty" in toast.first.inner_text() and "Traceback" not in toast.first.inner_text()
+    _only_the_server(page, server)

@@ -1,0 +1,79 @@
+"""The repository is a valid Hugging Face Space: README front matter, app_file, requirements.txt.
+
+Reads README.md's YAML front matter (between the first two `---` lines) and checks the keys a Gradio
+Space needs, that app_file exists and imports without starting a server, and that requirements.txt
+mirrors pyproject's runtime dependencies with the CPU torch wheel. Does not deploy anything.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import gradio
+import pytest
+import yaml
+
+from slmviz.default_model import HUB_ID
+
+REPO = Path(__file__).resolve().parents[1]
+CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
+ONLY_FOR_THE_BUNDLED_GGUF = {"gguf", "accelerate"}
+
+
+@pytest.fixture(scope="module")
+def front_matter() -> dict:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert lines and lines[0].strip() == "---", "README.md must start with Space front matter between --- lines"
+    end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "---"), None)
+    assert end is not None, "README.md front matter has no closing ---"
+    meta = yaml.safe_load("\n".join(lines[1:end]))
+    assert isinstance(meta, dict)
+    return meta
+
+
+def _requirement_name(line: str) -> str:
+    return re.split(r"[<>=!~;\[ ]", line.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_front_matter_declares_a_gradio_space_on_the_installed_major_version(front_matter):
+    assert front_matter["sdk"] == "gradio"
+    version = str(front_matter["sdk_version"])
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
+    assert version.split(".")[0] == gradio.__version__.split(".")[0]
+
+
+def test_front_matter_has_python_version_models_license_and_short_description(front_matter):
+    py = str(front_matter["python_version"])
+    assert tuple(int(p) for p in py.split(".")[:2]) >= (3, 11)
+    assert HUB_ID in front_matter["models"]
+    assert str(front_matter["license"]).lower() == "apache-2.0"
+    description = front_matter["short_description"]
+    assert isinstance(description, str) and 0 < len(description) <= 60  # the Hub's limit
+
+
+def test_app_file_exists_and_imports_without_starting_a_server(front_matter, monkeypatch):
+    path = REPO / front_matter["app_file"]
+    assert path.is_file(), f"app_file {front_matter['app_file']!r} does not exist"
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the app_file may add the repo root, as on a Space
+    spec = importlib.util.spec_from_file_location("space_app_file", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # __name__ is not "__main__": nothing is launched
+    assert callable(module.launch)
+
+
+def test_requirements_mirror_pyproject_with_the_cpu_torch_wheel():
+    lines = [line.strip() for line in (REPO / "requirements.txt").read_text().splitlines()]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    assert CPU_INDEX in lines
+    assert not any(line in (".", "-e .") for line in lines), "a Space installs requirements before copying the repo"
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_pin = next(d for d in deps if _requirement_name(d) == "torch")
+    assert torch_pin in lines, f"requirements.txt must pin {torch_pin} like pyproject.toml"
+    listed = {_requirement_name(line) for line in lines if not line.startswith("-")}
+    wanted = {_requirement_name(d) for d in deps} - ONLY_FOR_THE_BUNDLED_GGUF
+    assert wanted <= listed, f"missing from requirements.txt: {sorted(wanted - listed)}"
