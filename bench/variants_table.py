@@ -43,7 +43,10 @@ def _continuation(text: str) -> str:
     return repr(text[:60]).replace("|", "\\|") if text else "(ends at once: EOS)"
 
 
-def main(out: Path = Path(__file__).with_name("variants_table.md")) -> None:
+DEFAULT_OUT = Path(__file__).with_name("variants_table.md")
+
+
+def main(out: Path = DEFAULT_OUT) -> None:
     model = slmviz.load()
     started = time.time()
     presets = [n for n in slmviz.variants() if n != "faithful"]
@@ -84,4 +87,4 @@ def main(out: Path = Path(__file__).with_name("variants_table.md")) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).with_name("variants_table.md"))
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT)

@@ -14,7 +14,7 @@ import torch
 
 from .compare import compare
 from .config import ArchConfig, UnsupportedModelError
-from .hooks import hook_names
+from .hooks import HookError, HookNameError, hook_names
 from .model_api import GenerationStep, Model, load
 from .tokens import PromptError
 from .trace import Trace, TraceFormatError
@@ -22,9 +22,9 @@ from .variants import PRESETS, Variant, describe, resolve_variant, variants
 from .weights import WeightsError
 
 __all__ = [
-    "ArchConfig", "GenerationStep", "Model", "PRESETS", "PromptError", "Trace", "TraceFormatError",
-    "UnsupportedModelError", "Variant", "WeightsError", "compare", "describe", "hook_names", "load",
-    "resolve_variant", "trace", "variants",
+    "ArchConfig", "GenerationStep", "HookError", "HookNameError", "Model", "PRESETS", "PromptError", "Trace",
+    "TraceFormatError", "UnsupportedModelError", "Variant", "WeightsError", "compare", "describe", "hook_names",
+    "load", "resolve_variant", "trace", "variants",
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -12,38 +13,65 @@ from .model.block import NORMS
 if TYPE_CHECKING:
     from .trace import Trace
 
+ROWS_PER_CHUNK = 2048  # [rows, vocab] fp32 logits per matmul: 2048 × 49152 × 4 B ≈ 400 MB at most
+
+
+def _lens_inputs(trace: Trace, layers: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(normalised residuals [len(layers) * pos, d_model], unembed, ln_final) for the trace's variant."""
+    model = trace._model
+    if model is None:
+        raise RuntimeError("The logit lens needs the model's weights: this trace was loaded from disk; "
+                           "re-trace the prompt with a model")
+    p, cfg = model.decoder.params, model.cfg
+    resid = torch.stack([trace[f"blocks.{layer}.hook_resid_post"][start:] for layer in layers])  # [L, pos, d]
+    # The trace's own variant decides the final norm (a no-norm trace is read without one).
+    x = NORMS[trace.variant.norm](resid.flatten(0, 1), p.ln_final, cfg.norm_eps, trace.variant.norm_type)
+    return x, p.unembed, p.ln_final
+
 
 def lens_probs(trace: Trace, layer: int) -> torch.Tensor:
     """Next-token probabilities [pos, vocab] if the model stopped after block `layer`.
 
-    Uses the trace's own variant for the final norm (so a no-norm trace is read without one). The
-    last layer's lens equals the model's output.
+    The last layer's lens equals the model's output distribution.
     """
-    model = trace._model
-    if model is None:
-        raise RuntimeError("The logit lens needs the model's weights: this trace was loaded from disk; "
-                           "re-trace it with a model")
-    p, cfg = model.decoder.params, model.cfg
-    resid = trace[f"blocks.{layer}.hook_resid_post"]
-    x = NORMS[trace.variant.norm](resid, p.ln_final, cfg.norm_eps, trace.variant.norm_type)
-    return torch.softmax((x @ p.unembed).float(), dim=-1)
+    x, unembed, _ = _lens_inputs(trace, [layer], 0)
+    return torch.softmax((x @ unembed).float(), dim=-1)
 
 
-def logit_lens(trace: Trace, k: int = 5) -> pd.DataFrame:
-    """Columns: layer, position, token (input), rank, pred (predicted token), pred_id, prob.
+@torch.inference_mode()
+def logit_lens(trace: Trace, k: int = 5, start: int = 0) -> pd.DataFrame:
+    """Top-k next tokens read from every layer's resid_post, for positions `start` onwards.
 
-    One layer at a time, so memory stays at [pos, vocab] however deep the model is. Non-finite
-    residuals give prob = NaN rows and a `finite` column of False, never an exception.
+    Columns: layer, position, token (input), rank, pred (predicted token), pred_id, prob, finite.
+    All layers go through one batched matmul per chunk of rows, and probabilities come from the top-k
+    logits and a logsumexp, so the full [rows, vocab] softmax is never materialised. Rows whose values
+    stopped being finite get prob NaN, pred "" and finite False, never an exception.
     """
-    rows = []
-    for layer in range(trace.n_layers):
-        probs = lens_probs(trace, layer)
-        finite = torch.isfinite(probs).all(dim=-1)
-        top = torch.nan_to_num(probs, nan=-1.0).topk(k, dim=-1)
-        for pos in range(probs.shape[0]):
-            for rank in range(k):
-                tid = int(top.indices[pos, rank])
-                ok = bool(finite[pos])
-                rows.append((layer, pos, trace.tokens[pos], rank + 1, trace.token_string(tid) if ok else "",
-                             tid if ok else -1, float(top.values[pos, rank]) if ok else float("nan"), ok))
-    return pd.DataFrame(rows, columns=["layer", "position", "token", "rank", "pred", "pred_id", "prob", "finite"])
+    layers = list(range(trace.n_layers))
+    x, unembed, _ = _lens_inputs(trace, layers, start)
+    values, indices, finite = [], [], []
+    for chunk in x.split(ROWS_PER_CHUNK):
+        logits = chunk @ unembed  # [rows, vocab]
+        ok = torch.isfinite(logits).all(-1)
+        top = torch.nan_to_num(logits, nan=-torch.inf).topk(k, dim=-1)
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+        values.append(torch.exp(top.values - lse).masked_fill(~ok[:, None], float("nan")))
+        indices.append(top.indices.masked_fill(~ok[:, None], -1))
+        finite.append(ok)
+    probs = torch.cat(values).numpy()  # [L * pos, k]
+    ids = torch.cat(indices).numpy()
+    ok = torch.cat(finite).numpy()
+    n_pos = len(trace.tokens) - start
+    strings = {int(i): trace.token_string(int(i)) for i in np.unique(ids) if i >= 0}
+    strings[-1] = ""
+    row = np.arange(len(layers) * n_pos).repeat(k)
+    return pd.DataFrame({
+        "layer": row // n_pos,
+        "position": start + row % n_pos,
+        "token": [trace.tokens[start + r % n_pos] for r in row],
+        "rank": np.tile(np.arange(1, k + 1), len(layers) * n_pos),
+        "pred": [strings[int(i)] for i in ids.reshape(-1)],
+        "pred_id": ids.reshape(-1),
+        "prob": probs.reshape(-1),
+        "finite": ok.repeat(k),
+    })

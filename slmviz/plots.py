@@ -14,8 +14,6 @@ Conventions every figure follows:
 from __future__ import annotations
 
 import html
-import weakref
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -84,26 +82,13 @@ def _style(fig: go.Figure, title: str, subtitle: str, x_title: str | None, y_tit
     return fig
 
 
-_NONFINITE: dict[int, tuple[weakref.ref, str | None]] = {}
-
-
-def first_nonfinite(trace: Trace) -> str | None:
-    """`trace.first_nonfinite()`, scanned once per trace: it reads every captured tensor (about a second
-    for a 512-token trace) and each figure of a trace asks again."""
-    key = id(trace)
-    hit = _NONFINITE.get(key)
-    if hit is not None and hit[0]() is trace:
-        return hit[1]
-    bad = trace.first_nonfinite()
-    _NONFINITE[key] = (weakref.ref(trace, lambda _: _NONFINITE.pop(key, None)), bad)
-    return bad
 
 
 def _note_nonfinite(fig: go.Figure, *traces: Trace) -> None:
     """Annotate the figure with the first hook that stopped being finite, per trace that has one."""
     notes = []
     for t in traces:
-        bad = first_nonfinite(t)
+        bad = t.first_nonfinite()
         if bad is not None:
             prefix = f"{run_label(t)}: " if len(traces) > 1 or not t.variant.is_faithful else ""
             notes.append(f"⚠ {prefix}values stopped being finite at {bad} (fp32 overflow); they are left blank")
@@ -269,24 +254,20 @@ def logit_lens(trace: Trace, k: int = 5, max_positions: int = 32) -> go.Figure:
     if k < 1 or max_positions < 1:
         raise ValueError(f"k and max_positions must be >= 1, got k={k}, max_positions={max_positions}")
     start = max(0, len(trace.tokens) - max_positions)
-    lens = _last_positions(trace, start).logit_lens(k)
-    lens["position"] += start
+    lens = trace.logit_lens(k, start)
     labels = token_labels(trace.tokens)
     positions = list(range(start, len(trace.tokens)))
     layers = list(range(trace.n_layers))
-    prob = np.full((len(layers), len(positions)), np.nan)
-    text = np.full(prob.shape, "", dtype=object)
-    hover = np.full(prob.shape, "", dtype=object)
-    for (layer, pos), part in lens.groupby(["layer", "position"]):
-        i, j = layer, pos - start
-        part = part.sort_values("rank")
-        if not bool(part["finite"].iloc[0]):
-            hover[i, j] = "not finite"
-            continue
-        prob[i, j] = float(part["prob"].iloc[0])
-        text[i, j] = html.escape(show_token(part["pred"].iloc[0]))
-        hover[i, j] = "<br>".join(f"{r}. {html.escape(show_token(p))}  {q:.1%}"
-                                  for r, p, q in zip(part["rank"], part["pred"], part["prob"], strict=True))
+    # logit_lens rows are ordered (layer, position, rank): reshape instead of grouping row by row.
+    shape = (len(layers), len(positions), k)
+    probs = lens["prob"].to_numpy().reshape(shape)
+    preds = np.array([html.escape(show_token(p)) for p in lens["pred"]], dtype=object).reshape(shape)
+    finite = lens["finite"].to_numpy().reshape(shape)[..., 0]
+    prob = np.where(finite, probs[..., 0], np.nan)
+    text = np.where(finite, preds[..., 0], "")
+    hover = np.full(prob.shape, "not finite", dtype=object)
+    for i, j in zip(*np.nonzero(finite), strict=True):
+        hover[i, j] = "<br>".join(f"{r + 1}. {preds[i, j, r]}  {probs[i, j, r]:.1%}" for r in range(k))
     fig = go.Figure(go.Heatmap(
         z=prob, x=[labels[p] for p in positions], y=layers, text=text, customdata=hover,
         texttemplate="%{text}", textfont={"size": 9}, colorscale="Viridis", zmin=0, zmax=1, hoverongaps=False,
@@ -303,16 +284,6 @@ def logit_lens(trace: Trace, k: int = 5, max_positions: int = 32) -> go.Figure:
     fig.update_yaxes(dtick=1 if trace.n_layers <= 32 else None)
     _note_nonfinite(fig, trace)
     return fig
-
-
-def _last_positions(trace: Trace, start: int) -> Trace:
-    """A view of the trace's residual stream from position `start` on: the lens is per position, so
-    reading fewer positions gives the same numbers for less work."""
-    if start == 0:
-        return trace
-    cache = {f"blocks.{L}.hook_resid_post": trace[f"blocks.{L}.hook_resid_post"][start:] for L in range(trace.n_layers)}
-    return replace(trace, tokens=trace.tokens[start:], input_ids=trace.input_ids[start:],
-                   logits=trace.logits[start:], cache=cache, vocab_strings=trace.vocab_strings)
 
 
 # --- faithful vs variant -------------------------------------------------------------------------
@@ -379,7 +350,7 @@ def next_token_table(trace: Trace, k: int = 10, position: int = -1) -> pd.DataFr
     try:
         top = trace.top_tokens(k, position)
     except FloatingPointError:
-        bad = first_nonfinite(trace)
+        bad = trace.first_nonfinite()
         row = (None, f"(logits not finite: overflow from {bad})", None, None)
         return pd.DataFrame([row], columns=list(NEXT_TOKEN_COLUMNS))
     columns = (top["rank"], [show_token(t) for t in top["token"]], top["token_id"], top["prob"].round(4))
@@ -434,7 +405,7 @@ def trace_html(trace: Trace, k: int = 5, include_plotlyjs: bool | str | None = N
     """Rich notebook display of a trace: header, token strip, top next tokens, residual-norm plot."""
     head = (f"<b>{html.escape(repr(trace))}</b>")
     table = next_token_table(trace, k).to_html(index=False, border=0, na_rep="")
-    note = first_nonfinite(trace)
+    note = trace.first_nonfinite()
     warn = (f'<div style="color:#b00020">⚠ values stopped being finite at {html.escape(note)}</div>'
             if note else "")
     fig = residual_norms(trace)

@@ -20,6 +20,7 @@ from .hooks import hook_names
 from .variants import BASE, Variant
 
 FORMAT_VERSION = 1
+_UNSCANNED = object()  # Trace._first_nonfinite before the first scan (None means "all finite")
 RESIDUAL_STAGES = {"pre": "hook_resid_pre", "mid": "hook_resid_mid", "post": "hook_resid_post"}
 
 
@@ -45,6 +46,7 @@ class Trace:
     # token id -> string for top-token tables; filled by the model, saved with the trace.
     vocab_strings: dict[int, str] = field(default_factory=dict, repr=False)
     _model: Any = field(default=None, repr=False, compare=False)
+    _first_nonfinite: Any = field(default=_UNSCANNED, repr=False, compare=False)
 
     # --- access -----------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -70,8 +72,14 @@ class Trace:
     def first_nonfinite(self) -> str | None:
         """The first hook (in execution order) holding NaN or ±inf, then 'logits'; None if all finite.
 
-        Masked attention scores are -inf by contract and do not count.
+        Masked attention scores are -inf by contract and do not count. Scanned once per trace (it reads
+        every captured tensor, ~1 s on a 512-token full trace) and remembered: traces are not modified.
         """
+        if self._first_nonfinite is _UNSCANNED:
+            self._first_nonfinite = self._scan_nonfinite()
+        return self._first_nonfinite
+
+    def _scan_nonfinite(self) -> str | None:
         for name in hook_names(self.config.n_layers):
             if name in self.cache and not _finite(name, self.cache[name]):
                 return name
@@ -120,11 +128,12 @@ class Trace:
             self.vocab_strings[token_id] = self._model.tokenizer.decode([token_id])
         return self.vocab_strings.get(token_id, f"<{token_id}>")
 
-    def logit_lens(self, k: int = 5) -> pd.DataFrame:
-        """Top-k tokens read from each layer's resid_post through the final norm and unembedding."""
+    def logit_lens(self, k: int = 5, start: int = 0) -> pd.DataFrame:
+        """Top-k tokens read from each layer's resid_post through the final norm and unembedding
+        (positions `start` onwards); see slmviz.lens.logit_lens for the columns."""
         from .lens import logit_lens
 
-        return logit_lens(self, k)
+        return logit_lens(self, k, start)
 
     def diff(self, other: Trace) -> pd.DataFrame:
         """Per-layer, per-position divergence of `other` from this trace (see slmviz.compare.trace_diff)."""

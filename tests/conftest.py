@@ -23,9 +23,9 @@ TINY_ARCHS: dict[str, tuple[str, dict]] = {
     "llama_mqa_tied": ("LlamaConfig", {"num_key_value_heads": 1, "tie_word_embeddings": True}),
     "llama_bias": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
     "llama_head_dim": ("LlamaConfig", {"head_dim": 24}),
-    "llama_linear": ("LlamaConfig", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
+    "llama_linear": ("LlamaConfig", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}),
     "llama_dynamic": ("LlamaConfig", {"max_position_embeddings": 16,
-                                      "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}),
+                                      "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}),
     "llama3": ("LlamaConfig", {"rope_parameters": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 16, "rope_theta": 500000.0}}),
@@ -102,4 +102,5 @@ def hf_model(model):
 
 
 def pytest_report_header(config):
-    return f"torch {torch.__version__}, threads {torch.get_num_threads()}, SLMVIZ_CACHE={os.environ.get('SLMVIZ_CACHE', '~/.cache/slmviz')}"
+    cache = os.environ.get("SLMVIZ_CACHE", "~/.cache/slmviz")
+    return f"torch {torch.__version__}, threads {torch.get_num_threads()}, SLMVIZ_CACHE={cache}"
