@@ -72,7 +72,9 @@ def build_params(cfg: ArchConfig, tensors: dict[str, torch.Tensor], dtype=torch.
         t = tensors[name]
         if tuple(t.shape) != shape:
             raise WeightsError(f"Weight {name!r} has shape {tuple(t.shape)}, but the config implies {shape}")
-        return t.to(dtype)
+        # An owned copy, never a view into the memory-mapped file: a view would keep the whole mapping
+        # (all 538 MB of SmolLM2's pages) resident next to the transposed copies the decoder reads.
+        return t.to(dtype=dtype, copy=True)
 
     def maybe(name: str, shape: tuple[int, ...], present: bool) -> torch.Tensor | None:
         return take(name, shape) if present else None
@@ -106,11 +108,14 @@ def build_params(cfg: ArchConfig, tensors: dict[str, torch.Tensor], dtype=torch.
                 b_down=maybe(mlp + "down_proj.bias", (d,), cfg.mlp_bias),
             )
         )
-    embed = take("model.embed_tokens.weight", (cfg.vocab_size, d)).contiguous()
+    embed = take("model.embed_tokens.weight", (cfg.vocab_size, d))
     if cfg.tie_embeddings or "lm_head.weight" not in tensors:
         if not cfg.tie_embeddings:
             raise WeightsError("lm_head.weight is missing and the config does not tie embeddings")
-        unembed = embed.t().contiguous()  # tied: logits = x · E^T
+        # Tied: logits = x · E^T. Only the [d_model, vocab] layout is stored (the fast one for decoding);
+        # the embedding lookup reads rows of its transposed view, so the matrix is held once.
+        unembed = embed.t().contiguous()
+        embed = unembed.t()
     else:
         unembed = take("lm_head.weight", (cfg.vocab_size, d)).t().contiguous()
     return DecoderParams(embed=embed, layers=layers, ln_final=take("model.norm.weight", (d,)), unembed=unembed)
