@@ -90,14 +90,33 @@ def layer_of(name: str) -> int | None:
     return int(name.split(".")[1]) if name.startswith("blocks.") else None
 
 
+class HookNameError(KeyError, ValueError):
+    """An unknown hook name. Both a KeyError (dict-style lookups like `trace[name]` keep their usual
+    exception) and a ValueError (like every other bad input to slmviz). str() is the plain message:
+    a bare KeyError would wrap it in quotes and escape its newlines."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class HookError(RuntimeError):
+    """A hook fn raised. The message names the hook and the fn; the original exception is `__cause__`."""
+
+    def __init__(self, message: str, hook_name: str):
+        super().__init__(message)
+        self.hook_name = hook_name
+
+
 def check_names(requested: Iterable[str], valid: list[str]) -> None:
-    """Raise KeyError naming the closest valid hooks for any unknown name."""
+    """Raise HookNameError naming the closest valid hooks for any unknown name."""
     valid_set = set(valid)
     for name in requested:
+        if not isinstance(name, str):
+            raise HookNameError(f"Hook names are strings like 'blocks.0.attn.hook_pattern', got {name!r}")
         if name not in valid_set:
             close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise KeyError(
+            raise HookNameError(
                 f"Unknown hook name {name!r}{hint} (valid names look like 'blocks.0.attn.hook_pattern'; "
                 f"see slmviz.hook_names(n_layers))"
             )
@@ -124,6 +143,10 @@ class HookContext:
         """True if anyone reads this value; optional work (per-head results, patterns) is skipped otherwise."""
         return name in self._active
 
+    def wants_any(self, names: Iterable[str]) -> bool:
+        """True if anyone reads any of `names` (a block asks once per forward whether it needs its hooks at all)."""
+        return not self._active.isdisjoint(names)
+
     def __call__(self, name: str, x: torch.Tensor) -> torch.Tensor:
         if name not in self._active:
             return x
@@ -140,13 +163,30 @@ NULL_CONTEXT = HookContext()
 
 
 def _checked_replacement(name: str, old: torch.Tensor, new: Any) -> torch.Tensor:
+    keep = "return None to keep the value, or a tensor of the same shape and dtype to replace it"
     if not isinstance(new, torch.Tensor):
-        raise TypeError(f"Hook on {name!r} returned {type(new).__name__}; return a tensor or None")
+        raise TypeError(f"Hook on {name!r} returned {type(new).__name__}; {keep}")
     if new.shape != old.shape:
-        raise ValueError(f"Hook on {name!r} returned shape {tuple(new.shape)}, expected {tuple(old.shape)}")
+        raise ValueError(
+            f"Hook on {name!r} returned shape {tuple(new.shape)}, expected {tuple(old.shape)}; {keep}"
+        )
     if new.dtype != old.dtype:
-        raise ValueError(f"Hook on {name!r} returned dtype {new.dtype}, expected {old.dtype}")
+        raise ValueError(f"Hook on {name!r} returned dtype {new.dtype}, expected {old.dtype}; {keep}")
     return new
+
+
+def _naming_errors(fn: HookFn, hook_name: str) -> HookFn:
+    """Wrap a user's hook fn so an exception it raises says which hook it was on (chained, not swallowed)."""
+    label = getattr(fn, "__qualname__", None) or type(fn).__name__
+
+    def call(x: torch.Tensor, name: str):
+        try:
+            return fn(x, name)
+        except Exception as e:
+            raise HookError(f"The hook fn {label} on {name!r} raised {type(e).__name__}: {e}", name) from e
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return call
 
 
 def build_context(
@@ -159,9 +199,19 @@ def build_context(
     elif callable(names):
         capture = {n for n in valid if names(n)}
     else:
+        if not isinstance(names, str | Iterable):
+            raise TypeError(
+                f"names= takes None (all), a list of hook names, or a predicate fn(name) -> bool, "
+                f"not {type(names).__name__}"
+            )
         names = [names] if isinstance(names, str) else list(names)
         check_names(names, valid)
         capture = set(names)
+    if hooks is not None and not isinstance(hooks, dict):
+        raise TypeError(
+            f"hooks= takes a dict {{hook name: fn(tensor, name)}} (or a list of fns per name), "
+            f"not {type(hooks).__name__}"
+        )
     fns: dict[str, list[HookFn]] = {}
     for name, fn in (hooks or {}).items():
         check_names([name], valid)
@@ -169,5 +219,5 @@ def build_context(
         for f in fn_list:
             if not callable(f):
                 raise TypeError(f"Hook for {name!r} must be callable fn(tensor, name), got {type(f).__name__}")
-        fns[name] = fn_list
+        fns[name] = [_naming_errors(f, name) for f in fn_list]
     return HookContext(capture, fns)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -11,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .config import ArchConfig, UnsupportedModelError, config_from_hf
+from .config import SUPPORTED_ARCHITECTURES, ArchConfig, UnsupportedModelError, check_sizes, config_from_hf
 from .hooks import HookFn, NameFilter, build_context
 from .model.decoder import Decoder
 from .tokens import PromptError, check_ids, encode, token_strings
@@ -19,7 +20,15 @@ from .trace import Trace
 from .variants import VariantLike, resolve_variant
 from .weights import WeightsError, load_params
 
-HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
+# owner/name as the hub allows it: ASCII letters, digits, "_", "-", "."; each part starts and ends with a
+# letter, digit or "_"; no ".." or "--"; at most 96 characters a part. Anything else ("../x", "a/b/c",
+# "owner/name;rm", a trailing newline) is refused before any network call. The pattern ends in \Z, not $,
+# because $ also matches before a final newline.
+_HUB_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+HUB_ID_PATTERN = re.compile(rf"(?!.*(?:\.\.|--)){_HUB_PART}/{_HUB_PART}\Z")
+# What a hub download may fetch; the ignore list wins, so "tokenizer*" can never bring a pickle or code.
+HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.txt", "*.model"]
+HUB_IGNORE_PATTERNS = ["*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt", "*.npy", "*.npz", "*.h5", "*.py"]
 Hooks = dict[str, HookFn | list[HookFn]] | None
 
 
@@ -52,7 +61,7 @@ class Model:
     # --- inputs -----------------------------------------------------------------------------------
     def encode(self, text_or_ids: str | Sequence[int] | torch.Tensor, chat: bool = False) -> torch.Tensor:
         ids = encode(self.tokenizer, text_or_ids, chat)
-        check_ids(ids, self.cfg.vocab_size, self.max_tokens)
+        check_ids(ids, self.cfg.vocab_size, self.max_tokens, self.cfg.context_length)
         return ids
 
     def to_strings(self, ids: torch.Tensor | Sequence[int]) -> list[str]:
@@ -173,24 +182,33 @@ def load(path_or_hub_id: str | os.PathLike | None = None) -> Model:
 
             _DEFAULT = load_folder(prepare(), name=DEFAULT_MODEL_NAME)
         return _DEFAULT
-    folder = Path(path_or_hub_id).expanduser()
+    if not isinstance(path_or_hub_id, str | os.PathLike):
+        raise TypeError(f"load() takes a folder path or a hub id (str), not {type(path_or_hub_id).__name__}")
+    text = str(path_or_hub_id)
+    if not text.strip():
+        raise FileNotFoundError("The model path is empty; pass a transformers folder or a hub id (owner/name)")
+    folder = Path(text).expanduser()
     if folder.exists():
         return load_folder(folder)
-    text = str(path_or_hub_id)
-    if HUB_ID_PATTERN.match(text) and not text.startswith((".", "/", "~")):
+    if isinstance(path_or_hub_id, str) and HUB_ID_PATTERN.match(text):
         return load_folder(download_from_hub(text), name=text)
-    raise FileNotFoundError(f"No model folder at {text!r} (and it is not a hub id of the form owner/name)")
+    raise FileNotFoundError(
+        f"No model folder at {text!r}, and it is not a hub id (owner/name, e.g. 'HuggingFaceTB/SmolLM2-135M-Instruct')"
+    )
 
 
 def download_from_hub(hub_id: str) -> Path:
-    """Fetch only config, tokenizer and safetensors files of a hub repo (never *.bin pickles)."""
-    if not HUB_ID_PATTERN.match(hub_id):
-        raise ValueError(f"{hub_id!r} is not a valid hub id (owner/name)")
+    """Fetch only config, tokenizer and safetensors files of a hub repo (never *.bin pickles, never code)."""
+    if not isinstance(hub_id, str) or not HUB_ID_PATTERN.match(hub_id):
+        raise ValueError(
+            f"{hub_id!r} is not a valid hub id: expected owner/name with letters, digits, '_', '-', '.' "
+            "(e.g. 'HuggingFaceTB/SmolLM2-135M-Instruct')"
+        )
     from huggingface_hub import snapshot_download
 
     try:
         return Path(snapshot_download(
-            hub_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.txt", "*.model"],
+            hub_id, allow_patterns=HUB_ALLOW_PATTERNS, ignore_patterns=HUB_IGNORE_PATTERNS,
         ))
     except Exception as e:  # the hub client raises many types (offline, 404, gated)
         raise FileNotFoundError(f"Could not fetch {hub_id!r} from the Hugging Face hub: {e}") from e
@@ -206,12 +224,39 @@ def load_folder(folder: Path, name: str | None = None) -> Model:
         raise FileNotFoundError(f"{folder} has no config.json; expected a transformers-format model folder")
     try:
         hf_config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-    except (ValueError, KeyError, OSError) as e:
-        raise UnsupportedModelError(f"Cannot read {folder / 'config.json'}: {e}") from e
+    except Exception as e:  # transformers raises ValueError, KeyError, OSError, its own validation errors...
+        raise UnsupportedModelError(_config_problem(folder / "config.json", e)) from e
     cfg = config_from_hf(hf_config)
     params = load_params(cfg, folder)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-    except (ValueError, OSError) as e:
-        raise WeightsError(f"Cannot load the tokenizer in {folder}: {e}") from e
+    except Exception as e:
+        raise WeightsError(
+            f"Cannot load the tokenizer in {folder} (a model folder needs tokenizer.json or tokenizer.model "
+            f"next to config.json): {_first_line(e)}"
+        ) from e
     return Model(cfg, Decoder(cfg, params), tokenizer, name or folder.name, folder)
+
+
+def _config_problem(path: Path, error: Exception) -> str:
+    """Why transformers could not read a config.json, in slmviz's terms (it names the supported architectures)."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return f"{path} is not a valid JSON config: {e}"
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    if model_type is None:
+        return f"{path} has no model_type; slmviz reimplements {list(SUPPORTED_ARCHITECTURES)}"
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        return (f"model_type {model_type!r} in {path} is not supported; slmviz reimplements "
+                f"{list(SUPPORTED_ARCHITECTURES)}")
+    try:  # transformers' own config classes divide by some sizes before slmviz sees them
+        check_sizes(raw.get)
+    except UnsupportedModelError as e:
+        return str(e)
+    return f"Cannot read {path}: {_first_line(error)}"
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -64,11 +64,12 @@ def eager_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(scores, pattern), both [h, pos_q, pos_k]; masked scores are -inf. q: [h, pos_q, dh]; k: [h, pos_k, dh].
 
-    Like transformers' eager path: scale after the matmul, softmax in fp32.
+    Like transformers' eager path: scale after the matmul, softmax in fp32. Scaling and masking write into
+    the fresh matmul output (no hook has seen it yet), so the scores cost one [h, pos_q, pos_k] buffer.
     """
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [h, pos_q, pos_k]
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)  # [h, pos_q, pos_k]
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        scores.masked_fill_(~allowed, float("-inf"))
     pattern = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return scores, pattern
 
@@ -78,12 +79,29 @@ def fused_attention(
 ) -> torch.Tensor:
     """z [h, pos_q, dh] through PyTorch's fused SDPA kernel, used when nobody asked for scores or patterns.
 
+    q: [h, pos_q, dh]. k, v: [h, pos_k, dh], or [g, pos_k, dh] with g < h KV heads, which the kernel
+    shares the `kv_head_of` way (enable_gqa repeats each KV head n_rep times, contiguous groups) without
+    copying them; callers pass g heads only when their head mapping is exactly that (see
+    `reads_contiguous_groups`). The tensors get a batch dimension because only 4-D inputs reach the
+    CPU flash-attention kernel (3-D ones fall back to the unfused math path, ~3x slower at 512 tokens).
     A plain causal prefill goes through `is_causal=True` (no mask tensor is materialised).
     """
     n_q, n_k = q.shape[-2], k.shape[-2]
+    grouped = k.shape[0] != q.shape[0]
+    q, k, v = q[None], k[None], v[None]  # [1, heads, pos, dh]
     if allowed is not None and n_q == n_k and n_q > 1 and torch.equal(allowed, _lower_triangle(n_q)):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=grouped)
+    else:
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=grouped)
+    return z[0]
+
+
+def reads_contiguous_groups(kv_index: torch.Tensor, n_kv_heads: int) -> bool:
+    """True if `kv_index` (from `kv_head_index`) is the mapping SDPA's enable_gqa applies:
+    repeat_interleave of the g KV heads, i.e. contiguous groups. False for `gqa_tile`, whose heads must
+    be gathered explicitly."""
+    n_rep = kv_index.numel() // n_kv_heads
+    return torch.equal(kv_index, torch.arange(n_kv_heads).repeat_interleave(n_rep))
 
 
 def _lower_triangle(n: int) -> torch.Tensor:

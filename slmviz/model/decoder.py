@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..config import ArchConfig
 from ..hooks import HookContext, hook_names
 from ..variants import Variant
-from .attention import attention_mask, kv_head_index
+from .attention import attention_mask, kv_head_index, reads_contiguous_groups
 from .block import NORMS, Block
 from .kv_cache import KVCache
-from .params import DecoderParams
+from .norm import unhooked
+from .params import DecoderParams, linear
 from .rope import rope_angles, rope_inv_freq
 
 
@@ -45,6 +48,7 @@ class Decoder:
         self.hook_names = hook_names(cfg.n_layers)
         self._inv_freq_cache: dict[tuple[float, int], torch.Tensor] = {}
         self._kv_index = {m: kv_head_index(cfg.n_heads, cfg.n_kv_heads, m) for m in ("grouped", "tile")}
+        self._kv_grouped = {m: reads_contiguous_groups(i, cfg.n_kv_heads) for m, i in self._kv_index.items()}
 
     def new_cache(self, capacity: int) -> KVCache:
         cfg = self.cfg
@@ -78,13 +82,17 @@ class Decoder:
         decoding = offset > 0
         inv_freq = self.inv_freq(variant, n_keys)
         allowed = attention_mask(n_new, n_keys, variant.causal, cfg.sliding_window)
-        kv_index = self._kv_index[variant.gqa]
+        kv_index, kv_grouped = self._kv_index[variant.gqa], self._kv_grouped[variant.gqa]
 
         x = ctx("hook_embed", p.embed[input_ids])  # [pos, d_model]
+        angles, angles_start = None, None
         for block in self.blocks:
             start = layer_position_offset(offset, block.layer, decoding, variant.kv_position_bug)
-            angles = rope_angles(torch.arange(start, start + n_new), inv_freq)  # [pos, d_head/2]
-            x = block.forward(x, ctx, variant, angles, kv_index, allowed, cache)
+            if start != angles_start:
+                # One angles tensor for every layer that starts at the same position (all of them unless
+                # kv_position_bug): RoPE's cos/sin are then computed once per forward (rope.half_trig).
+                angles, angles_start = rope_angles(torch.arange(start, start + n_new), inv_freq), start
+            x = block.forward(x, ctx, variant, angles, kv_index, allowed, cache, kv_grouped)  # [pos, d_model]
         if cache is not None:
             cache.advance(n_new)
 
@@ -92,6 +100,11 @@ class Decoder:
             x = x[-1:]
         x = NORMS[variant.norm](
             x, p.ln_final, cfg.norm_eps, variant.norm_type,
-            lambda t: ctx("ln_final.hook_scale", t), lambda t: ctx("ln_final.hook_normalized", t),
+            _callback(ctx, "ln_final.hook_scale"), _callback(ctx, "ln_final.hook_normalized"),
         )
-        return x @ p.unembed  # [pos, vocab]
+        return linear(x, p.unembed, None)  # [pos, vocab]
+
+
+def _callback(ctx: HookContext, name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """fn(x) -> x for one hook point, or `unhooked` when nobody reads it (see norm.normalize)."""
+    return (lambda t: ctx(name, t)) if ctx.wants(name) else unhooked

@@ -60,13 +60,37 @@ def rotate_half(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     transformers' LLaMA-family checkpoints need this pairing (their q/k rows were permuted at
     conversion so that it holds). Pairing (2i, 2i+1) instead is `rotate_interleaved`, which runs
     and corrupts every attention score except at position 0.
+    Computed as x·cos + roll(x, d/2)·(-sin, sin): roll(x) = (x2, x1), and (x2·-sin, x1·sin) is
+    transformers' rotate_half(x)·sin = (-x2, x1)·sin bit for bit (negation is exact).
     Pinned by tests/test_conventions.py::test_rope_pairs_dim_i_with_i_plus_half.
     """
+    cos, signed_sin = half_trig(angles)  # [pos, 1, d_head] each
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def half_trig(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, signed sin) of cat(angles, angles), each [pos, 1, d_head]; sin's first half negated.
+
+    Memoised for the most recent `angles` tensor: the decoder computes the angles once per forward
+    and hands the same tensor to every layer (and to q and k), so one cos/sin serves all of them.
+    The memo holds a reference to that tensor, so an identity match can never be a recycled id.
+    """
+    global _trig_memo
+    memo = _trig_memo
+    if memo is not None and memo[0] is angles:
+        return memo[1]
+    # cos/sin of the full [pos, d_head] angles like transformers, not of the half: the vectorised and the
+    # scalar tail loop of torch.cos may differ in the last bit, and which elements fall in the tail
+    # depends on the tensor's size.
     emb = torch.cat((angles, angles), dim=-1)[:, None, :]  # [pos, 1, d_head]
     cos, sin = emb.cos(), emb.sin()
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    half = angles.shape[-1]
+    trig = (cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1))
+    _trig_memo = (angles, trig)
+    return trig
+
+
+_trig_memo: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def rotate_interleaved(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,151 @@
+"""Shared pieces of the side-by-side benchmarks: inputs, interleaved timing, result rows, machine facts.
+
+Every script runs slmviz and transformers in one process on the same weights and the same token ids,
+warms both up, then times them in alternating rounds (slmviz, transformers, slmviz, ...) and reports
+medians. Alternating matters on a shared 2-core machine: a neighbour's burst of work lands on both
+sides of a ratio instead of on whichever ran second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+if str(REPO) not in sys.path:  # `python bench/x.py` from a checkout without an installed slmviz
+    sys.path.insert(0, str(REPO))
+
+# Ordinary English prose, repeated to any length: the token ids every forward benchmark feeds both models.
+TEXT = (
+    "The lighthouse stood at the end of a long spit of sand, and every evening the keeper climbed its "
+    "one hundred and twelve steps to light the lamp. Ships passing in the night saw the beam sweep across "
+    "the water and knew where the rocks were. In winter the storms came from the north, and the keeper "
+    "wrote in his logbook the height of the waves, the direction of the wind and the names of the boats "
+    "that sheltered in the bay. "
+)
+GENERATE_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+@dataclass
+class Row:
+    """One line of the results table."""
+
+    what: str
+    slmviz: str  # the measured figure, formatted (s, tokens/s, GB, ...)
+    reference: str  # transformers' figure, or the bound it is compared with ("" if none)
+    ratio: float | None  # the number the target constrains
+    target: str  # e.g. "≤ 1.0"
+    met: bool | None  # None when not measured
+    note: str = ""
+
+
+def prompt_ids(model, n_tokens: int) -> torch.Tensor:
+    """Exactly n_tokens ids of TEXT (repeated as needed) through the model's own tokenizer."""
+    text = TEXT
+    while len(model.tokenizer(text)["input_ids"]) < n_tokens:
+        text += TEXT
+    return torch.tensor(model.tokenizer(text)["input_ids"][:n_tokens], dtype=torch.long)
+
+
+def interleaved(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: int = 7) -> dict[str, list[float]]:
+    """Wall-clock seconds of each fn over `repeats` alternating rounds, after `warmup` untimed rounds."""
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for fn in fns.values():
+                fn()
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def spread(xs: list[float]) -> str:
+    """min–max of a timing list, for the notes: a wide spread means the machine was busy."""
+    return f"{min(xs):.3g}–{max(xs):.3g} s"
+
+
+def load_models(*attn_implementations: str):
+    """slmviz's bundled model and transformers models of the same folder, fp32, one per attention kernel."""
+    import slmviz
+    from slmviz.reference import load_reference
+
+    model = slmviz.load()
+    refs = {impl: load_reference(model.path, attn_implementation=impl) for impl in attn_implementations}
+    return model, refs
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def machine() -> dict[str, str]:
+    import transformers
+
+    return {
+        "nproc": str(os.cpu_count()),
+        "cpu": cpu_model(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": str(torch.get_num_threads()),
+        "python": platform.python_version(),
+    }
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def print_rows(rows: list[Row]) -> None:
+    for r in rows:
+        verdict = "n/a" if r.met is None else ("met" if r.met else "NOT met")
+        ref = f" vs {r.reference}" if r.reference else ""
+        print(f"{r.what}: {r.slmviz}{ref} → {fmt_ratio(r.ratio)} (target {r.target}) {verdict}"
+              + (f"  [{r.note}]" if r.note else ""))
+
+
+def main(run: Callable[[argparse.Namespace], list[Row]], description: str,
+         add_args: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+    """Command line shared by every script: `--json PATH` also writes the rows for bench/run_all.py."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--json", type=Path, default=None, help="also write the result rows here")
+    parser.add_argument("--repeats", type=int, default=7, help="timed rounds per measurement (median reported)")
+    if add_args:
+        add_args(parser)
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load_average()}",
+          flush=True)
+    rows = run(args)
+    print_rows(rows)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows]))
