@@ -128,3 +128,19 @@ def test_hook_steering_changes_generation(model):
     steered = model.generate(PROMPT, max_new_tokens=8,
                              hooks={"blocks.10.hook_resid_post": lambda x, n: x * torch.tensor(0.0)})
     assert steered != base
+
+
+def test_editing_attention_scores_decides_the_pattern(model):
+    """A hook on hook_attn_scores that masks every key but the first makes each head attend to token 0 only."""
+    def first_key_only(scores, name):
+        edited = torch.full_like(scores, float("-inf"))
+        edited[..., 0] = 0.0
+        return edited
+
+    t = model.trace(PROMPT, hooks={"blocks.2.attn.hook_attn_scores": first_key_only},
+                    names=["blocks.2.attn.hook_pattern", "blocks.2.attn.hook_z", "blocks.2.attn.hook_v"])
+    pattern = t["blocks.2.attn.hook_pattern"]
+    assert (pattern[..., 0] == 1).all() and (pattern[..., 1:] == 0).all()
+    v0 = t["blocks.2.attn.hook_v"][0]  # [g, d_head] at position 0
+    z = t["blocks.2.attn.hook_z"]  # [pos, h, d_head]: every position now reads position 0's values
+    torch.testing.assert_close(z, v0[[0, 0, 0, 1, 1, 1, 2, 2, 2]].expand_as(z))

@@ -70,8 +70,12 @@ def eager_attention(
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)  # [h, pos_q, pos_k]
     if allowed is not None:
         scores.masked_fill_(~allowed, float("-inf"))
-    pattern = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return scores, pattern
+    return scores, softmax_pattern(scores)
+
+
+def softmax_pattern(scores: torch.Tensor) -> torch.Tensor:
+    """Attention weights from scores: softmax over keys, computed in fp32 like transformers' eager path."""
+    return F.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
 
 
 def fused_attention(

@@ -9,7 +9,7 @@ import torch
 from ..config import ArchConfig
 from ..hooks import LAYER_HOOKS, HookContext, layer_hook_name
 from ..variants import Variant
-from .attention import attention_scale, eager_attention, fused_attention
+from .attention import attention_scale, eager_attention, fused_attention, softmax_pattern
 from .kv_cache import KVCache
 from .mlp import ACTIVATIONS, MLP_FORMS
 from .norm import normalize, skip_norm, unhooked
@@ -201,7 +201,9 @@ class Block:
         if hook.wants("attn.hook_attn_scores") or hook.wants("attn.hook_pattern"):
             k, v = k[kv_index], v[kv_index]  # [g, pos_k, dh] -> [h, pos_k, dh]
             scores, pattern = eager_attention(q, k, allowed, scale)
-            hook("attn.hook_attn_scores", scores)
+            hooked_scores = hook("attn.hook_attn_scores", scores)
+            if hooked_scores is not scores:  # edited scores must decide the pattern
+                pattern = softmax_pattern(hooked_scores)
             pattern = hook("attn.hook_pattern", pattern)
             z = torch.matmul(pattern, v)  # [h, pos, dh]
         else:
