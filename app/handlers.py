@@ -414,7 +414,7 @@ class Handlers:
         cont_faithful = model.generate(faithful.input_ids, n_new)
         progress(0.8, desc="Greedy continuation, variant")
         cont_broken = model.generate(faithful.input_ids, n_new, variant=variant)
-        bad = plots.first_nonfinite(broken)
+        bad = broken.first_nonfinite()
         note = f"\n\n⚠ Values stopped being finite at `{bad}` (fp32 overflow)." if bad else ""
         if variant.changes() == {"kv_position_bug": True}:
             note += "\n\nThis bug only affects cached decoding: the prefill is identical; compare the continuations."
