@@ -2,8 +2,10 @@
 
 Matrices are kept transposed, [in, out] and contiguous, and applied as `x @ W`: a decoding step is a
 matrix-vector product bound by reading the weights, and on this kind of CPU that layout reads
-them ~25% faster than nn.Linear's [out, in], and ~30% faster again when split into one column block per
-thread (`linear`; see bench/decode_floor.py). q/k/v and gate/up are fused
+them ~25% faster than nn.Linear's [out, in] on one thread, and ~30% faster again when split into one
+column block per thread (`linear`). bench/decode_floor.py measures every layout: on 2 threads the fastest
+pass is [out, in] split into row blocks (16.7 vs 23.4 ms over SmolLM2), so this layout is not yet the
+floor; README "Performance" has the numbers. q/k/v and gate/up are fused
 into one matrix each so a decoding step makes 4 matmuls per layer instead of 7.
 Only slmviz/weights.py knows how HF names map onto these fields.
 """
