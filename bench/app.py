@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,17 +18,14 @@ import urllib.request
 
 from common import REPO, TEXT, Row, main, median, spread
 
+sys.path.insert(0, str(REPO / "tests"))
+from app_helpers import free_port, stop_server  # noqa: E402 - the same start/stop helpers the app tests use
+
 STARTUP_TARGET_S = 15.0
 RUN_TARGET_S = 2.0
 STARTUP_TIMEOUT_S = 120
 PROMPT_TOKENS = 32
 STAGES = ["pre", "mid", "post"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prompt_of(n_tokens: int) -> str:
@@ -65,19 +60,8 @@ def start_server(port: int, log) -> tuple[subprocess.Popen, float]:
                     return proc, time.perf_counter() - start
         except OSError:
             time.sleep(0.1)
-    stop(proc)
+    stop_server(proc)
     raise RuntimeError(f"the app did not answer within {STARTUP_TIMEOUT_S} s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    for send in (lambda: proc.send_signal(signal.SIGINT), proc.terminate, proc.kill):
-        if proc.poll() is not None:
-            return
-        send()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def run_all_plots(client, prompt: str) -> None:
@@ -107,7 +91,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                         run_all_plots(client, prompt)
                         runs.append(time.perf_counter() - t0)
             finally:
-                stop(proc)
+                stop_server(proc)
     start_s, run_s = median(startups), median(runs)
     return [
         Row("`python -m slmviz.cli app` until the port answers (model prepared)", f"{start_s:.1f} s", "",

@@ -58,13 +58,17 @@ def prompt_ids(model, n_tokens: int) -> torch.Tensor:
     return torch.tensor(model.tokenizer(text)["input_ids"][:n_tokens], dtype=torch.long)
 
 
-def interleaved(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: int = 7) -> dict[str, list[float]]:
-    """Wall-clock seconds of each fn over `repeats` alternating rounds, after `warmup` untimed rounds."""
+def interleaved(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: int = 7,
+                into: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """Wall-clock seconds of each fn over `repeats` alternating rounds, after `warmup` untimed rounds.
+
+    Appends to `into` when given (so callers can interleave several groups round by round) and returns it.
+    """
+    times = into if into is not None else {name: [] for name in fns}
     with torch.inference_mode():
         for _ in range(warmup):
             for fn in fns.values():
                 fn()
-        times: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(repeats):
             for name, fn in fns.items():
                 start = time.perf_counter()

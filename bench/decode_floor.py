@@ -13,12 +13,11 @@ them the fastest way found here (slmviz/model/params.py: `linear`).
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from common import Row, main, median
+from common import Row, interleaved, main, median
 
 Pass = Callable[[], None]
 
@@ -70,18 +69,6 @@ def floor_passes(params) -> dict[str, Pass]:
     return passes
 
 
-def time_passes(passes: dict[str, Pass], repeats: int, into: dict[str, list[float]] | None = None):
-    """Time each pass `repeats` times, alternating layouts; append to `into` (seconds per pass)."""
-    into = into if into is not None else {name: [] for name in passes}
-    with torch.inference_mode():
-        for _ in range(repeats):
-            for name, fn in passes.items():
-                start = time.perf_counter()
-                fn()
-                into[name].append(time.perf_counter() - start)
-    return into
-
-
 def floor_seconds(times: dict[str, list[float]]) -> tuple[str, float]:
     """(layout, median seconds) of the fastest layout."""
     best = min(times, key=lambda name: median(times[name]))
@@ -94,8 +81,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     params = slmviz.load().decoder.params
     mb = sum(w.numel() * w.element_size() for w in weight_matrices(params)) / 1e6
     passes = floor_passes(params)
-    time_passes(passes, 2)  # warm-up
-    times = time_passes(passes, args.repeats)
+    times = interleaved(passes, warmup=2, repeats=args.repeats)
     for name, ts in times.items():
         print(f"  {name:24s} {median(ts) * 1e3:6.1f} ms per pass over {mb:.0f} MB "
               f"({mb / 1e3 / median(ts):.1f} GB/s)")

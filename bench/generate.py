@@ -13,8 +13,8 @@ import argparse
 import time
 
 import torch
-from common import GENERATE_PROMPT, Row, load_models, main, median, spread
-from decode_floor import floor_passes, floor_seconds, time_passes
+from common import GENERATE_PROMPT, Row, interleaved, load_models, main, median, spread
+from decode_floor import floor_passes, floor_seconds
 
 SPEEDUP_TARGET = 1.5
 FLOOR_TARGET = 0.85
@@ -41,13 +41,10 @@ def run(args: argparse.Namespace) -> list[Row]:
     floor_times: dict[str, list[float]] = {name: [] for name in passes}
     with torch.inference_mode():
         same = ours() == theirs()  # also the warm-up
-        time_passes(passes, 1)
-        for _ in range(args.repeats):
-            for name, fn in (("slmviz", ours), ("transformers", theirs)):
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-            time_passes(passes, FLOOR_PASSES_PER_ROUND, floor_times)
+    interleaved(passes, warmup=1, repeats=0)
+    for _ in range(args.repeats):
+        interleaved({"slmviz": ours, "transformers": theirs}, warmup=0, repeats=1, into=times)
+        interleaved(passes, warmup=0, repeats=FLOOR_PASSES_PER_ROUND, into=floor_times)
 
     ours_tps = n / median(times["slmviz"])
     ref_tps = n / median(times["transformers"])

@@ -47,10 +47,10 @@ def app_server(**launch_kwargs) -> Iterator[str]:
             _wait_until_serving(proc, url, Path(log.name))
             yield url
         finally:
-            _stop(proc)
+            stop_server(proc)
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_server(proc: subprocess.Popen) -> None:
     """Ctrl-C first, so Gradio closes and the app's atexit cleanup of saved traces runs; then harder."""
     for send in (lambda: proc.send_signal(signal.SIGINT), proc.terminate, proc.kill):
         if proc.poll() is not None:
