@@ -20,21 +20,19 @@ Sublayer = Callable[[torch.Tensor], torch.Tensor]
 Norm = Callable[[torch.Tensor], torch.Tensor]
 
 
-def pre_norm_residual(x: torch.Tensor, sublayer: Sublayer, norm: Norm) -> tuple[torch.Tensor, torch.Tensor]:
-    """x + F(N(x)): normalise *before* the sub-layer. Returns (new residual, F's output).
+def pre_norm_residual(x: torch.Tensor, sublayer: Sublayer, norm: Norm) -> torch.Tensor:
+    """x + F(N(x)): normalise *before* the sub-layer; returns the new residual.
 
     Every LLaMA/Qwen2/Mistral/SmolLM2 checkpoint was trained pre-norm. The 2017 order N(x + F(x))
     (`post_norm_residual`) runs with the same weights and silently changes every layer.
     Pinned by tests/test_conventions.py::test_blocks_normalise_before_each_sublayer.
     """
-    out = sublayer(norm(x))
-    return x + out, out
+    return x + sublayer(norm(x))
 
 
-def post_norm_residual(x: torch.Tensor, sublayer: Sublayer, norm: Norm) -> tuple[torch.Tensor, torch.Tensor]:
+def post_norm_residual(x: torch.Tensor, sublayer: Sublayer, norm: Norm) -> torch.Tensor:
     """N(x + F(x)): the `post_norm` variant (seed 002). resid_mid/resid_post are the normalised sums."""
-    out = sublayer(x)
-    return norm(x + out), out
+    return norm(x + sublayer(x))
 
 
 RESIDUAL_FORMS = {"pre": pre_norm_residual, "post": post_norm_residual, "none": pre_norm_residual}
@@ -156,9 +154,9 @@ class Block:
             return hook("hook_mlp_out", self.mlp(v, hook, variant))
 
         x = hook("hook_resid_pre", x)
-        x, _ = residual(x, attn, norm1)
+        x = residual(x, attn, norm1)
         x = hook("hook_resid_mid", x)
-        x, _ = residual(x, mlp, norm2)
+        x = residual(x, mlp, norm2)
         return hook("hook_resid_post", x)
 
     def attention(

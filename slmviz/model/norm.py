@@ -35,8 +35,6 @@ def unhooked(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-_identity = unhooked
-
 
 def normalize(
     x: torch.Tensor,
