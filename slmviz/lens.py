@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from .model.block import NORMS
 
@@ -35,7 +36,7 @@ def lens_probs(trace: Trace, layer: int) -> torch.Tensor:
     The last layer's lens equals the model's output distribution.
     """
     x, unembed, _ = _lens_inputs(trace, [layer], 0)
-    return torch.softmax((x @ unembed).float(), dim=-1)
+    return torch.softmax(F.linear(x, unembed).float(), dim=-1)
 
 
 @torch.inference_mode()
@@ -51,7 +52,7 @@ def logit_lens(trace: Trace, k: int = 5, start: int = 0) -> pd.DataFrame:
     x, unembed, _ = _lens_inputs(trace, layers, start)
     values, indices, finite = [], [], []
     for chunk in x.split(ROWS_PER_CHUNK):
-        logits = chunk @ unembed  # [rows, vocab]
+        logits = F.linear(chunk, unembed)  # [rows, vocab]
         ok = torch.isfinite(logits).all(-1)
         top = torch.nan_to_num(logits, nan=-torch.inf).topk(k, dim=-1)
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)

@@ -66,22 +66,23 @@ def build_params(cfg: ArchConfig, tensors: dict[str, torch.Tensor], dtype=torch.
     tensors = _strip_prefix(tensors)
     h, g, dh, d, m = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model, cfg.d_mlp
 
-    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def take(name: str, shape: tuple[int, ...], copy: bool = True) -> torch.Tensor:
         if name not in tensors:
             raise WeightsError(f"Weight {name!r} is missing from the checkpoint (config says {cfg.model_type})")
         t = tensors[name]
         if tuple(t.shape) != shape:
             raise WeightsError(f"Weight {name!r} has shape {tuple(t.shape)}, but the config implies {shape}")
         # An owned copy, never a view into the memory-mapped file: a view would keep the whole mapping
-        # (all 538 MB of SmolLM2's pages) resident next to the transposed copies the decoder reads.
-        return t.to(dtype=dtype, copy=True)
+        # (all 538 MB of SmolLM2's pages) resident. `fused` copies its parts itself, so they are not copied twice.
+        return t.to(dtype=dtype, copy=copy)
 
     def maybe(name: str, shape: tuple[int, ...], present: bool) -> torch.Tensor | None:
         return take(name, shape) if present else None
 
-    def cat_t(*ws: torch.Tensor) -> torch.Tensor:
-        # [out, in] HF matrices -> one [in, sum(out)] contiguous matrix (see model/params.py for why).
-        return torch.cat(ws, dim=0).t().contiguous()
+    def fused(*names_and_shapes: tuple[str, tuple[int, int]]) -> torch.Tensor:
+        # [out, in] HF matrices stacked into one [sum(out), in] matrix (see model/params.py for why).
+        parts = [take(name, shape, copy=False) for name, shape in names_and_shapes]
+        return torch.cat(parts, dim=0).to(dtype) if len(parts) > 1 else parts[0].to(dtype=dtype, copy=True)
 
     def cat_b(*bs: torch.Tensor | None) -> torch.Tensor | None:
         return None if bs[0] is None else torch.cat(bs).contiguous()
@@ -94,17 +95,17 @@ def build_params(cfg: ArchConfig, tensors: dict[str, torch.Tensor], dtype=torch.
             LayerParams(
                 ln1=take(pre + "input_layernorm.weight", (d,)),
                 ln2=take(pre + "post_attention_layernorm.weight", (d,)),
-                w_qkv=cat_t(take(a + "q_proj.weight", (h * dh, d)), take(a + "k_proj.weight", (g * dh, d)),
-                            take(a + "v_proj.weight", (g * dh, d))),
+                w_qkv=fused((a + "q_proj.weight", (h * dh, d)), (a + "k_proj.weight", (g * dh, d)),
+                            (a + "v_proj.weight", (g * dh, d))),
                 b_qkv=cat_b(maybe(a + "q_proj.bias", (h * dh,), cfg.qkv_bias),
                             maybe(a + "k_proj.bias", (g * dh,), cfg.qkv_bias),
                             maybe(a + "v_proj.bias", (g * dh,), cfg.qkv_bias)),
-                w_o=cat_t(take(a + "o_proj.weight", (d, h * dh))),
+                w_o=fused((a + "o_proj.weight", (d, h * dh))),
                 b_o=maybe(a + "o_proj.bias", (d,), cfg.o_bias),
-                w_gate_up=cat_t(take(mlp + "gate_proj.weight", (m, d)), take(mlp + "up_proj.weight", (m, d))),
+                w_gate_up=fused((mlp + "gate_proj.weight", (m, d)), (mlp + "up_proj.weight", (m, d))),
                 b_gate_up=cat_b(maybe(mlp + "gate_proj.bias", (m,), cfg.mlp_bias),
                                 maybe(mlp + "up_proj.bias", (m,), cfg.mlp_bias)),
-                w_down=cat_t(take(mlp + "down_proj.weight", (d, m))),
+                w_down=fused((mlp + "down_proj.weight", (d, m))),
                 b_down=maybe(mlp + "down_proj.bias", (d,), cfg.mlp_bias),
             )
         )
@@ -112,12 +113,10 @@ def build_params(cfg: ArchConfig, tensors: dict[str, torch.Tensor], dtype=torch.
     if cfg.tie_embeddings or "lm_head.weight" not in tensors:
         if not cfg.tie_embeddings:
             raise WeightsError("lm_head.weight is missing and the config does not tie embeddings")
-        # Tied: logits = x · E^T. Only the [d_model, vocab] layout is stored (the fast one for decoding);
-        # the embedding lookup reads rows of its transposed view, so the matrix is held once.
-        unembed = embed.t().contiguous()
-        embed = unembed.t()
+        # Tied: logits = x · E^T, and E [vocab, d_model] is already the [out, in] layout: one matrix, held once.
+        unembed = embed
     else:
-        unembed = take("lm_head.weight", (cfg.vocab_size, d)).t().contiguous()
+        unembed = take("lm_head.weight", (cfg.vocab_size, d))
     return DecoderParams(embed=embed, layers=layers, ln_final=take("model.norm.weight", (d,)), unembed=unembed)
 
 

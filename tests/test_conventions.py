@@ -150,7 +150,7 @@ def test_swiglu_activates_the_gate_not_up(tiny_model):
     assert torch.allclose(post, gate * lin)
     d_mlp = tiny_model.cfg.d_mlp
     x = t["blocks.1.ln2.hook_normalized"] * tiny_model.decoder.params.layers[1].ln2
-    assert torch.allclose(pre, x @ tiny_model.decoder.params.layers[1].w_gate_up[:, :d_mlp], atol=1e-5)
+    assert torch.allclose(pre, x @ tiny_model.decoder.params.layers[1].w_gate_up[:d_mlp].t(), atol=1e-5)
 
 
 def test_blocks_normalise_before_each_sublayer(tiny_model):
@@ -166,7 +166,7 @@ def test_blocks_normalise_before_each_sublayer(tiny_model):
 def test_tied_unembedding_reuses_the_embedding(tiny_dirs):
     m = slmviz.load(tiny_dirs["llama_mqa_tied"])
     p = m.decoder.params
-    assert torch.equal(p.unembed, p.embed.t())
+    assert p.unembed is p.embed  # held once, not a copy
     t = m.trace(torch.arange(1, 6))
     assert torch.allclose(t.logits, (t["ln_final.hook_normalized"] * p.ln_final) @ p.embed.t(), atol=1e-5)
 

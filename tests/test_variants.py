@@ -151,10 +151,10 @@ def test_no_norm_passes_the_residual_unscaled(tiny_model):
 
 
 def test_standard_ffn_never_reads_the_gate_projection(tiny_dir):
-    """Poison the gate columns with NaN: the standard FFN stays finite, SwiGLU does not."""
+    """Poison the gate rows with NaN: the standard FFN stays finite, SwiGLU does not."""
     m = slmviz.load(tiny_dir)
     for layer in m.decoder.params.layers:
-        layer.w_gate_up[:, : m.cfg.d_mlp] = float("nan")
+        layer.w_gate_up[: m.cfg.d_mlp] = float("nan")
     ids = torch.arange(1, 7)
     t = m.trace(ids, variant="standard_ffn")
     assert torch.isfinite(t.logits).all()
@@ -174,7 +174,7 @@ def test_variants_compose(tiny_model):
     total = both["blocks.0.hook_resid_pre"] + both["blocks.0.hook_attn_out"]
     torch.testing.assert_close(both["blocks.0.ln1.hook_normalized"] * both["blocks.0.ln1.hook_scale"], total)
     torch.testing.assert_close(both["blocks.0.attn.hook_q"].flatten(1),
-                               both["blocks.0.hook_resid_pre"] @ tiny_model.decoder.params.layers[0].w_qkv[:, :64])
+                               both["blocks.0.hook_resid_pre"] @ tiny_model.decoder.params.layers[0].w_qkv[:64].t())
     assert not torch.allclose(both.logits, tiny_model.trace(ids, variant="post_norm").logits)
     assert not torch.allclose(both.logits, tiny_model.trace(ids, variant="rope_interleaved").logits)
     assert both.variant.label() == "norm=post, rope=interleaved"

@@ -83,11 +83,11 @@ NO_HOOKS = NoHooks()
 
 
 class GateUp:
-    """The two MLP input projections of one call, sharing one matmul over the fused [d_model, 2·d_mlp] weight.
+    """The two MLP input projections of one call, sharing one matmul over the fused [2·d_mlp, d_model] weight.
 
     `gate(x)` multiplies x by the whole gate|up matrix once (one weight read; at decoding that is the
     cost) and keeps the up half; `up(x)` on the same x returns that half. `up` alone (the standard FFN
-    variant never calls `gate`) multiplies by the up columns only.
+    variant never calls `gate`) multiplies by the up rows only.
     """
 
     __slots__ = ("p", "d_mlp", "_x", "_up")
@@ -107,7 +107,7 @@ class GateUp:
         if x is self._x:
             return self._up
         d, b = self.d_mlp, self.p.b_gate_up
-        return linear(x, self.p.w_gate_up[:, d:], None if b is None else b[d:])
+        return linear(x, self.p.w_gate_up[d:], None if b is None else b[d:])
 
 
 class Block:
@@ -212,7 +212,7 @@ class Block:
 
         if hook.wants("attn.hook_result"):
             # Each head's write z_h @ W_o[h], all heads in one batched matmul (z is [h, pos, dh] underneath).
-            w_o = p.w_o.view(h, dh, cfg.d_model)  # [h * dh, d_model] -> [h, dh, d_model]: head i's rows
+            w_o = p.w_o.t().view(h, dh, cfg.d_model)  # [d_model, h * dh] -> [h, dh, d_model]: head i's columns
             result = torch.bmm(z.transpose(0, 1), w_o).transpose(0, 1)  # [h, pos, d_model] -> [pos, h, d_model]
             hooked = hook("attn.hook_result", result)
             if hooked is not result:
