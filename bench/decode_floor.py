@@ -4,8 +4,8 @@ A greedy decoding step multiplies one activation row by every matrix of the mode
 down per layer, then the unembedding), so it reads all ~538 MB of fp32 weights once; on a CPU that read,
 not arithmetic, bounds it. This script times exactly those products and nothing else, in the layouts a
 decoder could store them in, and reports the fastest as the floor: no decoder on this machine and in
-this precision can step faster. slmviz stores weights the way the fastest layout needs and multiplies
-them the fastest way found here (slmviz/model/params.py: `linear`).
+this precision can step faster. slmviz stores weights in the fastest layout found here ([out, in]) and
+multiplies them the fastest way found here (slmviz/model/params.py: `linear`, row blocks).
 
     .venv/bin/python bench/decode_floor.py [--repeats 15]
 """
@@ -23,19 +23,19 @@ Pass = Callable[[], None]
 
 
 def weight_matrices(params) -> list[torch.Tensor]:
-    """Every matrix a decoding step reads, as slmviz stores them: [in, out], contiguous."""
+    """Every matrix a decoding step reads, as slmviz stores them: [out, in], contiguous."""
     mats = [w for lp in params.layers for w in (lp.w_qkv, lp.w_o, lp.w_gate_up, lp.w_down)]
     return mats + [params.unembed]
 
 
 def floor_passes(params) -> dict[str, Pass]:
-    """One bare matrix-vector pass over all weights per layout. The [out, in] copies are made once here."""
-    in_out = weight_matrices(params)
-    out_in = [w.t().contiguous() for w in in_out]
+    """One bare matrix-vector pass over all weights per layout. The [in, out] copies are made once here."""
+    out_in = weight_matrices(params)
+    in_out = [w.t().contiguous() for w in out_in]
     rows = {w.shape[0]: torch.ones(1, w.shape[0]) for w in in_out}
     vecs = {n: r[0] for n, r in rows.items()}
 
-    def x_at_w() -> None:  # what slmviz does: x [1, in] @ W [in, out]
+    def x_at_w() -> None:  # x [1, in] @ W [in, out]
         for w in in_out:
             torch.matmul(rows[w.shape[0]], w)
 
@@ -54,11 +54,11 @@ def floor_passes(params) -> dict[str, Pass]:
                   if w.shape[1] % threads == 0]
     row_blocks = [(w, w.view(threads, -1, w.shape[1])) for w in out_in if w.shape[0] % threads == 0]
 
-    def x_at_w_blocks() -> None:  # what slmviz does: [in, out] split into one column block per thread
+    def x_at_w_blocks() -> None:  # [in, out] split into one column block per thread
         for w, cols in col_blocks:
             torch.bmm(rows[w.shape[0]].expand(threads, 1, -1), cols)
 
-    def w_at_x_blocks() -> None:  # [out, in] split into one row block per thread: every thread streams rows
+    def w_at_x_blocks() -> None:  # what slmviz does: [out, in], one row block per thread streams its rows
         for w, blocks in row_blocks:
             torch.bmm(blocks, rows[w.shape[1]].t().expand(threads, -1, 1))
 

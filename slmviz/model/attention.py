@@ -91,6 +91,8 @@ def fused_attention(
     A plain causal prefill goes through `is_causal=True` (no mask tensor is materialised).
     """
     n_q, n_k = q.shape[-2], k.shape[-2]
+    if n_q == 1:
+        return _one_query_attention(q, k, v, allowed, scale)
     grouped = k.shape[0] != q.shape[0]
     q, k, v = q[None], k[None], v[None]  # [1, heads, pos, dh]
     if allowed is not None and n_q == n_k and n_q > 1 and torch.equal(allowed, _lower_triangle(n_q)):
@@ -98,6 +100,27 @@ def fused_attention(
     else:
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=grouped)
     return z[0]
+
+
+def _one_query_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """`fused_attention` for a single query (a decoding step): two small batched matmuls.
+
+    SDPA's per-call setup costs more than the whole product for one query (~50 vs ~20 µs, 30 times a step).
+    The h query heads are viewed as g groups of n_rep, the heads of one KV head side by side (`kv_head_of`),
+    so each KV head is read once and never copied.
+    """
+    h, g, dh = q.shape[0], k.shape[0], q.shape[-1]
+    grouped_q = q.reshape(g, h // g, dh)  # [h, 1, dh] -> [g, n_rep, dh]
+    scores = torch.baddbmm(_EMPTY, grouped_q, k.transpose(1, 2), beta=0, alpha=scale)  # [g, n_rep, pos_k]
+    if allowed is not None:  # [1, pos_k], e.g. a sliding window
+        scores.masked_fill_(~allowed, float("-inf"))
+    z = torch.bmm(torch.softmax(scores, dim=-1), v)  # [g, n_rep, dh]
+    return z.view(h, 1, dh)
+
+
+_EMPTY = torch.empty(())  # baddbmm's ignored input (beta=0): lets the scale ride on the matmul
 
 
 def reads_contiguous_groups(kv_index: torch.Tensor, n_kv_heads: int) -> bool:
