@@ -9,6 +9,7 @@ sides of a ratio instead of on whichever ran second.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -75,6 +76,22 @@ def interleaved(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: 
                 fn()
                 times[name].append(time.perf_counter() - start)
     return times
+
+
+@contextlib.contextmanager
+def matmul_replaced(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]):
+    """Inside the block, every weight matmul of slmviz's decoder calls fn(x, w, b) instead of params.linear.
+
+    For evidence rows only: what the time would be with another kernel, or how long the matmuls take.
+    """
+    from slmviz.model import block, decoder
+
+    saved = block.linear, decoder.linear
+    block.linear = decoder.linear = fn
+    try:
+        yield
+    finally:
+        block.linear, decoder.linear = saved
 
 
 def median(xs: list[float]) -> float:

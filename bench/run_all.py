@@ -28,21 +28,28 @@ RESULTS = BENCH_DIR / "results.md"
 # Keyed by the start of the row's `what`; written under the table only for rows that miss.
 BOUNDS = {
     "trace, 128 tokens": (
-        "the full trace computes attn.hook_result, each head's write z_h·W_o[h]: a batched matmul with "
-        "o_proj's FLOPs that transformers never does (~20 ms of a ~300 ms trace, run as 9 K=64 GEMMs at "
-        "~65 % of o_proj's GEMM rate). The evidence row shows the same trace without it. attn_out still comes "
-        "from the o_proj matmul so that a trace stays bit-identical to transformers; building it from the "
-        "per-head sums instead saves ~15 ms but moves the logits by up to 8.8e-5 (tolerance 1e-4). The other "
-        "GEMMs are MKL's, like transformers' (~85 % of the time)."
+        "the GEMMs, ~85-90 % of a trace's time (torch.profiler). Two evidence rows measure it: (1) without the 30 "
+        "attn.hook_result the same trace is within a few % of transformers' time; hook_result is each head's write "
+        "z_h·W_o[h], a batched matmul with o_proj's FLOPs plus 2.6 MB written per layer, which transformers "
+        "never computes. (2) The GEMMs are MKL's, exactly as in transformers, because the parity tests hold "
+        "slmviz to 1e-4 of transformers' logits and MKL is what keeps it there (3e-5). oneDNN's AVX-512 "
+        "GEMMs on this AMD CPU make the full trace clearly faster than transformers, but move the logits past "
+        "that tolerance (the row's notes)."
     ),
     "greedy generate, 48 new tokens: tokens/s ÷ weight-read floor": (
-        "the floor is the [out, in] layout split into one row block per thread (bench/decode_floor.py), which "
-        "streams the weights at the raw read bandwidth (the same time as torch.amax over them). slmviz stores "
-        "[in, out] (the weights.py/params.py layout, chosen from single-threaded timings where it was faster) "
-        "and splits it into one column block per thread: ~6 ms more per pass for the same bytes. On top of the "
-        "weight read, each step runs ~35 small ops per layer (norms, RoPE, cache writes, SDPA, SwiGLU), "
-        "~1000 eager PyTorch dispatches ≈ 4-5 ms, and the prompt's prefill (~0.12 s for 46 tokens, "
-        "compute-bound) comes before the 47 steps."
+        "the small ops between the weight matmuls. The evidence row splits a decoding step: its matmuls run "
+        "close to the floor pass (slmviz streams the weights in the floor's own layout and kernel, "
+        "params.linear), and the rest is ~30 eager PyTorch ops per layer (two RMSNorms, RoPE, two cache "
+        "writes, attention, SwiGLU, two residual adds), each a few µs because the weight stream has just "
+        "evicted the caches. The whole-call row also pays the prompt's prefill (compute-bound, ~0.12 s for "
+        "46 tokens). Tried and dropped: torch.compile of a layer (tens of seconds to compile, recompiled per "
+        "layer, no faster step); OMP_WAIT_POLICY=ACTIVE (no change)."
+    ),
+    "greedy generate, 48 new tokens: decoding steps alone": (
+        "as for the row above: the ~30 small ops per layer between the weight matmuls (evidence row)."
+    ),
+    "forward, capture off": (
+        "noise: the spread in the notes overlaps transformers' (same MKL GEMMs, fused q|k|v and gate|up)."
     ),
     "peak RSS during a 512-token trace, residual hooks only": (
         "the loaded model is ~1.0 GB resident (torch + transformers + tokenizer ~0.4 GB, fp32 weights 0.54 GB); "
