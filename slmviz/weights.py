@@ -81,8 +81,7 @@ def build_params(cfg: ArchConfig, tensors: dict[str, torch.Tensor], dtype=torch.
 
     def fused(*names_and_shapes: tuple[str, tuple[int, int]]) -> torch.Tensor:
         # [out, in] HF matrices stacked into one [sum(out), in] matrix (see model/params.py for why).
-        parts = [take(name, shape, copy=False) for name, shape in names_and_shapes]
-        return torch.cat(parts, dim=0).to(dtype) if len(parts) > 1 else parts[0].to(dtype=dtype, copy=True)
+        return torch.cat([take(name, shape, copy=False) for name, shape in names_and_shapes], dim=0).to(dtype)
 
     def cat_b(*bs: torch.Tensor | None) -> torch.Tensor | None:
         return None if bs[0] is None else torch.cat(bs).contiguous()
@@ -100,12 +99,12 @@ def build_params(cfg: ArchConfig, tensors: dict[str, torch.Tensor], dtype=torch.
                 b_qkv=cat_b(maybe(a + "q_proj.bias", (h * dh,), cfg.qkv_bias),
                             maybe(a + "k_proj.bias", (g * dh,), cfg.qkv_bias),
                             maybe(a + "v_proj.bias", (g * dh,), cfg.qkv_bias)),
-                w_o=fused((a + "o_proj.weight", (d, h * dh))),
+                w_o=take(a + "o_proj.weight", (d, h * dh)),
                 b_o=maybe(a + "o_proj.bias", (d,), cfg.o_bias),
                 w_gate_up=fused((mlp + "gate_proj.weight", (m, d)), (mlp + "up_proj.weight", (m, d))),
                 b_gate_up=cat_b(maybe(mlp + "gate_proj.bias", (m,), cfg.mlp_bias),
                                 maybe(mlp + "up_proj.bias", (m,), cfg.mlp_bias)),
-                w_down=fused((mlp + "down_proj.weight", (d, m))),
+                w_down=take(mlp + "down_proj.weight", (d, m)),
                 b_down=maybe(mlp + "down_proj.bias", (d,), cfg.mlp_bias),
             )
         )
