@@ -29,7 +29,8 @@ class KVCache:
         if start + n_new > self.capacity:
             self._grow(start + n_new)
         keys, values = self.k[layer], self.v[layer]
-        # narrow(), not slicing: a decoding step appends 60 times, and narrow skips Python's slice parsing.
+        # narrow(), not slicing: a decoding step writes 60 of these (k and v of every layer), and narrow skips
+        # Python's slice parsing.
         keys.narrow(1, start, n_new).copy_(k)
         values.narrow(1, start, n_new).copy_(v)
         return keys.narrow(1, 0, start + n_new), values.narrow(1, 0, start + n_new)
