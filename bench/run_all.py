@@ -4,7 +4,8 @@
 
 Scripts: forward.py (trace / capture-off forward vs transformers), generate.py (tokens/s vs transformers and
 vs the weight-read floor of decode_floor.py), compare_presets.py, memory.py (peak RSS, fresh processes),
-app.py (startup and Run through gradio_client, if app/ exists). Timing on a shared 2-core machine is noisy:
+app.py (startup and Run through gradio_client, if app/ exists), op_profile.py (torch.profiler: where the time
+of a trace and of a decoding step goes). Timing on a shared 2-core machine is noisy:
 the load average before and after is written next to the table; re-run when it was high.
 """
 
@@ -21,29 +22,30 @@ from pathlib import Path
 
 from common import BENCH_DIR, Row, fmt_ratio, load_average, machine
 
-SCRIPTS = ["forward", "generate", "compare_presets", "memory", "app"]
+SCRIPTS = ["forward", "generate", "compare_presets", "memory", "app", "op_profile"]
 RESULTS = BENCH_DIR / "results.md"
 
 # What bounds a target when it is missed (profiled with torch.profiler; see each script's docstring).
 # Keyed by the start of the row's `what`; written under the table only for rows that miss.
 BOUNDS = {
     "trace, 128 tokens": (
-        "the GEMMs, ~85-90 % of a trace's time (torch.profiler). Two evidence rows measure it: (1) without the 30 "
-        "attn.hook_result the same trace is within a few % of transformers' time; hook_result is each head's write "
-        "z_h·W_o[h], a batched matmul with o_proj's FLOPs plus 2.6 MB written per layer, which transformers "
-        "never computes. (2) The GEMMs are MKL's, exactly as in transformers, because the parity tests hold "
-        "slmviz to 1e-4 of transformers' logits and MKL is what keeps it there (3e-5). oneDNN's AVX-512 "
-        "GEMMs on this AMD CPU make the full trace clearly faster than transformers, but move the logits past "
-        "that tolerance (the row's notes)."
+        "the GEMMs, most of a trace's time in both implementations (the profile row). Two evidence rows "
+        "measure the rest: (1) without the 30 attn.hook_result the same trace is within a few % of "
+        "transformers' time; hook_result is each head's write z_h·W_o[h], a batched matmul with o_proj's "
+        "FLOPs plus 2.6 MB written per layer, which transformers never computes. (2) The GEMMs are MKL's, "
+        "exactly as in transformers, because the parity tests hold slmviz to 1e-4 of transformers' logits "
+        "and MKL is what keeps it there (3e-5). oneDNN's AVX-512 GEMMs on this AMD CPU make the full trace "
+        "clearly faster than transformers, but move the logits past that tolerance (the row's notes)."
     ),
     "greedy generate, 48 new tokens: tokens/s ÷ weight-read floor": (
         "the small ops between the weight matmuls. The evidence row splits a decoding step: its matmuls run "
         "close to the floor pass (slmviz streams the weights in the floor's own layout and kernel, "
         "params.linear), and the rest is ~30 eager PyTorch ops per layer (two RMSNorms, RoPE, two cache "
-        "writes, attention, SwiGLU, two residual adds), each a few µs because the weight stream has just "
-        "evicted the caches. The whole-call row also pays the prompt's prefill (compute-bound, ~0.12 s for "
-        "46 tokens). Tried and dropped: torch.compile of a layer (tens of seconds to compile, recompiled per "
-        "layer, no faster step); OMP_WAIT_POLICY=ACTIVE (no change)."
+        "writes, attention, SwiGLU, two residual adds; with their views and inner calls ~160 ATen dispatches "
+        "per layer, the profile row), each a few µs because the weight stream has just evicted the caches. "
+        "The whole-call row also pays the prompt's prefill, which is compute-bound (its time is in the "
+        "decoding-steps row's notes). Tried and dropped: torch.compile of a layer (tens of seconds to "
+        "compile, recompiled per layer, no faster step); OMP_WAIT_POLICY=ACTIVE (no change)."
     ),
     "greedy generate, 48 new tokens: decoding steps alone": (
         "as for the row above: the ~30 small ops per layer between the weight matmuls (evidence row)."
