@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> list[Row]:
         for step in model.stream(ids, n, stop_at_eos=False):
             stamps.append(time.perf_counter())
             tokens.append(step.token_id)
-        step_seconds.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
+        step_seconds.append(_per_step(stamps))
         return tokens
 
     def theirs() -> list[int]:
@@ -111,7 +111,12 @@ def _decode_step_split(model, ids: torch.Tensor, n: int) -> tuple[float, float]:
             if len(stamps) == 1:
                 spent[0] = 0.0  # the clock starts after the prefill, like the decoding-steps row
     # The last step's matmuls ran before its token was yielded, so every counted matmul is in the window.
-    return (stamps[-1] - stamps[0]) / (len(stamps) - 1), spent[0] / (len(stamps) - 1)
+    return _per_step(stamps), spent[0] / (len(stamps) - 1)
+
+
+def _per_step(stamps: list[float]) -> float:
+    """Seconds per cached decoding step from the times tokens were yielded (the first one ends the prefill)."""
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
 def _args(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ through cProfile, would be shadowed.)
 Two profiles, each printed as torch.profiler's table of the ops with the most self time:
 
 - the 128-token full trace and transformers' eager forward with attentions and hidden states (the trace
-  row): the share of each in matrix multiplications (aten::mm / bmm / baddbmm / addmm / linear);
+  row): the share of each in matrix multiplications (the self time of aten::mm / bmm / baddbmm / addmm);
 - 16 cached decoding steps of greedy generation (the floor rows): how many ATen ops one step dispatches, and
   the share of the step's op time spent outside the weight matmuls (the row-split bmm of params.linear).
 
