@@ -1,0 +1,410 @@
+"""Activation patching: which layer, position or head carries what makes the model prefer one answer?
+
+Semantics are TransformerLens's `patching` module (`get_act_patch_resid_pre` and friends), so a sweep here
+can be checked against one there: run the *target* prompt, overwrite one cell of one hook with the *source*
+prompt's value at that cell, and read the metric (default `logit(answer) - logit(wrong)` at the last position).
+Denoising (TL's default) patches clean into corrupted: a cell that restores the clean metric carries the
+information. Noising patches corrupted into clean: a cell that destroys it is necessary.
+
+    r = slmviz.patch(clean, corrupted, answer=" Mary", wrong=" John", site="resid_pre", model=m)
+    r.values        # [n_layers, pos]: the metric after each single patch
+    r.normalized    # (values - corrupted) / (clean - corrupted): 1 = fully restored, 0 = no effect
+
+Sites and result shapes (DESIGN.md, "Interventions"); `h` query heads, `g` KV heads (never padded to h):
+
+| site | hook | cell | values |
+| --- | --- | --- | --- |
+| resid_pre, resid_mid, resid_post, attn_out, mlp_out | blocks.L.hook_<site> | [p] | [n_layers, pos] |
+| z, q | attn.hook_z / hook_q (q before RoPE, as TL) | [p, head] | [n_layers, pos, h] |
+| pattern | attn.hook_pattern | query row p of head: [head, p, :] | [n_layers, pos, h] |
+| k, v | attn.hook_k / hook_v (k before RoPE) | [p, kv head] | [n_layers, pos, g] |
+| heads | attn.hook_z at every position | [:, head] | [n_layers, h] |
+
+(TL returns its pattern sweep as [layer, head, dest_pos]; here it is [layer, pos, head] like z and q.)
+
+Two engines compute the same numbers. `engine="per_cell"` is the straightforward method (one hooked forward
+per cell, what TL does) and the reference the fast engine is tested against. `engine="batched"` (the default
+when the decoder offers `forward_from`) uses two facts about a sweep: every patched run has the prompt's
+length, so many run as one batch; and a run patched at layer L equals the target run before L, so it starts
+from the target's cached resid_pre of layer L. It also skips cells whose source and target values are
+bit-identical (e.g. every position before the prompts' first differing token): such a patch is the identity,
+so its value is exactly the target run's metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+
+from .hooks import HookFn, build_context
+from .metrics import Metric, as_float, check_same_length, logit_diff, single_token_id
+from .variants import Variant, VariantLike, resolve_variant
+
+DIRECTIONS = ("denoise", "noise")
+METHODS = ("exact", "attribution")
+ENGINES = ("batched", "per_cell")
+TOKENS_PER_BATCH = 4096  # rows x positions of one batched forward: [4096, 2 * d_mlp] fp32 is ~25 MB on SmolLM2
+
+
+@dataclass(frozen=True)
+class Site:
+    """One kind of activation a sweep patches: the block-local hook and the axes of one cell."""
+
+    hook: str  # block-local hook name, e.g. "attn.hook_z"
+    axes: tuple[str, ...]  # the result's dims after "layer": "position", "head" (h) or "kv_head" (g)
+    description: str
+    head_first: bool = False  # the hook tensor is [h, pos_q, pos_k] (the pattern), not [pos, heads, ...]
+
+    def index(self, cell: tuple[int, ...]) -> tuple:
+        """Where one cell (without its layer) sits in the batch-free hook tensor."""
+        if self.axes == ("position",):
+            return (cell[0],)  # [pos, d_model] -> row p
+        if self.axes == ("head",):
+            return (slice(None), cell[0])  # [pos, h, d_head] -> head h at every position
+        pos, head = cell
+        return (head, pos) if self.head_first else (pos, head)
+
+
+SITES: dict[str, Site] = {
+    "resid_pre": Site("hook_resid_pre", ("position",), "the residual stream entering block L"),
+    "resid_mid": Site("hook_resid_mid", ("position",), "the residual stream between attention and MLP"),
+    "resid_post": Site("hook_resid_post", ("position",), "the residual stream leaving block L"),
+    "attn_out": Site("hook_attn_out", ("position",), "the attention sub-layer's write into the residual"),
+    "mlp_out": Site("hook_mlp_out", ("position",), "the MLP sub-layer's write into the residual"),
+    "z": Site("attn.hook_z", ("position", "head"), "one head's attention-weighted values at one position"),
+    "q": Site("attn.hook_q", ("position", "head"), "one head's query at one position (before RoPE)"),
+    "pattern": Site("attn.hook_pattern", ("position", "head"),
+                    "one head's attention row for query position p", head_first=True),
+    "k": Site("attn.hook_k", ("position", "kv_head"), "one KV head's key at one position (before RoPE)"),
+    "v": Site("attn.hook_v", ("position", "kv_head"), "one KV head's value at one position"),
+    "heads": Site("attn.hook_z", ("head",), "one head's z at every position at once"),
+}
+
+
+def site_of(name: str) -> Site:
+    if name not in SITES:
+        raise ValueError(f"Unknown patching site {name!r}; sites are: {', '.join(SITES)}")
+    return SITES[name]
+
+
+def axis_sizes(site: Site, cfg: Any, n_pos: int) -> tuple[int, ...]:
+    """The result shape: [n_layers, *site axes]."""
+    size = {"position": n_pos, "head": cfg.n_heads, "kv_head": cfg.n_kv_heads}
+    return (cfg.n_layers, *(size[a] for a in site.axes))
+
+
+def site_hook_name(site: Site, layer: int) -> str:
+    return f"blocks.{layer}.{site.hook}"
+
+
+# --- the result ----------------------------------------------------------------------------------
+@dataclass
+class PatchResult:
+    """A sweep: the metric after each single patch, the two unpatched metrics, and how to read them.
+
+    `values` has the site's shape (see the module table). Partial results (while a sweep runs) hold NaN
+    in the cells not computed yet; `done`/`total` count cells.
+    """
+
+    site: str
+    values: torch.Tensor
+    clean: float
+    corrupted: float
+    tokens: list[str]  # the target run's tokens (the prompt being patched into)
+    source_tokens: list[str]  # the prompt the patched values come from
+    direction: str = "denoise"
+    method: str = "exact"
+    metric_name: str = "metric"
+    done: int = 0
+    total: int = 0
+    correlation: float | None = None  # attribution only: Pearson r with the exact sweep, when measured
+    # What re-runs one cell (run_cell): the model, both prompts' ids, the variant.
+    _run: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return ("layer", *SITES[self.site].axes)
+
+    @property
+    def complete(self) -> bool:
+        return self.done >= self.total
+
+    @property
+    def normalized(self) -> torch.Tensor:
+        """(values - corrupted) / (clean - corrupted): 1 = the clean metric, 0 = the corrupted one.
+
+        The same formula in both directions, so noising reads 1 = no effect and 0 = fully destroyed.
+        NaN everywhere when the two runs have the same metric (nothing to restore).
+        """
+        span = self.clean - self.corrupted
+        if span == 0:
+            return torch.full_like(self.values, float("nan"))
+        return (self.values - self.corrupted) / span
+
+    def frame(self) -> pd.DataFrame:
+        """One row per cell: layer, position, token, head, value, normalized (head or position NA when unused)."""
+        dims = self.dims
+        values, normalized = self.values.reshape(-1).tolist(), self.normalized.reshape(-1).tolist()
+        grid = torch.stack(torch.meshgrid(*[torch.arange(s) for s in self.values.shape], indexing="ij"), -1)
+        grid = grid.reshape(-1, len(dims)).tolist()
+        col = {d: i for i, d in enumerate(dims)}
+        head_dim = "head" if "head" in col else "kv_head" if "kv_head" in col else None
+        rows = {
+            "layer": [g[0] for g in grid],
+            "position": [g[col["position"]] if "position" in col else pd.NA for g in grid],
+            "token": [self.tokens[g[col["position"]]] if "position" in col else "" for g in grid],
+            "head": [g[col[head_dim]] if head_dim else pd.NA for g in grid],
+            "value": values,
+            "normalized": normalized,
+        }
+        frame = pd.DataFrame(rows)
+        frame["position"] = frame["position"].astype("Int64")
+        frame["head"] = frame["head"].astype("Int64")
+        return frame
+
+    def plot(self, **kwargs):
+        """The diverging heatmap (layers x tokens, centred at 0); see slmviz.patch_plots.patch_heatmap."""
+        from .patch_plots import patch_heatmap
+
+        return patch_heatmap(self, **kwargs)
+
+    def run_cell(self, layer: int, position: int | None = None, head: int | None = None):
+        """The patched run of one cell as a full Trace (e.g. `.top_tokens()`): one hooked forward."""
+        if not self._run:
+            raise RuntimeError("This result does not know its model (it was built by hand); call slmviz.patch")
+        r = self._run
+        return patched_trace(r["model"], r["target_ids"], r["source_ids"], self.site, layer, position, head,
+                             r["variant"])
+
+    def __repr__(self) -> str:
+        shape = "x".join(map(str, self.values.shape))
+        return (f"PatchResult({self.site}, {self.method}, {self.direction}, [{shape}], clean={self.clean:.4g}, "
+                f"corrupted={self.corrupted:.4g}, {self.done}/{self.total} cells)")
+
+
+# --- the sweep -----------------------------------------------------------------------------------
+def patch(
+    clean: str | Sequence[int] | torch.Tensor,
+    corrupted: str | Sequence[int] | torch.Tensor,
+    answer: str | int | Metric | None = None,
+    wrong: str | int | None = None,
+    site: str = "resid_pre",
+    model: Any = None,
+    metric: Metric | None = None,
+    direction: str = "denoise",
+    method: str = "exact",
+    engine: str | None = None,
+    variant: VariantLike = None,
+    chat: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> PatchResult:
+    """Patch every cell of `site` (see the module table) one at a time and return the sweep.
+
+    answer / wrong: single-token strings (" Mary") or ids; the metric is logit(answer) - logit(wrong) at the
+    last position. Or pass `metric=fn(logits [pos, vocab]) -> number` (or a callable as `answer`).
+    direction: "denoise" runs corrupted and patches in clean (TL's default); "noise" the reverse.
+    method: "exact" (one patched run per cell) or "attribution" (a first-order estimate for every cell
+    from one forward and one backward pass; see slmviz.attribution_patching).
+    progress(done, total) is called as cells finish. The prompts must have the same number of tokens.
+    """
+    result = None
+    for result in patch_steps(clean, corrupted, answer, wrong, site, model, metric, direction, method, engine,
+                              variant, chat):
+        if progress is not None:
+            progress(result.done, result.total)
+    assert result is not None
+    return result
+
+
+def patch_steps(
+    clean: str | Sequence[int] | torch.Tensor,
+    corrupted: str | Sequence[int] | torch.Tensor,
+    answer: str | int | Metric | None = None,
+    wrong: str | int | None = None,
+    site: str = "resid_pre",
+    model: Any = None,
+    metric: Metric | None = None,
+    direction: str = "denoise",
+    method: str = "exact",
+    engine: str | None = None,
+    variant: VariantLike = None,
+    chat: bool = False,
+) -> Iterator[PatchResult]:
+    """`patch`, yielding a partial PatchResult after each batch of cells (the app draws and cancels with it).
+
+    The first yield has the two unpatched metrics and no cell; the last is the complete sweep.
+    """
+    if model is None:
+        from .model_api import load
+
+        model = load()
+    s = site_of(site)
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    v = resolve_variant(variant)
+    clean_ids, corrupted_ids = model.encode(clean, chat), model.encode(corrupted, chat)
+    check_same_length(model, clean_ids, corrupted_ids)
+    fn, name, default_metric = resolve_metric(model, answer, wrong, metric)
+    target_ids, source_ids = (corrupted_ids, clean_ids) if direction == "denoise" else (clean_ids, corrupted_ids)
+
+    if method == "attribution":
+        from .attribution_patching import attribution_sweep
+
+        yield attribution_sweep(model, s, site, clean_ids, corrupted_ids, target_ids, source_ids, fn, name,
+                                direction, v)
+        return
+
+    n_layers = model.cfg.n_layers
+    site_names = [site_hook_name(s, layer) for layer in range(n_layers)]
+    starts = [f"blocks.{layer}.hook_resid_pre" for layer in range(n_layers)]
+    source = model.trace(source_ids, variant=v, names=site_names)
+    target = model.trace(target_ids, variant=v, names=sorted(set(site_names + starts)))
+    clean_run, corrupted_run = (source, target) if direction == "denoise" else (target, source)
+    shape = axis_sizes(s, model.cfg, target_ids.numel())
+    cells = list(_cells(shape))
+    result = PatchResult(
+        site=site, values=torch.full(shape, float("nan"), dtype=torch.float64),
+        clean=as_float(fn(clean_run.logits)), corrupted=as_float(fn(corrupted_run.logits)),
+        tokens=target.tokens, source_tokens=source.tokens, direction=direction, method="exact",
+        metric_name=name, done=0, total=len(cells),
+        _run={"model": model, "target_ids": target_ids, "source_ids": source_ids, "variant": v},
+    )
+    yield result
+    base = as_float(fn(target.logits))
+    engine = engine or ("batched" if hasattr(model.decoder, "forward_from") else "per_cell")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    sweep = _batched if engine == "batched" else _per_cell
+    for done_cells, values in sweep(model, s, cells, source.cache, target, fn, default_metric, base, v):
+        for cell, value in zip(done_cells, values, strict=True):
+            result.values[cell] = value
+        result.done += len(done_cells)
+        yield result
+
+
+def resolve_metric(model: Any, answer: str | int | Metric | None, wrong: str | int | None,
+                   metric: Metric | None) -> tuple[Metric, str, bool]:
+    """(metric fn, its display name, whether it is the built-in logit difference)."""
+    if callable(answer) and metric is None:
+        answer, metric = None, answer
+    if metric is not None:
+        if answer is not None or wrong is not None:
+            raise ValueError("Pass either answer/wrong tokens or a metric fn, not both")
+        if not callable(metric):
+            raise ValueError(f"metric must be a fn(logits [pos, vocab]) -> number, got {type(metric).__name__}")
+        return metric, getattr(metric, "__name__", "metric"), False
+    if answer is None:
+        raise ValueError("patch needs answer= (a single token, e.g. ' Mary'), optionally wrong=, or metric=fn")
+    vocab = model.cfg.vocab_size
+    a = single_token_id(model.tokenizer, answer, vocab, "answer")
+    w = None if wrong is None else single_token_id(model.tokenizer, wrong, vocab, "wrong")
+    if w == a:
+        raise ValueError(f"answer and wrong are the same token ({answer!r}); the logit difference would be 0")
+    show = model.to_strings
+    name = f"logit({show([a])[0]!r})" + (f" - logit({show([w])[0]!r})" if w is not None else "")
+    return logit_diff(a, w), name, True
+
+
+def _cells(shape: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """Every (layer, *cell) index of a result of this shape, layer-major (the order of TL's index_df)."""
+    grid = torch.meshgrid(*[torch.arange(n) for n in shape], indexing="ij")
+    for idx in torch.stack(grid, -1).reshape(-1, len(shape)).tolist():
+        yield tuple(idx)
+
+
+def _writer(src: torch.Tensor, index: tuple) -> HookFn:
+    """A hook fn writing src's cell into the run's value (a copy: the run's own tensor is left alone)."""
+
+    def write(x: torch.Tensor, name: str) -> torch.Tensor:
+        out = x.clone()
+        out[index] = src[index]
+        return out
+
+    return write
+
+
+def _batch_writer(src: torch.Tensor, indices: list[tuple]) -> HookFn:
+    """Batched: row i of the [b, *shape] value gets src's cell indices[i]; every row patches one cell."""
+
+    def write(x: torch.Tensor, name: str) -> torch.Tensor:
+        out = x.clone()
+        for row, index in enumerate(indices):
+            out[row][index] = src[index]
+        return out
+
+    return write
+
+
+Sweep = Iterator[tuple[list[tuple[int, ...]], list[float]]]
+
+
+def _per_cell(model: Any, site: Site, cells: list[tuple[int, ...]], source: dict[str, torch.Tensor], target: Any,
+              metric: Metric, default_metric: bool, base: float, variant: Variant) -> Sweep:
+    """The reference: one hooked forward of the whole target prompt per cell (TransformerLens's method)."""
+    ids = target.input_ids
+    for layer, *rest in cells:
+        name = site_hook_name(site, layer)
+        ctx = build_context(model.hook_names, [], {name: _writer(source[name], site.index(tuple(rest)))})
+        logits = model.decoder.forward(ids, ctx, variant)  # [pos, vocab]
+        yield [(layer, *rest)], [as_float(metric(logits))]
+
+
+def _batched(model: Any, site: Site, cells: list[tuple[int, ...]], source: dict[str, torch.Tensor], target: Any,
+             metric: Metric, default_metric: bool, base: float, variant: Variant) -> Sweep:
+    """Cells of one layer as batches of patched copies, each started from the target's resid_pre of that layer.
+
+    A cell whose source value equals the target's bit for bit is the identity patch: its value is `base`.
+    """
+    n_pos = target.input_ids.numel()
+    rows_per_batch = max(1, TOKENS_PER_BATCH // n_pos)
+    by_layer: dict[int, list[tuple[int, ...]]] = {}
+    for cell in cells:
+        by_layer.setdefault(cell[0], []).append(cell)
+    for layer, layer_cells in by_layer.items():
+        name = site_hook_name(site, layer)
+        src, tgt = source[name], target.cache[name]
+        same = {c for c in layer_cells if torch.equal(src[site.index(c[1:])], tgt[site.index(c[1:])])}
+        if same:
+            yield sorted(same), [base] * len(same)
+        todo = [c for c in layer_cells if c not in same]
+        start = target.cache[f"blocks.{layer}.hook_resid_pre"]  # [pos, d_model]
+        for i in range(0, len(todo), rows_per_batch):
+            chunk = todo[i:i + rows_per_batch]
+            ctx = build_context(model.hook_names, [], {name: _batch_writer(src, [site.index(c[1:]) for c in chunk])},
+                                batched=True)
+            x = start.expand(len(chunk), *start.shape)  # [b, pos, d_model]
+            logits = model.decoder.forward_from(x, layer, ctx, variant, last_only=default_metric)  # [b, pos, vocab]
+            # the built-in metric reads a batch at once ([b]); a user's fn sees one run's logits [pos, vocab]
+            yield chunk, metric(logits).tolist() if default_metric else [as_float(metric(row)) for row in logits]
+
+
+def patched_trace(model: Any, target_ids: torch.Tensor, source_ids: torch.Tensor, site: str, layer: int,
+                  position: int | None = None, head: int | None = None, variant: VariantLike = None):
+    """Trace the target prompt with one cell of `site` replaced by the source prompt's value there."""
+    s = site_of(site)
+    if not 0 <= int(layer) < model.cfg.n_layers:
+        raise ValueError(f"layer must be in 0..{model.cfg.n_layers - 1}, got {layer!r}")
+    cell = tuple(int(c) for c, axis in ((position, "position"), (head, "head")) if _uses(s, axis, c))
+    sizes = axis_sizes(s, model.cfg, target_ids.numel())[1:]
+    if len(cell) != len(s.axes) or any(not 0 <= c < n for c, n in zip(cell, sizes, strict=True)):
+        want = ", ".join(f"{a} in 0..{n - 1}" for a, n in zip(s.axes, sizes, strict=True))
+        raise ValueError(f"site {site!r} takes a cell ({want}); got position={position!r}, head={head!r}")
+    name = site_hook_name(s, int(layer))
+    v = resolve_variant(variant)
+    source = model.trace(source_ids, variant=v, names=[name])
+    return model.trace(target_ids, variant=v, names=[], hooks={name: _writer(source[name], s.index(cell))})
+
+
+def _uses(site: Site, axis: str, value: int | None) -> bool:
+    """Whether `patched_trace`'s position/head argument belongs to this site's cell (head means h or g)."""
+    axes = {"kv_head" if a == "kv_head" else a for a in site.axes}
+    wanted = axis in axes or (axis == "head" and "kv_head" in axes)
+    if wanted and value is None:
+        raise ValueError(f"site needs {axis}= for a cell (its axes: {site.axes})")
+    return wanted
