@@ -242,6 +242,15 @@ class Trace:
         except (KeyError, TypeError, ValueError) as e:  # missing entries, bad JSON, fields of another version
             raise TraceFormatError(f"{path} is a damaged slmviz trace ({type(e).__name__}: {e})") from e
 
+    # --- interventions ----------------------------------------------------------------------------
+    def logit_attribution(self, answer: str | int, wrong: str | int | None = None, by: str = "layer",
+                          position: int = -1) -> pd.DataFrame:
+        """Direct logit attribution: each component's share of logit(answer) - logit(wrong); the rows sum to
+        it (see slmviz.logit_attribution)."""
+        from .logit_attribution import logit_attribution
+
+        return logit_attribution(self, answer, wrong, by, position)
+
 
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Contiguous tensors that share no memory, as safetensors requires.
