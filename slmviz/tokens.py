@@ -1,4 +1,8 @@
-"""Text → token ids (plain or through the chat template) and ids → display strings."""
+"""Text → token ids (plain or through the chat template) and ids → display strings.
+
+A model folder may have no tokenizer (toy models trained on algorithmic tasks): `tokenizer` is then
+None, prompts must be token ids, and ids display as "<17>".
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,11 @@ def encode(tokenizer: Any, text_or_ids: str | Sequence[int] | torch.Tensor, chat
     tokenizer turns it into at least one token; everything else is a PromptError saying what is accepted.
     """
     if isinstance(text_or_ids, str):
+        if tokenizer is None:
+            raise PromptError(
+                "This model folder has no tokenizer, so it cannot read text: pass token ids (a list of ints or a "
+                "1-D integer tensor), or load it with slmviz.load(path, tokenizer=<a tokenizer, its folder or hub id>)"
+            )
         if text_or_ids == "":
             raise PromptError("The prompt is empty; type some text")
         _check_unicode(text_or_ids)
@@ -82,4 +91,21 @@ def check_ids(ids: torch.Tensor, vocab_size: int, max_tokens: int, context_lengt
 
 def token_strings(tokenizer: Any, ids: torch.Tensor | Sequence[int]) -> list[str]:
     """One display string per id (decoded one at a time, so each position has its own label)."""
-    return [tokenizer.decode([int(i)]) for i in ids]
+    return [decode(tokenizer, [int(i)]) for i in ids]
+
+
+def id_string(token_id: int) -> str:
+    """How an id shows when there is no tokenizer to decode it."""
+    return f"<{int(token_id)}>"
+
+
+def decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    """Ids → text with special tokens kept (they are part of what the model saw); "<17><4>" without a tokenizer."""
+    if tokenizer is None:
+        return "".join(id_string(i) for i in ids)
+    return tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+def eos_id(tokenizer: Any) -> int | None:
+    """The end-of-sequence id generation stops at; None (never stop early) without a tokenizer or an EOS token."""
+    return None if tokenizer is None else getattr(tokenizer, "eos_token_id", None)

