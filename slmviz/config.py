@@ -10,9 +10,41 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
-SUPPORTED_ACTIVATIONS = ("silu",)
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
+FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_types values
+
+
+@dataclass(frozen=True)
+class Family:
+    """The conventions a model family fixes, as data (DESIGN.md "More model families").
+
+    norm_placement: "pre" x + F(ln(x)) | "output" x + ln_post(F(x)) | "sandwich" x + ln_post(F(ln(x))).
+    norm_offset: norms multiply by (offset + w); Gemma stores w around 0 and adds 1.
+    norm_weight_in_fp32: the weight multiplies the fp32 normalised value before the cast back (Gemma,
+        OLMo-2), rather than after it (LLaMA). Equal in fp32, one rounding apart in bf16.
+    embed_scale: embeddings are multiplied by sqrt(d_model) (Gemma), in the weights' dtype.
+    qk_norm: "none" | "head" RMSNorm over each head's d_head (Qwen3, Gemma) | "projection" over the
+        whole q / k projection (OLMo-2).
+    """
+
+    norm_placement: str = "pre"
+    norm_offset: float = 0.0
+    norm_weight_in_fp32: bool = False
+    embed_scale: bool = False
+    qk_norm: str = "none"
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family(),
+    "mistral": Family(),
+    "qwen2": Family(),
+    "qwen3": Family(qk_norm="head"),
+    "olmo2": Family(norm_placement="output", norm_weight_in_fp32=True, qk_norm="projection"),
+    "gemma3_text": Family(norm_placement="sandwich", norm_offset=1.0, norm_weight_in_fp32=True, embed_scale=True,
+                          qk_norm="head"),
+}
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 
 
 class UnsupportedModelError(ValueError):
@@ -38,9 +70,23 @@ class ArchConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     tie_embeddings: bool = False
-    # Mistral limits each query to the last `sliding_window` keys; None means full causal attention.
+    # A sliding layer lets each query read itself and the `sliding_window` - 1 keys before it; None = no window.
     sliding_window: int | None = None
     act: str = "silu"
+    # Per layer: "full_attention" or "sliding_attention"; None = every layer full, or every layer sliding
+    # when sliding_window is set (Mistral).
+    layer_types: tuple[str, ...] | None = None
+    # RoPE base of the sliding layers when it differs from rope_theta (Gemma 3: local 1e4, global 1e6).
+    rope_local_theta: float | None = None
+    norm_placement: str = "pre"
+    norm_offset: float = 0.0
+    norm_weight_in_fp32: bool = False
+    embed_scale: bool = False
+    qk_norm: str = "none"
+    # Scores are scaled by query_pre_attn_scalar ** -0.5 when set (Gemma), else d_head ** -0.5.
+    query_pre_attn_scalar: float | None = None
+    # logits = cap · tanh(logits / cap) when set (Gemma 2-style soft-capping; None for Gemma 3).
+    final_logit_softcap: float | None = None
 
     @property
     def n_rep(self) -> int:
@@ -54,17 +100,48 @@ class ArchConfig:
             return int(self.max_position_embeddings * self.rope_scaling["factor"])
         return self.max_position_embeddings
 
+    def layer_type(self, layer: int) -> str:
+        """FULL or SLIDING for one layer."""
+        if self.layer_types is not None:
+            return self.layer_types[layer]
+        return SLIDING if self.sliding_window is not None else FULL
+
+    @property
+    def has_sliding_layers(self) -> bool:
+        return self.sliding_window is not None and any(self.layer_type(i) == SLIDING for i in range(self.n_layers))
+
+    @property
+    def mixes_layer_types(self) -> bool:
+        """True when some layers slide and others attend globally (Gemma 3): plots label each layer."""
+        return self.has_sliding_layers and any(self.layer_type(i) == FULL for i in range(self.n_layers))
+
+    @property
+    def has_pre_norms(self) -> bool:
+        return self.norm_placement in ("pre", "sandwich")
+
+    @property
+    def has_post_norms(self) -> bool:
+        return self.norm_placement in ("output", "sandwich")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ArchConfig:
+        d = dict(d)
+        if d.get("layer_types") is not None:
+            d["layer_types"] = tuple(d["layer_types"])  # JSON gives a list; the dataclass is frozen and hashable
         return cls(**d)
 
 
-def _rope_parameters(hf: Any) -> tuple[float, dict[str, Any]]:
-    """(theta, scaling dict) from either transformers 5's `rope_parameters` or 4.x's `rope_scaling`."""
+def _rope_parameters(hf: Any, layer_type: str | None = None) -> tuple[float, dict[str, Any]]:
+    """(theta, scaling dict) from either transformers 5's `rope_parameters` or 4.x's `rope_scaling`.
+
+    Gemma 3 keeps one parameter set per layer type ({"full_attention": {...}, "sliding_attention": {...}}).
+    """
     params = dict(getattr(hf, "rope_parameters", None) or {})
+    if FULL in params or SLIDING in params:
+        params = dict(params.get(layer_type or FULL) or {})
     legacy = dict(getattr(hf, "rope_scaling", None) or {})
     merged = {**legacy, **params}
     theta = merged.pop("rope_theta", None) or getattr(hf, "rope_theta", None) or 10_000.0
@@ -104,7 +181,7 @@ def check_sizes(get: Callable[[str], Any]) -> None:
 
 
 def config_from_hf(hf: Any) -> ArchConfig:
-    """Translate a transformers config (LlamaConfig, Qwen2Config, MistralConfig) into an ArchConfig.
+    """Translate a transformers config (llama, qwen2, mistral, qwen3, olmo2, gemma3_text) into an ArchConfig.
 
     Raises UnsupportedModelError naming what is supported for anything else.
     """
@@ -113,7 +190,9 @@ def config_from_hf(hf: Any) -> ArchConfig:
         raise UnsupportedModelError(
             f"model_type {model_type!r} is not supported; slmviz reimplements {list(SUPPORTED_ARCHITECTURES)}"
         )
-    act = getattr(hf, "hidden_act", "silu")
+    family = FAMILIES[model_type]
+    # Gemma names it hidden_activation (and leaves hidden_act None).
+    act = getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", None) or "silu"
     if act not in SUPPORTED_ACTIVATIONS:
         raise UnsupportedModelError(f"hidden_act {act!r} is not supported; only {list(SUPPORTED_ACTIVATIONS)}")
     check_sizes(lambda key: getattr(hf, key, None))
@@ -133,13 +212,30 @@ def config_from_hf(hf: Any) -> ArchConfig:
     o_bias = False if model_type == "qwen2" else attention_bias
 
     sliding_window = getattr(hf, "sliding_window", None)
+    layer_types = getattr(hf, "layer_types", None)
     if model_type == "qwen2":
         # Qwen2 stores a window but only applies it with use_sliding_window, and then only to upper layers.
         if getattr(hf, "use_sliding_window", False):
             raise UnsupportedModelError("Qwen2 with use_sliding_window=True is not supported")
-        sliding_window = None
-    if model_type == "llama":
-        sliding_window = None
+        sliding_window, layer_types = None, None
+    if model_type in ("llama", "olmo2"):
+        sliding_window, layer_types = None, None
+    if layer_types is not None:
+        layer_types = tuple(layer_types)
+        if len(layer_types) != hf.num_hidden_layers or not set(layer_types) <= {FULL, SLIDING}:
+            raise UnsupportedModelError(f"layer_types {list(layer_types)} are not {hf.num_hidden_layers} of "
+                                        f"{[FULL, SLIDING]}")
+        if SLIDING not in layer_types:
+            sliding_window = None  # Qwen3 stores a window it never uses unless a layer slides
+    local_theta = None
+    if layer_types is not None and SLIDING in layer_types:
+        local, local_scaling = _rope_parameters(hf, SLIDING)
+        if local_scaling.get("rope_type") != "default":
+            raise UnsupportedModelError("RoPE scaling on sliding layers is not supported")
+        local_theta = local if local != theta else None
+    if getattr(hf, "use_bidirectional_attention", False):
+        raise UnsupportedModelError("use_bidirectional_attention=True (an encoder) is not supported")
+    pre_attn_scalar = getattr(hf, "query_pre_attn_scalar", None) if model_type == "gemma3_text" else None
 
     return ArchConfig(
         model_type=model_type,
@@ -160,4 +256,13 @@ def config_from_hf(hf: Any) -> ArchConfig:
         tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
         sliding_window=int(sliding_window) if sliding_window else None,
         act=act,
+        layer_types=layer_types,
+        rope_local_theta=local_theta,
+        norm_placement=family.norm_placement,
+        norm_offset=family.norm_offset,
+        norm_weight_in_fp32=family.norm_weight_in_fp32,
+        embed_scale=family.embed_scale,
+        qk_norm=family.qk_norm,
+        query_pre_attn_scalar=float(pre_attn_scalar) if pre_attn_scalar else None,
+        final_logit_softcap=getattr(hf, "final_logit_softcapping", None) if model_type == "gemma3_text" else None,
     )

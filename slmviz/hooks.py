@@ -17,55 +17,104 @@ import torch
 HookFn = Callable[[torch.Tensor, str], torch.Tensor | None]
 NameFilter = Iterable[str] | Callable[[str], bool] | None
 
-# name → dims, in the order the forward pass reaches them.
+# name → dims, in the order the forward pass reaches them. LAYER_HOOKS is the LLaMA family's block;
+# `layer_hooks(cfg)` gives each family's own (norms after a sub-layer, QK-norm).
 GLOBAL_HOOKS_BEFORE: dict[str, tuple[str, ...]] = {"hook_embed": ("pos", "d_model")}
-LAYER_HOOKS: dict[str, tuple[str, ...]] = {
-    "hook_resid_pre": ("pos", "d_model"),
-    "ln1.hook_scale": ("pos", "1"),
-    "ln1.hook_normalized": ("pos", "d_model"),
+_RESID_PRE = {"hook_resid_pre": ("pos", "d_model")}
+_LN1 = {"ln1.hook_scale": ("pos", "1"), "ln1.hook_normalized": ("pos", "d_model")}
+_QKV = {
     "attn.hook_q": ("pos", "h", "d_head"),
     "attn.hook_k": ("pos", "g", "d_head"),
     "attn.hook_v": ("pos", "g", "d_head"),
+}
+# QK-norm over each head's d_head (Qwen3, Gemma 3) or over the whole projection (OLMo-2).
+_QK_NORM = {
+    "head": {
+        "attn.q_norm.hook_scale": ("pos", "h", "1"), "attn.q_norm.hook_normalized": ("pos", "h", "d_head"),
+        "attn.k_norm.hook_scale": ("pos", "g", "1"), "attn.k_norm.hook_normalized": ("pos", "g", "d_head"),
+    },
+    "projection": {
+        "attn.q_norm.hook_scale": ("pos", "1"), "attn.q_norm.hook_normalized": ("pos", "h*d_head"),
+        "attn.k_norm.hook_scale": ("pos", "1"), "attn.k_norm.hook_normalized": ("pos", "g*d_head"),
+    },
+    "none": {},
+}
+_ATTENTION = {
     "attn.hook_rot_q": ("pos", "h", "d_head"),
     "attn.hook_rot_k": ("pos", "g", "d_head"),
     "attn.hook_attn_scores": ("h", "pos_q", "pos_k"),
     "attn.hook_pattern": ("h", "pos_q", "pos_k"),
     "attn.hook_z": ("pos", "h", "d_head"),
     "attn.hook_result": ("pos", "h", "d_model"),
-    "hook_attn_out": ("pos", "d_model"),
-    "hook_resid_mid": ("pos", "d_model"),
-    "ln2.hook_scale": ("pos", "1"),
-    "ln2.hook_normalized": ("pos", "d_model"),
+}
+_LN1_POST = {"ln1_post.hook_scale": ("pos", "1"), "ln1_post.hook_normalized": ("pos", "d_model")}
+_ATTN_OUT = {"hook_attn_out": ("pos", "d_model"), "hook_resid_mid": ("pos", "d_model")}
+_LN2 = {"ln2.hook_scale": ("pos", "1"), "ln2.hook_normalized": ("pos", "d_model")}
+_MLP = {
     "mlp.hook_pre": ("pos", "d_mlp"),
     "mlp.hook_gate": ("pos", "d_mlp"),
     "mlp.hook_pre_linear": ("pos", "d_mlp"),
     "mlp.hook_post": ("pos", "d_mlp"),
-    "hook_mlp_out": ("pos", "d_model"),
-    "hook_resid_post": ("pos", "d_model"),
 }
+_LN2_POST = {"ln2_post.hook_scale": ("pos", "1"), "ln2_post.hook_normalized": ("pos", "d_model")}
+_MLP_OUT = {"hook_mlp_out": ("pos", "d_model"), "hook_resid_post": ("pos", "d_model")}
 GLOBAL_HOOKS_AFTER: dict[str, tuple[str, ...]] = {
     "ln_final.hook_scale": ("pos", "1"),
     "ln_final.hook_normalized": ("pos", "d_model"),
 }
+# Every local name any family has, with its dims (a name's dims never depend on the family, except the
+# QK-norm ones, which `layer_hooks` resolves).
+ALL_LAYER_HOOKS: dict[str, tuple[str, ...]] = {
+    **_RESID_PRE, **_LN1, **_QKV, **_QK_NORM["head"], **_ATTENTION, **_LN1_POST, **_ATTN_OUT, **_LN2, **_MLP,
+    **_LN2_POST, **_MLP_OUT,
+}
+# Values a trace computes on demand from another captured value instead of storing (local names): each
+# head's write into the residual stream is z_h @ W_o[h] (model.block.per_head_result), [pos, h, d_model],
+# the largest tensor of a full trace, and one matmul with o_proj's FLOPs per layer.
+DERIVED_HOOKS = {"attn.hook_result": "attn.hook_z"}
+# The residual stream's three stages of each block (plots, compare and the trace's pandas views read them).
+RESIDUAL_STAGES = {"pre": "hook_resid_pre", "mid": "hook_resid_mid", "post": "hook_resid_post"}
+
+
+def layer_hooks(cfg: Any = None) -> dict[str, tuple[str, ...]]:
+    """Local hook name → dims of one block of `cfg`'s family, in execution order (None: the LLaMA block).
+
+    A family has lnX before a sub-layer when its norms sit there (pre, sandwich) and lnX_post after it
+    when they sit there (output, sandwich); q_norm / k_norm when it normalises queries and keys.
+    """
+    pre = cfg is None or cfg.has_pre_norms
+    post = cfg is not None and cfg.has_post_norms
+    qk = "none" if cfg is None else cfg.qk_norm
+    return {
+        **_RESID_PRE, **(_LN1 if pre else {}), **_QKV, **_QK_NORM[qk], **_ATTENTION, **(_LN1_POST if post else {}),
+        **_ATTN_OUT, **(_LN2 if pre else {}), **_MLP, **(_LN2_POST if post else {}), **_MLP_OUT,
+    }
+
+
+LAYER_HOOKS: dict[str, tuple[str, ...]] = layer_hooks()
 
 
 def layer_hook_name(layer: int, local: str) -> str:
     return f"blocks.{layer}.{local}"
 
 
-def hook_names(n_layers: int) -> list[str]:
-    """Every hook name of an n_layers model, in execution order."""
+def hook_names(cfg_or_n_layers: Any) -> list[str]:
+    """Every hook name of a model, in execution order: `hook_names(model.cfg)`, or `hook_names(n_layers)`
+    for a LLaMA-family model of that depth."""
+    cfg = None if isinstance(cfg_or_n_layers, int) else cfg_or_n_layers
+    n_layers = cfg_or_n_layers if cfg is None else cfg.n_layers
+    local_names = layer_hooks(cfg)
     names = list(GLOBAL_HOOKS_BEFORE)
     for layer in range(n_layers):
-        names += [layer_hook_name(layer, local) for local in LAYER_HOOKS]
+        names += [layer_hook_name(layer, local) for local in local_names]
     return names + list(GLOBAL_HOOKS_AFTER)
 
 
-def hook_dims(name: str) -> tuple[str, ...]:
+def hook_dims(name: str, cfg: Any = None) -> tuple[str, ...]:
     """The dim names of a hook, e.g. ("h", "pos_q", "pos_k") for any layer's hook_pattern."""
     if name.startswith("blocks."):
         local = name.split(".", 2)[2]
-        return LAYER_HOOKS[local]
+        return layer_hooks(cfg).get(local) or ALL_LAYER_HOOKS[local]
     return {**GLOBAL_HOOKS_BEFORE, **GLOBAL_HOOKS_AFTER}[name]
 
 
@@ -79,10 +128,12 @@ def hook_shape(name: str, cfg: Any, n_pos: int, n_pos_k: int | None = None) -> t
         "h": cfg.n_heads,
         "g": cfg.n_kv_heads,
         "d_head": cfg.d_head,
+        "h*d_head": cfg.n_heads * cfg.d_head,
+        "g*d_head": cfg.n_kv_heads * cfg.d_head,
         "d_mlp": cfg.d_mlp,
         "1": 1,
     }
-    return tuple(sizes[d] for d in hook_dims(name))
+    return tuple(sizes[d] for d in hook_dims(name, cfg))
 
 
 def layer_of(name: str) -> int | None:
@@ -118,7 +169,7 @@ def check_names(requested: Iterable[str], valid: list[str]) -> None:
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             raise HookNameError(
                 f"Unknown hook name {name!r}{hint} (valid names look like 'blocks.0.attn.hook_pattern'; "
-                f"see slmviz.hook_names(n_layers))"
+                f"see model.hook_names)"
             )
 
 
@@ -129,14 +180,20 @@ class HookContext:
     A fn's non-None return replaces the value and feeds forward; it must keep shape and dtype.
     Stored tensors are the live values (no copy): the model never modifies a tensor in place after
     it has passed a hook point.
+
+    Inside the decoder every value has a leading batch dimension. `batched=False` (a trace of one
+    prompt, the public contract) shows fns and captures the single row without it; `batched=True`
+    (sweeps, corpus scans) shows them the whole [b, ...] tensor.
     """
 
-    __slots__ = ("capture", "fns", "store", "_active")
+    __slots__ = ("capture", "fns", "store", "batched", "_active")
 
-    def __init__(self, capture: set[str] | None = None, fns: dict[str, list[HookFn]] | None = None):
+    def __init__(self, capture: set[str] | None = None, fns: dict[str, list[HookFn]] | None = None,
+                 batched: bool = False):
         self.capture = capture or set()
         self.fns = fns or {}
         self.store: dict[str, torch.Tensor] = {}
+        self.batched = batched
         self._active = self.capture | set(self.fns)
 
     def wants(self, name: str) -> bool:
@@ -147,9 +204,39 @@ class HookContext:
         """True if anyone reads any of `names` (a block asks once per forward whether it needs its hooks at all)."""
         return not self._active.isdisjoint(names)
 
+    def edits(self, name: str) -> bool:
+        """True if a hook fn may replace this value (capture alone never does)."""
+        return name in self.fns
+
+    def defer(self, derived: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+        """Capture the sources of derivable values instead of the values themselves.
+
+        `derived`: local name → local name it is computed from (DERIVED_HOOKS). Every captured name that
+        no fn edits is swapped for its source. Returns ({captured name: source name}, the sources that
+        were not themselves requested, which the caller keeps out of the trace's names).
+        """
+        moved: dict[str, str] = {}
+        for name in list(self.capture):
+            local = name.split(".", 2)[-1] if name.startswith("blocks.") else name
+            if local in derived and not self.edits(name):
+                moved[name] = name[: len(name) - len(local)] + derived[local]
+        extra = sorted({src for src in moved.values() if src not in self.capture})
+        self.capture = (self.capture - set(moved)) | set(moved.values())
+        self._active = self.capture | set(self.fns)
+        return moved, extra
+
     def __call__(self, name: str, x: torch.Tensor) -> torch.Tensor:
         if name not in self._active:
             return x
+        if self.batched:
+            return self._run(name, x)
+        if x.shape[0] != 1:
+            raise ValueError(f"An unbatched hook context saw a batch of {x.shape[0]} at {name!r}")
+        row = x[0]
+        out = self._run(name, row)
+        return x if out is row else out[None]  # unchanged values keep their identity (the block relies on it)
+
+    def _run(self, name: str, x: torch.Tensor) -> torch.Tensor:
         for fn in self.fns.get(name, ()):
             out = fn(x, name)
             if out is not None:
@@ -191,9 +278,12 @@ def _naming_errors(fn: HookFn, hook_name: str) -> HookFn:
 
 def build_context(
     valid: list[str], names: NameFilter = None, hooks: dict[str, HookFn | list[HookFn]] | None = None,
-    capture_all_by_default: bool = True,
+    capture_all_by_default: bool = True, batched: bool = False,
 ) -> HookContext:
-    """Resolve a `names=` filter (None = all, [] = none, list of exact names, or a predicate) and hook fns."""
+    """Resolve a `names=` filter (None = all, [] = none, list of exact names, or a predicate) and hook fns.
+
+    `batched`: hook fns and captures see [b, ...] tensors instead of one prompt's (see HookContext).
+    """
     if names is None:
         capture = set(valid) if capture_all_by_default else set()
     elif callable(names):
@@ -220,4 +310,4 @@ def build_context(
             if not callable(f):
                 raise TypeError(f"Hook for {name!r} must be callable fn(tensor, name), got {type(f).__name__}")
         fns[name] = [_naming_errors(f, name) for f in fn_list]
-    return HookContext(capture, fns)
+    return HookContext(capture, fns, batched)

@@ -16,12 +16,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .config import ArchConfig
-from .hooks import hook_names
+from .hooks import RESIDUAL_STAGES, check_names, hook_names
 from .variants import BASE, Variant
 
 FORMAT_VERSION = 1
 _UNSCANNED = object()  # Trace._first_nonfinite before the first scan (None means "all finite")
-RESIDUAL_STAGES = {"pre": "hook_resid_pre", "mid": "hook_resid_mid", "post": "hook_resid_post"}
+__all__ = ["RESIDUAL_STAGES", "Trace", "TraceFormatError"]
 
 
 class TraceFormatError(ValueError):
@@ -47,22 +47,49 @@ class Trace:
     vocab_strings: dict[int, str] = field(default_factory=dict, repr=False)
     _model: Any = field(default=None, repr=False, compare=False)
     _first_nonfinite: Any = field(default=_UNSCANNED, repr=False, compare=False)
+    # Hooks computed when first read: name → the captured name it derives from (attn.hook_result from
+    # attn.hook_z; see hooks.DERIVED_HOOKS). `_sources` holds sources that were not requested themselves.
+    derived: dict[str, str] = field(default_factory=dict, repr=False)
+    _sources: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     # --- access -----------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.cache and name in self.derived:
+            self.cache[name] = self._derive(name)
         if name not in self.cache:
-            from .hooks import check_names
-
-            check_names([name], hook_names(self.config.n_layers))
+            check_names([name], hook_names(self.config))
             raise KeyError(f"Hook {name!r} was not captured in this trace; trace again with names=[{name!r}, ...]")
         return self.cache[name]
 
+    def _derive(self, name: str) -> torch.Tensor:
+        """attn.hook_result [pos, h, d_model] from the layer's hook_z and o_proj's weight."""
+        from .model.block import per_head_result
+
+        if self._model is None:
+            raise RuntimeError(f"{name} is derived from hook_z and the model's weights, and this trace has no model")
+        source = self.derived[name]
+        z = self.cache[source] if source in self.cache else self._sources[source]
+        layer = int(name.split(".")[1])
+        w_o = self._model.decoder.params.layers[layer].w_o
+        with torch.inference_mode():
+            return per_head_result(z, w_o, self.config)
+
     def __contains__(self, name: str) -> bool:
-        return name in self.cache
+        return name in self.cache or name in self.derived
 
     @property
     def names(self) -> list[str]:
-        return list(self.cache)
+        """Every hook this trace holds or derives on demand, in the order the forward pass reached them
+        (a derived value right after the value it derives from)."""
+        by_source: dict[str, list[str]] = {}
+        for name, source in self.derived.items():
+            by_source.setdefault(source, []).append(name)
+        order: list[str] = []
+        for name in [*self.cache, *self._sources]:
+            if name in self.cache and name not in order:
+                order.append(name)
+            order += [d for d in by_source.get(name, []) if d not in order]
+        return order
 
     @property
     def n_layers(self) -> int:
@@ -80,7 +107,7 @@ class Trace:
         return self._first_nonfinite
 
     def _scan_nonfinite(self) -> str | None:
-        for name in hook_names(self.config.n_layers):
+        for name in hook_names(self.config):
             if name in self.cache and not _finite(name, self.cache[name]):
                 return name
         return None if torch.isfinite(self.logits).all() else "logits"
@@ -174,8 +201,9 @@ class Trace:
         temporary file behind.
         """
         path = Path(path)
+        held = {name: self[name] for name in self.names}  # derived values are written out, not re-derived on load
         tensors = _unshared({
-            **{f"hook/{k}": v for k, v in self.cache.items()}, "input_ids": self.input_ids, "logits": self.logits,
+            **{f"hook/{k}": v for k, v in held.items()}, "input_ids": self.input_ids, "logits": self.logits,
         })
         meta = {
             "slmviz_format": str(FORMAT_VERSION),
@@ -184,7 +212,7 @@ class Trace:
             "variant": json.dumps(self.variant.__dict__),
             "model_name": self.model_name,
             "vocab_strings": json.dumps({str(k): v for k, v in self.vocab_strings.items()}),
-            "hook_order": json.dumps(list(self.cache)),
+            "hook_order": json.dumps(list(held)),
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         # The temp file sits next to the target (os.replace is atomic only within one file system). It is

@@ -61,6 +61,25 @@ def _strip_prefix(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k if k.startswith(("model.", "lm_head.")) else f"model.{k}": v for k, v in tensors.items()}
 
 
+# HF's per-layer norm names -> slmviz's slots, by where the checkpoint's norms sit. The same HF name means
+# different norms in different families: LLaMA's `post_attention_layernorm` is the norm *before the MLP*
+# (it normalises the residual after attention), while Gemma's and OLMo-2's is the norm applied to the
+# attention output. Mapping it by name alone loads every Gemma/OLMo-2 norm into the wrong place, and the
+# model still runs. Pinned by tests/test_conventions.py::test_norm_weights_map_by_placement_not_by_name.
+NORM_WEIGHT_NAMES: dict[str, dict[str, str]] = {
+    "pre": {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"},
+    "output": {"ln1_post": "post_attention_layernorm", "ln2_post": "post_feedforward_layernorm"},
+    "sandwich": {"ln1": "input_layernorm", "ln1_post": "post_attention_layernorm",
+                 "ln2": "pre_feedforward_layernorm", "ln2_post": "post_feedforward_layernorm"},
+}
+
+
+def qk_norm_width(cfg: ArchConfig, n_heads: int) -> int:
+    """Size of a QK-norm weight: d_head per head (Qwen3, Gemma), or n_heads · d_head over the whole
+    projection (OLMo-2, which normalises q_proj's output before splitting it into heads)."""
+    return cfg.d_head * (n_heads if cfg.qk_norm == "projection" else 1)
+
+
 def build_params(cfg: ArchConfig, tensors: dict[str, torch.Tensor], dtype=torch.float32) -> DecoderParams:
     """Copy HF tensors key for key into DecoderParams, checking every shape against the config."""
     tensors = _strip_prefix(tensors)
@@ -90,10 +109,17 @@ def build_params(cfg: ArchConfig, tensors: dict[str, torch.Tensor], dtype=torch.
     for i in range(cfg.n_layers):
         pre = f"model.layers.{i}."
         a, mlp = pre + "self_attn.", pre + "mlp."
+        slots = NORM_WEIGHT_NAMES[cfg.norm_placement]
+        norms = {slot: take(f"{pre}{hf_name}.weight", (d,)) for slot, hf_name in slots.items()}
+        qk = cfg.qk_norm != "none"
         layers.append(
             LayerParams(
-                ln1=take(pre + "input_layernorm.weight", (d,)),
-                ln2=take(pre + "post_attention_layernorm.weight", (d,)),
+                ln1=norms.get("ln1"),
+                ln2=norms.get("ln2"),
+                ln1_post=norms.get("ln1_post"),
+                ln2_post=norms.get("ln2_post"),
+                q_norm=maybe(a + "q_norm.weight", (qk_norm_width(cfg, h),), qk),
+                k_norm=maybe(a + "k_norm.weight", (qk_norm_width(cfg, g),), qk),
                 w_qkv=fused((a + "q_proj.weight", (h * dh, d)), (a + "k_proj.weight", (g * dh, d)),
                             (a + "v_proj.weight", (g * dh, d))),
                 b_qkv=cat_b(maybe(a + "q_proj.bias", (h * dh,), cfg.qkv_bias),

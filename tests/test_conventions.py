@@ -214,11 +214,11 @@ def _tiled_gqa(monkeypatch):
 
 def _no_causal_mask(monkeypatch):
     original = attention.attention_mask
-    monkeypatch.setattr(decoder, "attention_mask", lambda nq, nk, causal, sw: original(nq, nk, False, sw))
+    monkeypatch.setattr(decoder, "attention_mask", lambda nq, nk, causal, *a: original(nq, nk, False, *a))
 
 
 def _scale_by_d_model(monkeypatch):
-    monkeypatch.setattr(block, "attention_scale", lambda d_head: 64**-0.5)
+    monkeypatch.setattr(block, "attention_scale", lambda d_head, scalar=None: 64**-0.5)
 
 
 def _activate_up_not_gate(monkeypatch):

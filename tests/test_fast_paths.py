@@ -49,18 +49,20 @@ def test_one_row_linear_reads_a_strided_row():
 
 def _reference_attention(q, k, v, allowed, scale, kv_index):
     """The textbook path: gather each query head's KV head, scores, softmax, weighted sum."""
-    _, pattern = eager_attention(q, k[kv_index], allowed, scale)
-    return pattern @ v[kv_index]
+    _, pattern = eager_attention(q, k[:, kv_index], allowed, scale)
+    return pattern @ v[:, kv_index]
 
 
 @pytest.mark.parametrize("n_q,n_k,window", [(1, 9, None), (1, 9, 4), (7, 7, None), (7, 7, 3), (3, 10, None)])
 @pytest.mark.parametrize("grouped", [True, False])
-def test_fused_attention_equals_the_eager_formula(n_q, n_k, window, grouped):
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fused_attention_equals_the_eager_formula(n_q, n_k, window, grouped, batch):
     """One-query decoding (two small bmm), SDPA with is_causal, and SDPA with a mask all match eager attention,
-    with KV heads shared the kv_head_of way (g < h, no copies) or gathered per query head."""
+    with KV heads shared the kv_head_of way (g < h, no copies) or gathered per query head, for one prompt
+    or a batch."""
     torch.manual_seed(0)
     h, g, dh = 6, 2, 8
-    q, k, v = torch.randn(h, n_q, dh), torch.randn(g, n_k, dh), torch.randn(g, n_k, dh)
+    q, k, v = torch.randn(batch, h, n_q, dh), torch.randn(batch, g, n_k, dh), torch.randn(batch, g, n_k, dh)
     allowed = attention_mask(n_q, n_k, causal=True, sliding_window=window)
     kv_index = kv_head_index(h, g)
     scale = dh**-0.5
@@ -68,17 +70,17 @@ def test_fused_attention_equals_the_eager_formula(n_q, n_k, window, grouped):
     if grouped:
         z = fused_attention(q, k, v, allowed, scale)
     else:
-        z = fused_attention(q, k[kv_index], v[kv_index], allowed, scale)
-    assert z.shape == (h, n_q, dh)
+        z = fused_attention(q, k[:, kv_index], v[:, kv_index], allowed, scale)
+    assert z.shape == (batch, h, n_q, dh)
     assert torch.allclose(z, expected, atol=1e-6)
 
 
 def test_one_query_attention_takes_a_query_transposed_from_pos_major():
-    """In the block q arrives as [pos, h, dh].transpose(0, 1): the grouping must still pair the right heads."""
+    """In the block q arrives as [b, pos, h, dh].transpose(1, 2): the grouping must still pair the right heads."""
     torch.manual_seed(0)
     h, g, dh, n_k = 6, 3, 8, 5
-    q = torch.randn(1, h, dh).transpose(0, 1)  # [h, 1, dh], strided like the block's
-    k, v = torch.randn(g, n_k, dh), torch.randn(g, n_k, dh)
+    q = torch.randn(1, 1, h, dh).transpose(1, 2)  # [1, h, 1, dh], strided like the block's
+    k, v = torch.randn(1, g, n_k, dh), torch.randn(1, g, n_k, dh)
     expected = _reference_attention(q, k, v, None, dh**-0.5, kv_head_index(h, g))
     assert torch.allclose(fused_attention(q, k, v, None, dh**-0.5), expected, atol=1e-6)
 
@@ -86,15 +88,15 @@ def test_one_query_attention_takes_a_query_transposed_from_pos_major():
 def test_kv_cache_appends_in_place_and_grows():
     cache = KVCache(n_layers=2, n_kv_heads=2, d_head=4, capacity=3)
     buffer = cache.k[0]
-    first_k, first_v = torch.randn(2, 2, 4), torch.randn(2, 2, 4)
+    first_k, first_v = torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4)
     keys, values = cache.append(0, first_k, first_v)
-    assert keys.shape == (2, 2, 4) and torch.equal(keys, first_k) and torch.equal(values, first_v)
+    assert keys.shape == (1, 2, 2, 4) and torch.equal(keys, first_k) and torch.equal(values, first_v)
     assert keys.data_ptr() == buffer.data_ptr()  # a view of the preallocated buffer, no copy per step
     cache.append(1, first_k, first_v)
     cache.advance(2)
-    more_k, more_v = torch.randn(2, 3, 4), torch.randn(2, 3, 4)  # past the capacity of 3
+    more_k, more_v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)  # past the capacity of 3
     keys, values = cache.append(0, more_k, more_v)
     assert cache.capacity >= 5
-    assert torch.equal(keys, torch.cat((first_k, more_k), dim=1))
-    assert torch.equal(values, torch.cat((first_v, more_v), dim=1))
-    assert torch.equal(cache.k[1][:, :2], first_k)  # the other layer's entries survived the growth
+    assert torch.equal(keys, torch.cat((first_k, more_k), dim=2))
+    assert torch.equal(values, torch.cat((first_v, more_v), dim=2))
+    assert torch.equal(cache.k[1][:, :, :2], first_k)  # the other layer's entries survived the growth

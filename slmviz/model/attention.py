@@ -29,29 +29,34 @@ def kv_head_index(n_heads: int, n_kv_heads: int, mapping: str = "grouped") -> to
     return torch.tensor([pick(q) for q in range(n_heads)], dtype=torch.long)
 
 
-def attention_scale(d_head: int) -> float:
-    """Scores are q·k / sqrt(d_head), with d_head the per-head size (config.head_dim when given).
+def attention_scale(d_head: int, query_pre_attn_scalar: float | None = None) -> float:
+    """Scores are q·k / sqrt(d_head), with d_head the per-head size (config.head_dim when given); Gemma
+    scales by query_pre_attn_scalar ** -0.5 instead (its config's own number, 256 for Gemma 3 270M).
 
-    Using d_model, or hidden_size/heads when a checkpoint sets an explicit head_dim, sharpens or
-    flattens every pattern without error. Pinned by tests/test_conventions.py::test_scores_are_scaled_by_sqrt_d_head.
+    Using d_model, or hidden_size/heads when a checkpoint sets an explicit head_dim, or ignoring Gemma's
+    query_pre_attn_scalar when it differs from head_dim, sharpens or flattens every pattern without error.
+    Pinned by tests/test_conventions.py::test_scores_are_scaled_by_sqrt_d_head.
     """
-    return d_head**-0.5
+    return (query_pre_attn_scalar if query_pre_attn_scalar is not None else d_head) ** -0.5
 
 
 def attention_mask(
-    n_q: int, n_k: int, causal: bool = True, sliding_window: int | None = None
+    n_q: int, n_k: int, causal: bool = True, sliding_window: int | None = None, device: torch.device | None = None
 ) -> torch.Tensor | None:
     """Bool [pos_q, pos_k], True where query i may read key j; None when every key is visible.
 
     Queries are the last n_q of the n_k positions (key j is at absolute position j, query i at
     n_k - n_q + i), so during cached decoding the new token sees the whole cache. Causal: key
     position <= query position; dropping this lets every position read the future
-    (`no_causal_mask`). A sliding window (Mistral) additionally requires query - key < window.
-    Pinned by tests/test_conventions.py::test_causal_mask_hides_the_future.
+    (`no_causal_mask`). A sliding window W (Mistral, Gemma's sliding layers) additionally requires
+    query - key < W: the token itself and the W - 1 before it. `<=` would let one key too many in,
+    which changes nothing below W tokens and every sliding layer beyond.
+    Pinned by tests/test_conventions.py::test_causal_mask_hides_the_future and
+    ::test_sliding_window_holds_the_token_and_w_minus_1_before_it.
     """
-    q_pos = torch.arange(n_k - n_q, n_k)[:, None]
-    k_pos = torch.arange(n_k)[None, :]
-    allowed = torch.ones(n_q, n_k, dtype=torch.bool)
+    q_pos = torch.arange(n_k - n_q, n_k, device=device)[:, None]
+    k_pos = torch.arange(n_k, device=device)[None, :]
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
     if causal:
         allowed &= k_pos <= q_pos
     if sliding_window is not None:
@@ -62,12 +67,12 @@ def attention_mask(
 def eager_attention(
     q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores, pattern), both [h, pos_q, pos_k]; masked scores are -inf. q: [h, pos_q, dh]; k: [h, pos_k, dh].
+    """(scores, pattern), both [b, h, pos_q, pos_k]; masked scores are -inf. q: [b, h, pos_q, dh]; k: [b, h, pos_k, dh].
 
     Like transformers' eager path: scale after the matmul, softmax in fp32. Scaling and masking write into
-    the fresh matmul output (no hook has seen it yet), so the scores cost one [h, pos_q, pos_k] buffer.
+    the fresh matmul output (no hook has seen it yet), so the scores cost one [b, h, pos_q, pos_k] buffer.
     """
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)  # [h, pos_q, pos_k]
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)  # [b, h, pos_q, pos_k]
     if allowed is not None:
         scores.masked_fill_(~allowed, float("-inf"))
     return scores, softmax_pattern(scores)
@@ -81,25 +86,22 @@ def softmax_pattern(scores: torch.Tensor) -> torch.Tensor:
 def fused_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
-    """z [h, pos_q, dh] through PyTorch's fused SDPA kernel, used when nobody asked for scores or patterns.
+    """z [b, h, pos_q, dh] through PyTorch's fused SDPA kernel, used when nobody asked for scores or patterns.
 
-    q: [h, pos_q, dh]. k, v: [h, pos_k, dh], or [g, pos_k, dh] with g < h KV heads, which the kernel
+    q: [b, h, pos_q, dh]. k, v: [b, h, pos_k, dh], or [b, g, pos_k, dh] with g < h KV heads, which the kernel
     shares the `kv_head_of` way (enable_gqa repeats each KV head n_rep times, contiguous groups) without
     copying them; callers pass g heads only when their head mapping is exactly that (see
-    `reads_contiguous_groups`). The tensors get a batch dimension because only 4-D inputs reach the
-    CPU flash-attention kernel (3-D ones fall back to the unfused math path, ~3x slower at 512 tokens).
-    A plain causal prefill goes through `is_causal=True` (no mask tensor is materialised).
+    `reads_contiguous_groups`). Only 4-D inputs reach the CPU flash-attention kernel (3-D ones fall back to
+    the unfused math path, ~3x slower at 512 tokens). A plain causal prefill goes through `is_causal=True`
+    (no mask tensor is materialised).
     """
     n_q, n_k = q.shape[-2], k.shape[-2]
     if n_q == 1:
         return _one_query_attention(q, k, v, allowed, scale)
-    grouped = k.shape[0] != q.shape[0]
-    q, k, v = q[None], k[None], v[None]  # [1, heads, pos, dh]
-    if allowed is not None and n_q == n_k and n_q > 1 and torch.equal(allowed, _lower_triangle(n_q)):
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=grouped)
-    else:
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=grouped)
-    return z[0]
+    grouped = k.shape[1] != q.shape[1]
+    if allowed is not None and n_q == n_k and torch.equal(allowed, _lower_triangle(n_q, allowed.device)):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=grouped)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=grouped)
 
 
 def _one_query_attention(
@@ -111,16 +113,22 @@ def _one_query_attention(
     The h query heads are viewed as g groups of n_rep, the heads of one KV head side by side (`kv_head_of`),
     so each KV head is read once and never copied.
     """
-    h, g, dh = q.shape[0], k.shape[0], q.shape[-1]
-    grouped_q = q.reshape(g, h // g, dh)  # [h, 1, dh] -> [g, n_rep, dh]
-    scores = torch.baddbmm(_EMPTY, grouped_q, k.transpose(1, 2), beta=0, alpha=scale)  # [g, n_rep, pos_k]
+    b, h, _, dh = q.shape
+    g, n_k = k.shape[1], k.shape[2]
+    grouped_q = q.reshape(b * g, h // g, dh)  # [b, h, 1, dh] -> [b·g, n_rep, dh]
+    keys = k.reshape(b * g, n_k, dh)  # a view for the cache's [1, g, pos_k, dh] slice
+    scores = torch.baddbmm(_empty(q), grouped_q, keys.transpose(1, 2), beta=0, alpha=scale)  # [b·g, n_rep, pos_k]
     if allowed is not None:  # [1, pos_k], e.g. a sliding window
         scores.masked_fill_(~allowed, float("-inf"))
-    z = torch.bmm(torch.softmax(scores, dim=-1), v)  # [g, n_rep, dh]
-    return z.view(h, 1, dh)
+    z = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(b * g, n_k, dh))  # [b·g, n_rep, dh]
+    return z.view(b, h, 1, dh)
 
 
 _EMPTY = torch.empty(())  # baddbmm's ignored input (beta=0): lets the scale ride on the matmul
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    return _EMPTY if like.device.type == "cpu" else torch.empty((), device=like.device, dtype=like.dtype)
 
 
 def reads_contiguous_groups(kv_index: torch.Tensor, n_kv_heads: int) -> bool:
@@ -131,5 +139,5 @@ def reads_contiguous_groups(kv_index: torch.Tensor, n_kv_heads: int) -> bool:
     return torch.equal(kv_index, torch.arange(n_kv_heads).repeat_interleave(n_rep))
 
 
-def _lower_triangle(n: int) -> torch.Tensor:
-    return torch.ones(n, n, dtype=torch.bool).tril()
+def _lower_triangle(n: int, device: torch.device | None = None) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()

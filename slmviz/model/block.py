@@ -1,4 +1,8 @@
-"""One decoder block: where the norms sit around the two sub-layers, and the sub-layers themselves."""
+"""One decoder block: where the norms sit around the two sub-layers, and the sub-layers themselves.
+
+Every activation inside has a leading batch dimension: [b, pos, ...]. One prompt is b = 1; the hook
+context shows a trace the batch-free view (see hooks.HookContext).
+"""
 
 from __future__ import annotations
 
@@ -7,36 +11,80 @@ from collections.abc import Callable
 import torch
 
 from ..config import ArchConfig
-from ..hooks import LAYER_HOOKS, HookContext, layer_hook_name
-from ..variants import Variant
+from ..hooks import HookContext, layer_hook_name, layer_hooks
+from ..variants import Conventions
 from .attention import attention_scale, eager_attention, fused_attention, softmax_pattern
 from .kv_cache import KVCache
 from .mlp import ACTIVATIONS, MLP_FORMS
-from .norm import normalize, skip_norm, unhooked
+from .norm import norm_weight, normalize, skip_norm, unhooked
 from .params import LayerParams, linear
 from .rope import ROTATIONS
 
 Sublayer = Callable[[torch.Tensor], torch.Tensor]
 Norm = Callable[[torch.Tensor], torch.Tensor]
+# Every residual form is form(x, F, before, after, added) -> new residual. `before` / `after` are the norms
+# in front of and behind the sub-layer F; `added` is the hook on exactly what is added to x (hook_attn_out,
+# hook_mlp_out), so resid_mid = resid_pre + attn_out holds in every form but post-norm's.
 
 
-def pre_norm_residual(x: torch.Tensor, sublayer: Sublayer, norm: Norm) -> torch.Tensor:
+def pre_norm_residual(x: torch.Tensor, sublayer: Sublayer, before: Norm, after: Norm, added: Norm) -> torch.Tensor:
     """x + F(N(x)): normalise *before* the sub-layer; returns the new residual.
 
-    Every LLaMA/Qwen2/Mistral/SmolLM2 checkpoint was trained pre-norm. The 2017 order N(x + F(x))
+    Every LLaMA/Qwen2/Qwen3/Mistral/SmolLM2 checkpoint was trained pre-norm. The 2017 order N(x + F(x))
     (`post_norm_residual`) runs with the same weights and silently changes every layer.
     Pinned by tests/test_conventions.py::test_blocks_normalise_before_each_sublayer.
     """
-    return x + sublayer(norm(x))
+    return x + added(sublayer(before(x)))
 
 
-def post_norm_residual(x: torch.Tensor, sublayer: Sublayer, norm: Norm) -> torch.Tensor:
+def output_norm_residual(x: torch.Tensor, sublayer: Sublayer, before: Norm, after: Norm, added: Norm) -> torch.Tensor:
+    """x + N(F(x)): OLMo-2 normalises each sub-layer's *output*, and nothing before it.
+
+    Loading OLMo-2 into a pre-norm block (its norm moved in front of the sub-layer) runs, and every
+    layer's output changes. Pinned by tests/test_conventions.py::test_olmo2_normalises_each_sublayer_output.
+    """
+    return x + added(after(sublayer(x)))
+
+
+def sandwich_norm_residual(
+    x: torch.Tensor, sublayer: Sublayer, before: Norm, after: Norm, added: Norm
+) -> torch.Tensor:
+    """x + N_post(F(N(x))): Gemma wraps each sub-layer in two norms with their own weights.
+
+    Dropping the one after (`pre_norm_only`) runs, and each sub-layer's raw output reaches the residual.
+    Pinned by tests/test_conventions.py::test_gemma_wraps_each_sublayer_in_two_norms.
+    """
+    return x + added(after(sublayer(before(x))))
+
+
+def post_norm_residual(x: torch.Tensor, sublayer: Sublayer, before: Norm, after: Norm, added: Norm) -> torch.Tensor:
     """N(x + F(x)): the `post_norm` variant (seed 002). resid_mid/resid_post are the normalised sums."""
-    return norm(x + sublayer(x))
+    return after(x + added(sublayer(x)))
 
 
-RESIDUAL_FORMS = {"pre": pre_norm_residual, "post": post_norm_residual, "none": pre_norm_residual}
-NORMS = {"pre": normalize, "post": normalize, "none": skip_norm}
+def no_norm_residual(x: torch.Tensor, sublayer: Sublayer, before: Norm, after: Norm, added: Norm) -> torch.Tensor:
+    """x + F(x): the `no_norm` variant (`before` is skip_norm, so its hooks still see scale 1)."""
+    return x + added(sublayer(before(x)))
+
+
+RESIDUAL_FORMS = {
+    "pre": pre_norm_residual, "output": output_norm_residual, "sandwich": sandwich_norm_residual,
+    "post": post_norm_residual, "none": no_norm_residual,
+}
+
+
+def norm_slots(placement: str, sublayer: str, has_pre: bool, has_post: bool) -> tuple[str, str]:
+    """(slot before, slot after) sub-layer `sublayer` ("ln1" or "ln2") under a placement: whose weights
+    (and hook names) each norm position uses.
+
+    A slot the checkpoint has is used where it belongs; a placement that puts a norm where the
+    checkpoint has none reuses the sub-layer's only norm weight there (OLMo-2 under "pre" normalises
+    its input with its post weight; LLaMA under "output" or "post" normalises after with its pre weight).
+    """
+    pre, post = sublayer, f"{sublayer}_post"
+    before = pre if has_pre else post
+    after = post if has_post else pre
+    return before, after
 
 
 class LayerHooks:
@@ -53,10 +101,13 @@ class LayerHooks:
     def wants(self, local: str) -> bool:
         return self.ctx.wants(self.names[local])
 
+    def edits(self, local: str) -> bool:
+        return self.ctx.edits(self.names[local])
+
     def callback(self, local: str) -> Callable[[torch.Tensor], torch.Tensor]:
         """fn(x) -> x for one hook point, or `unhooked` when nobody reads it (so the kernel can skip the value)."""
-        name = self.names[local]
-        if not self.ctx.wants(name):
+        name = self.names.get(local)
+        if name is None or not self.ctx.wants(name):
             return unhooked
         return lambda t: self.ctx(name, t)
 
@@ -73,6 +124,9 @@ class NoHooks:
         return x
 
     def wants(self, local: str) -> bool:
+        return False
+
+    def edits(self, local: str) -> bool:
         return False
 
     def callback(self, local: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -98,8 +152,8 @@ class GateUp:
         self._up: torch.Tensor | None = None
 
     def gate(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = linear(x, self.p.w_gate_up, self.p.b_gate_up)  # [pos, 2 * d_mlp]
-        gate, self._up = gate_up.split_with_sizes((self.d_mlp, self.d_mlp), dim=-1)  # [pos, d_mlp] each (views)
+        gate_up = linear(x, self.p.w_gate_up, self.p.b_gate_up)  # [b, pos, 2 * d_mlp]
+        gate, self._up = gate_up.split_with_sizes((self.d_mlp, self.d_mlp), dim=-1)  # [b, pos, d_mlp] each (views)
         self._x = x
         return gate
 
@@ -113,57 +167,68 @@ class GateUp:
 class Block:
     def __init__(self, cfg: ArchConfig, params: LayerParams, layer: int):
         self.cfg, self.p, self.layer = cfg, params, layer
-        self.hook_names = {local: layer_hook_name(layer, local) for local in LAYER_HOOKS}
+        self.hook_names = {local: layer_hook_name(layer, local) for local in layer_hooks(cfg)}
         h, g, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
         self.qkv_split = (h * dh, g * dh, g * dh)
         self.qk_width = (h + g) * dh  # q and k sit side by side at the start of each qkv row
+        self._norm_weights: dict[tuple[str, float], torch.Tensor] = {}
+
+    def norm_factor(self, slot: str, offset: float, in_fp32: bool) -> torch.Tensor:
+        """The factor of norm `slot` (ln1, ln1_post, ..., q_norm), computed once per offset (see norm_weight)."""
+        key = (slot, offset)
+        if key not in self._norm_weights:
+            self._norm_weights[key] = norm_weight(getattr(self.p, slot), offset, in_fp32)
+        return self._norm_weights[key]
+
+    def _norm(self, slot: str, hook: LayerHooks, c: Conventions) -> Norm:
+        """The residual-stream norm in `slot` under conventions c, firing that slot's hooks."""
+        if c.norm == "none":
+            return lambda v: skip_norm(v, None, 0.0, "rms", hook.callback(f"{slot}.hook_scale"),
+                                       hook.callback(f"{slot}.hook_normalized"))
+        weight = self.norm_factor(slot, c.norm_offset, c.norm_weight_in_fp32)
+        on_scale, on_normalized = hook.callback(f"{slot}.hook_scale"), hook.callback(f"{slot}.hook_normalized")
+        eps = self.cfg.norm_eps
+        return lambda v: normalize(v, weight, eps, c.norm_type, on_scale, on_normalized, c.norm_weight_in_fp32)
 
     def forward(
         self,
         x: torch.Tensor,
         ctx: HookContext,
-        variant: Variant,
+        c: Conventions,
         angles: torch.Tensor,
         kv_index: torch.Tensor,
         allowed: torch.Tensor | None,
         cache: KVCache | None,
         kv_grouped: bool = False,
     ) -> torch.Tensor:
-        """x: [pos, d_model] -> [pos, d_model]. `angles` are this layer's RoPE angles [pos, d_head/2].
+        """x: [b, pos, d_model] -> [b, pos, d_model]. `angles` are this layer's RoPE angles [pos, d_head/2];
+        `allowed` its mask (causal, and its sliding window if it has one).
 
         `kv_grouped`: kv_index is the contiguous-group mapping, so the fused kernel may share KV heads itself.
         """
         hook = LayerHooks(ctx, self.hook_names) if ctx.wants_any(self.hook_names.values()) else NO_HOOKS
-        residual = RESIDUAL_FORMS[variant.norm]
-        norm = NORMS[variant.norm]
-        eps, p = self.cfg.norm_eps, self.p
-        ln1 = (hook.callback("ln1.hook_scale"), hook.callback("ln1.hook_normalized"))
-        ln2 = (hook.callback("ln2.hook_scale"), hook.callback("ln2.hook_normalized"))
-
-        def norm1(v: torch.Tensor) -> torch.Tensor:
-            return norm(v, p.ln1, eps, variant.norm_type, *ln1)
-
-        def norm2(v: torch.Tensor) -> torch.Tensor:
-            return norm(v, p.ln2, eps, variant.norm_type, *ln2)
+        residual = RESIDUAL_FORMS[c.norm]
+        has_pre, has_post = self.cfg.has_pre_norms, self.cfg.has_post_norms
+        norms1 = [self._norm(slot, hook, c) for slot in norm_slots(c.norm, "ln1", has_pre, has_post)]
+        norms2 = [self._norm(slot, hook, c) for slot in norm_slots(c.norm, "ln2", has_pre, has_post)]
 
         def attn(v: torch.Tensor) -> torch.Tensor:
-            out = self.attention(v, hook, variant, angles, kv_index, allowed, cache, kv_grouped)
-            return hook("hook_attn_out", out)
+            return self.attention(v, hook, c, angles, kv_index, allowed, cache, kv_grouped)
 
         def mlp(v: torch.Tensor) -> torch.Tensor:
-            return hook("hook_mlp_out", self.mlp(v, hook, variant))
+            return self.mlp(v, hook, c)
 
         x = hook("hook_resid_pre", x)
-        x = residual(x, attn, norm1)
+        x = residual(x, attn, *norms1, lambda v: hook("hook_attn_out", v))
         x = hook("hook_resid_mid", x)
-        x = residual(x, mlp, norm2)
+        x = residual(x, mlp, *norms2, lambda v: hook("hook_mlp_out", v))
         return hook("hook_resid_post", x)
 
     def attention(
         self,
         x: torch.Tensor,
         hook: LayerHooks,
-        variant: Variant,
+        c: Conventions,
         angles: torch.Tensor,
         kv_index: torch.Tensor,
         allowed: torch.Tensor | None,
@@ -171,61 +236,100 @@ class Block:
         kv_grouped: bool = False,
     ) -> torch.Tensor:
         cfg, p = self.cfg, self.p
-        n_pos = x.shape[0]
+        b, n_pos = x.shape[0], x.shape[1]
         h, g, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
-        qkv = linear(x, p.w_qkv, p.b_qkv)  # [pos, (h + 2g) * dh]
+        qkv = linear(x, p.w_qkv, p.b_qkv)  # [b, pos, (h + 2g) * dh]
         q_in, k_in, v = qkv.split_with_sizes(self.qkv_split, dim=-1)
-        q_in, k_in = q_in.view(n_pos, h, dh), k_in.view(n_pos, g, dh)  # [pos, h, dh], [pos, g, dh]
+        q_in, k_in = q_in.view(b, n_pos, h, dh), k_in.view(b, n_pos, g, dh)  # [b, pos, h, dh], [b, pos, g, dh]
         q = hook("attn.hook_q", q_in)
         k = hook("attn.hook_k", k_in)
-        v = hook("attn.hook_v", v.view(n_pos, g, dh))  # [pos, g, dh]
-        rotate = ROTATIONS[variant.rope]
-        if q is q_in and k is k_in:
-            # Unchanged by hooks, q and k are one [pos, h + g, dh] block of qkv: RoPE acts per head, so one
+        v = hook("attn.hook_v", v.view(b, n_pos, g, dh))  # [b, pos, g, dh]
+        rotate = ROTATIONS[c.rope]
+        qk_norm = c.qk_norm != "none"
+        if q is q_in and k is k_in and not qk_norm:
+            # Unchanged by hooks, q and k are one [b, pos, h + g, dh] block of qkv: RoPE acts per head, so one
             # rotation covers both (same values as two, half the ops of a decoding step).
-            qk = rotate(qkv[:, : self.qk_width].view(n_pos, h + g, dh), angles)  # [pos, h + g, dh]
-            q, k = qk.split_with_sizes((h, g), dim=1)  # [pos, h, dh], [pos, g, dh]
+            qk = rotate(qkv[..., : self.qk_width].view(b, n_pos, h + g, dh), angles)  # [b, pos, h + g, dh]
+            q, k = qk.split_with_sizes((h, g), dim=2)  # [b, pos, h, dh], [b, pos, g, dh]
+        elif not qk_norm:
+            q, k = rotate(q, angles), rotate(k, angles)
+        elif c.qk_norm_after_rope:
+            q, k = self.qk_normalize(rotate(q, angles), rotate(k, angles), hook, c)
         else:
+            q, k = self.qk_normalize(q, k, hook, c)
             q, k = rotate(q, angles), rotate(k, angles)
         q = hook("attn.hook_rot_q", q)
         k = hook("attn.hook_rot_k", k)
 
-        k, v = k.transpose(0, 1), v.transpose(0, 1)  # [g, pos, dh]
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [b, g, pos, dh]
         if cache is not None:
-            k, v = cache.append(self.layer, k, v)  # [g, pos_k, dh]
-        q = q.transpose(0, 1)  # [h, pos, dh]
-        scale = attention_scale(dh)
+            k, v = cache.append(self.layer, k, v)  # [b, g, pos_k, dh]
+        q = q.transpose(1, 2)  # [b, h, pos, dh]
+        scale = attention_scale(dh, cfg.query_pre_attn_scalar)
 
         if hook.wants("attn.hook_attn_scores") or hook.wants("attn.hook_pattern"):
-            k, v = k[kv_index], v[kv_index]  # [g, pos_k, dh] -> [h, pos_k, dh]
+            k, v = k[:, kv_index], v[:, kv_index]  # [b, g, pos_k, dh] -> [b, h, pos_k, dh]
             scores, pattern = eager_attention(q, k, allowed, scale)
             hooked_scores = hook("attn.hook_attn_scores", scores)
             if hooked_scores is not scores:  # edited scores must decide the pattern
                 pattern = softmax_pattern(hooked_scores)
             pattern = hook("attn.hook_pattern", pattern)
-            z = torch.matmul(pattern, v)  # [h, pos, dh]
+            z = torch.matmul(pattern, v)  # [b, h, pos, dh]
         else:
             if not kv_grouped:
-                k, v = k[kv_index], v[kv_index]  # [g, pos_k, dh] -> [h, pos_k, dh]
-            z = fused_attention(q, k, v, allowed, scale)  # [h, pos, dh]
-        z = hook("attn.hook_z", z.transpose(0, 1))  # [pos, h, dh]
+                k, v = k[:, kv_index], v[:, kv_index]  # [b, g, pos_k, dh] -> [b, h, pos_k, dh]
+            z = fused_attention(q, k, v, allowed, scale)  # [b, h, pos, dh]
+        z = hook("attn.hook_z", z.transpose(1, 2))  # [b, pos, h, dh]
 
-        if hook.wants("attn.hook_result"):
-            # Each head's write z_h @ W_o[h], all heads in one batched matmul (z is [h, pos, dh] underneath).
+        if hook.edits("attn.hook_result"):
+            # Someone may edit per-head writes: build them (each head's z_h @ W_o[h]) and sum the result. Read
+            # without an edit, hook_result is derived from hook_z on demand (Trace), never materialised here.
             w_o = p.w_o.t().view(h, dh, cfg.d_model)  # [d_model, h * dh] -> [h, dh, d_model]: head i's columns
-            result = torch.bmm(z.transpose(0, 1), w_o).transpose(0, 1)  # [h, pos, d_model] -> [pos, h, d_model]
+            result = torch.matmul(z.transpose(1, 2), w_o).transpose(1, 2)  # [b, h, pos, d] -> [b, pos, h, d]
             hooked = hook("attn.hook_result", result)
-            if hooked is not result:
-                # Someone edited per-head writes: the output must be built from them.
-                out = hooked.sum(1)  # [pos, d_model]
-                return out + p.b_o if p.b_o is not None else out
+            out = hooked.sum(2)  # [b, pos, d_model]
+            return out + p.b_o if p.b_o is not None else out
+        if hook.wants("attn.hook_result"):
+            hook("attn.hook_result", per_head_result(z, p.w_o, cfg))
         # Unedited, the output is the o_proj matmul, as in transformers, so a full trace stays bit-identical to
         # it. Summing the per-head writes instead would save that matmul (~4% of a 128-token trace) but rounds
         # differently, and SmolLM2's ~1e4 residual amplifies that to 8.8e-5 in the logits (tolerance 1e-4).
-        return linear(z.reshape(n_pos, h * dh), p.w_o, p.b_o)  # [pos, d_model]
+        return linear(z.reshape(b, n_pos, h * dh), p.w_o, p.b_o)  # [b, pos, d_model]
 
-    def mlp(self, x: torch.Tensor, hook: LayerHooks, variant: Variant) -> torch.Tensor:
+    def qk_normalize(
+        self, q: torch.Tensor, k: torch.Tensor, hook: LayerHooks, c: Conventions
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RMSNorm of queries [b, pos, h, dh] and keys [b, pos, g, dh]: over each head's d_head ("head": Qwen3,
+        Gemma) or over the whole projection ("projection": OLMo-2, [b, pos, h·dh] before the head split).
+
+        Per head and per projection both run on the other family's weights only if the sizes match; they
+        normalise over different sets of numbers, so mixing them up changes every score.
+        Pinned by tests/test_conventions.py::test_qk_norm_spans_what_the_family_normalises.
+        """
+        eps = self.cfg.norm_eps
+        out = []
+        for x, slot in ((q, "q_norm"), (k, "k_norm")):
+            weight = self.norm_factor(slot, c.norm_offset, c.norm_weight_in_fp32)
+            on_scale = hook.callback(f"attn.{slot}.hook_scale")
+            on_normalized = hook.callback(f"attn.{slot}.hook_normalized")
+            flat = x.flatten(-2) if c.qk_norm == "projection" else x  # [b, pos, heads · dh] for OLMo-2
+            normed = normalize(flat, weight, eps, "rms", on_scale, on_normalized, c.norm_weight_in_fp32)
+            out.append(normed.view(x.shape))
+        return out[0], out[1]
+
+    def mlp(self, x: torch.Tensor, hook: LayerHooks, c: Conventions) -> torch.Tensor:
         p = self.p
         projections = GateUp(p, self.cfg.d_mlp)
-        post = MLP_FORMS[variant.mlp](x, projections.gate, projections.up, ACTIVATIONS[self.cfg.act], hook)
-        return linear(post, p.w_down, p.b_down)  # [pos, d_model]
+        post = MLP_FORMS[c.mlp](x, projections.gate, projections.up, ACTIVATIONS[c.act], hook)
+        return linear(post, p.w_down, p.b_down)  # [b, pos, d_model]
+
+
+def per_head_result(z: torch.Tensor, w_o: torch.Tensor, cfg: ArchConfig) -> torch.Tensor:
+    """Each head's write into the residual stream before o_proj's bias (and any norm after attention):
+    z [..., pos, h, dh] -> [..., pos, h, d_model], z_h @ W_o[:, h·dh:(h+1)·dh].T, all heads in one matmul.
+
+    Their sum over heads is o_proj's output; Trace derives hook_result from hook_z with this on demand.
+    """
+    h, dh = cfg.n_heads, cfg.d_head
+    w = w_o.t().reshape(h, dh, cfg.d_model)  # [d_model, h * dh] -> [h, dh, d_model]: head i's columns
+    return torch.matmul(z.transpose(-2, -3), w).transpose(-2, -3)  # [..., h, pos, d] -> [..., pos, h, d]

@@ -1,18 +1,23 @@
-"""The decoder: embed, run the blocks with one position offset, final norm, unembed."""
+"""The decoder: embed, run the blocks with one position offset, final norm, unembed.
+
+Inside, every activation has a leading batch dimension [b, pos, ...]; `forward` takes one prompt [pos]
+(what traces and generation run) or a batch [b, pos] of prompts of one length (sweeps, corpus scans).
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
 
-from ..config import ArchConfig
+from ..config import SLIDING, ArchConfig
 from ..hooks import HookContext, hook_names
-from ..variants import Variant
+from ..variants import Conventions, Variant, resolve
 from .attention import attention_mask, kv_head_index, reads_contiguous_groups
-from .block import NORMS, Block
+from .block import Block
 from .kv_cache import KVCache
-from .norm import unhooked
+from .norm import norm_weight, normalize, skip_norm, unhooked
 from .params import DecoderParams, linear
 from .rope import rope_angles, rope_inv_freq
 
@@ -39,33 +44,61 @@ def layer_position_offset(offset: int, layer: int, decoding: bool, kv_position_b
     return offset + layer if (kv_position_bug and decoding) else offset
 
 
+def embed_scale(d_model: int, dtype: torch.dtype) -> torch.Tensor:
+    """Gemma's embedding multiplier sqrt(d_model), rounded to the weights' dtype as transformers does.
+
+    The scale is not in the checkpoint (Gemma3TextScaledWordEmbedding holds it as a buffer and casts it
+    to the embedding's dtype before multiplying), so a port can forget it (`no_embed_scale`) or multiply
+    by the exact float: in bf16 sqrt(640) = 25.30 rounds to 25.25, and every activation moves by 0.2%.
+    Pinned by tests/test_conventions.py::test_gemma_scales_embeddings_in_the_weights_dtype.
+    """
+    return torch.tensor(d_model**0.5, dtype=torch.float32).to(dtype)
+
+
+def softcap_logits(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap · tanh(logits / cap) when the config sets final_logit_softcapping (None: logits unchanged)."""
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
 class Decoder:
-    """A LLaMA-style decoder over DecoderParams. One sequence at a time: activations are [pos, ...]."""
+    """A decoder-only LM over DecoderParams, for every supported family (their differences are ArchConfig data)."""
 
     def __init__(self, cfg: ArchConfig, params: DecoderParams):
         self.cfg, self.params = cfg, params
         self.blocks = [Block(cfg, lp, i) for i, lp in enumerate(params.layers)]
-        self.hook_names = hook_names(cfg.n_layers)
-        self._inv_freq_cache: dict[tuple[float, int], torch.Tensor] = {}
-        self._kv_index = {m: kv_head_index(cfg.n_heads, cfg.n_kv_heads, m) for m in ("grouped", "tile")}
-        self._kv_grouped = {m: reads_contiguous_groups(i, cfg.n_kv_heads) for m, i in self._kv_index.items()}
+        self.hook_names = hook_names(cfg)
+        self._inv_freq_cache: dict[tuple[float, int, bool], torch.Tensor] = {}
+        self._kv_index = {m: kv_head_index(cfg.n_heads, cfg.n_kv_heads, m).to(self.device) for m in ("grouped", "tile")}
+        self._kv_grouped = {m: reads_contiguous_groups(i.cpu(), cfg.n_kv_heads) for m, i in self._kv_index.items()}
+        self._conventions: dict[Variant, Conventions] = {}
+        self._final_norm: dict[float, torch.Tensor] = {}
 
-    def new_cache(self, capacity: int) -> KVCache:
-        cfg = self.cfg
-        return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.d_head, capacity, self.params.embed.dtype)
+    @property
+    def device(self) -> torch.device:
+        return self.params.embed.device
 
-    def inv_freq(self, variant: Variant, seq_len: int) -> torch.Tensor:
+    def conventions(self, variant: Variant) -> Conventions:
+        """`variants.resolve(variant, cfg)`, memoised (a decoding step asks once per token)."""
+        if variant not in self._conventions:
+            self._conventions[variant] = resolve(variant, self.cfg)
+        return self._conventions[variant]
+
+    def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         cfg = self.cfg
-        theta = variant.rope_theta or cfg.rope_theta
-        dynamic = cfg.rope_scaling.get("rope_type") == "dynamic" and seq_len > cfg.max_position_embeddings
-        key = (theta, seq_len if dynamic else 0)
+        return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.d_head, capacity, self.params.embed.dtype, batch, self.device)
+
+    def inv_freq(self, theta: float, seq_len: int, scaled: bool = True) -> torch.Tensor:
+        """RoPE inverse frequencies at base `theta`; `scaled=False` for Gemma's local layers (no scaling)."""
+        cfg = self.cfg
+        scaling = cfg.rope_scaling if scaled else {"rope_type": "default"}
+        dynamic = scaling.get("rope_type") == "dynamic" and seq_len > cfg.max_position_embeddings
+        key = (theta, seq_len if dynamic else 0, scaled)
         if key not in self._inv_freq_cache:
             self._inv_freq_cache[key] = rope_inv_freq(
-                cfg.d_head, theta, cfg.rope_scaling, seq_len, cfg.max_position_embeddings
-            )
+                cfg.d_head, theta, scaling, seq_len, cfg.max_position_embeddings
+            ).to(self.device)
         return self._inv_freq_cache[key]
 
-    @torch.inference_mode()
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -73,36 +106,93 @@ class Decoder:
         variant: Variant,
         cache: KVCache | None = None,
         last_only: bool = False,
+        grad: bool = False,
     ) -> torch.Tensor:
-        """input_ids [pos] -> logits [pos, vocab] (or [1, vocab] with last_only)."""
+        """input_ids [pos] -> logits [pos, vocab]; or [b, pos] -> [b, pos, vocab] (pos 1 with last_only).
+
+        `grad=True` runs with autograd on (attribution patching backpropagates to activations); otherwise
+        under inference_mode.
+        """
+        single = input_ids.dim() == 1
+        ids = input_ids[None] if single else input_ids  # [b, pos]
+        with _autograd(grad):
+            c = self.conventions(variant)
+            p = self.params
+            x = p.embed[ids.to(self.device)]  # [b, pos, d_model]
+            if c.embed_scale:
+                x = x * embed_scale(self.cfg.d_model, x.dtype)
+            x = ctx("hook_embed", x)
+            logits = self._run(x, 0, ctx, c, cache, last_only)
+        return logits[0] if single else logits
+
+    def forward_from(
+        self,
+        x: torch.Tensor,
+        start_layer: int,
+        ctx: HookContext,
+        variant: Variant,
+        last_only: bool = False,
+        grad: bool = False,
+    ) -> torch.Tensor:
+        """Resume a forward at block `start_layer` from its resid_pre x [b, pos, d_model] -> logits [b, pos, vocab].
+
+        Patching sweeps use this: every patched copy of a run shares the layers before the patch, so they
+        start here from the cached residual instead of recomputing them. No KV cache.
+        """
+        if not 0 <= start_layer < self.cfg.n_layers:
+            raise ValueError(f"start_layer must be in [0, {self.cfg.n_layers}), got {start_layer}")
+        with _autograd(grad):
+            return self._run(x, start_layer, ctx, self.conventions(variant), None, last_only)
+
+    def _run(
+        self, x: torch.Tensor, start_layer: int, ctx: HookContext, c: Conventions, cache: KVCache | None,
+        last_only: bool,
+    ) -> torch.Tensor:
         cfg, p = self.cfg, self.params
-        n_new = input_ids.shape[0]
+        n_new = x.shape[1]
         offset = position_offset(cache)
         n_keys = offset + n_new
         decoding = offset > 0
-        inv_freq = self.inv_freq(variant, n_keys)
-        allowed = attention_mask(n_new, n_keys, variant.causal, cfg.sliding_window)
-        kv_index, kv_grouped = self._kv_index[variant.gqa], self._kv_grouped[variant.gqa]
-
-        x = ctx("hook_embed", p.embed[input_ids])  # [pos, d_model]
-        angles, angles_start = None, None
-        for block in self.blocks:
-            start = layer_position_offset(offset, block.layer, decoding, variant.kv_position_bug)
-            if start != angles_start:
-                # One angles tensor for every layer that starts at the same position (all of them unless
-                # kv_position_bug): RoPE's cos/sin are then computed once per forward (rope.half_trig).
-                angles, angles_start = rope_angles(torch.arange(start, start + n_new), inv_freq), start
-            x = block.forward(x, ctx, variant, angles, kv_index, allowed, cache, kv_grouped)  # [pos, d_model]
+        masks: dict[int | None, torch.Tensor | None] = {}
+        kv_index, kv_grouped = self._kv_index[c.gqa], self._kv_grouped[c.gqa]
+        angles: dict[tuple[int, float], torch.Tensor] = {}
+        for block in self.blocks[start_layer:]:
+            sliding = cfg.layer_type(block.layer) == SLIDING
+            window = c.sliding_window if sliding else None
+            if window not in masks:
+                masks[window] = attention_mask(n_new, n_keys, c.causal, window, self.device)
+            theta = c.rope_local_theta if sliding else c.rope_theta
+            start = layer_position_offset(offset, block.layer, decoding, c.kv_position_bug)
+            key = (start, theta)
+            if key not in angles:
+                # One angles tensor for every layer with the same start and base (all of them in a LLaMA,
+                # two in a Gemma): RoPE's cos/sin are then computed once per forward (rope.half_trig).
+                scaled = not (sliding and cfg.rope_local_theta is not None)
+                positions = torch.arange(start, start + n_new, device=self.device)
+                angles[key] = rope_angles(positions, self.inv_freq(theta, n_keys, scaled))
+            x = block.forward(x, ctx, c, angles[key], kv_index, masks[window], cache, kv_grouped)  # [b, pos, d]
         if cache is not None:
             cache.advance(n_new)
 
         if last_only:
-            x = x[-1:]
-        x = NORMS[variant.norm](
-            x, p.ln_final, cfg.norm_eps, variant.norm_type,
-            _callback(ctx, "ln_final.hook_scale"), _callback(ctx, "ln_final.hook_normalized"),
-        )
-        return linear(x, p.unembed, None)  # [pos, vocab]
+            x = x[:, -1:]
+        on_scale, on_normalized = _callback(ctx, "ln_final.hook_scale"), _callback(ctx, "ln_final.hook_normalized")
+        if c.norm == "none":
+            x = skip_norm(x, None, 0.0, "rms", on_scale, on_normalized)
+        else:
+            x = normalize(x, self.final_norm_factor(c), cfg.norm_eps, c.norm_type, on_scale, on_normalized,
+                          c.norm_weight_in_fp32)
+        return softcap_logits(linear(x, p.unembed, None), cfg.final_logit_softcap)  # [b, pos, vocab]
+
+    def final_norm_factor(self, c: Conventions) -> torch.Tensor:
+        """ln_final's factor under conventions c (see norm.norm_weight), computed once per offset."""
+        if c.norm_offset not in self._final_norm:
+            self._final_norm[c.norm_offset] = norm_weight(self.params.ln_final, c.norm_offset, c.norm_weight_in_fp32)
+        return self._final_norm[c.norm_offset]
+
+
+def _autograd(grad: bool) -> contextlib.AbstractContextManager:
+    return torch.enable_grad() if grad else torch.inference_mode()
 
 
 def _callback(ctx: HookContext, name: str) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -1,4 +1,4 @@
-"""The feed-forward sub-layer: SwiGLU (faithful) or seed 002's plain FFN on the same weights (variant)."""
+"""The feed-forward sub-layer: gated (SwiGLU, GeGLU; faithful) or seed 002's plain FFN on the same weights."""
 
 from __future__ import annotations
 
@@ -7,7 +7,20 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.silu}
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (transformers' "gelu_pytorch_tanh"), which Gemma was trained with.
+
+    The exact erf GELU (`F.gelu`, the `gelu_exact` variant) differs from it by up to ~1e-3 per unit and
+    still runs. Pinned by tests/test_conventions.py::test_gemma_uses_the_tanh_gelu.
+    """
+    return F.gelu(x, approximate="tanh")
+
+
+# config.json's activation name -> function (SwiGLU with silu; Gemma's GeGLU with gelu_pytorch_tanh).
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu, "gelu_pytorch_tanh": gelu_tanh, "gelu": F.gelu,
+}
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 

@@ -1,4 +1,4 @@
-"""Normalisation: RMSNorm (faithful), mean-centred LayerNorm (variant), or none (variant)."""
+"""Normalisation: RMSNorm (faithful), mean-centred LayerNorm (variant), or none (variant); the (1 + w) weight."""
 
 from __future__ import annotations
 
@@ -35,6 +35,19 @@ def unhooked(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def norm_weight(weight: torch.Tensor, offset: float, in_fp32: bool) -> torch.Tensor:
+    """The factor a norm multiplies by: (offset + w), in fp32 when the family applies its weight in fp32.
+
+    Gemma stores w around 0 and multiplies by (1 + w) (`offset` 1, `in_fp32`: `(1.0 + w.float())`,
+    Gemma3RMSNorm); LLaMA-style checkpoints store the factor itself (offset 0). Dropping the 1 (the
+    `no_norm_offset` variant) runs and multiplies every normalised value by a number near 0; adding it in
+    bf16 instead of fp32 rounds 1 + w to 8 bits of mantissa. Pinned by
+    tests/test_conventions.py::test_gemma_norms_multiply_by_one_plus_w.
+    """
+    if in_fp32:
+        weight = weight.float()
+    return weight + offset if offset else weight
+
 
 def normalize(
     x: torch.Tensor,
@@ -43,14 +56,16 @@ def normalize(
     norm_type: str = "rms",
     on_scale: Callable[[torch.Tensor], torch.Tensor] = unhooked,
     on_normalized: Callable[[torch.Tensor], torch.Tensor] = unhooked,
+    weight_in_fp32: bool = False,
 ) -> torch.Tensor:
     """weight · (centred / sqrt(var + eps)), with TransformerLens's hook points on the parts.
 
-    `on_scale` sees scale = sqrt(var + eps) [pos, 1], the divisor; `on_normalized` sees the
-    normalized input *before* the learned weight. Computed in fp32 as `x * rsqrt(var + eps)` like
-    transformers' LlamaRMSNorm (in bf16 the mean of squares rounds, and dividing instead of multiplying
-    by the reciprocal moves the last bit); the weight multiplies after the cast back to the input dtype,
-    again like the reference. If a hook replaces the scale, the replacement is what divides.
+    `weight` is the factor from `norm_weight`. `on_scale` sees scale = sqrt(var + eps) [..., 1], the
+    divisor; `on_normalized` sees the normalized input *before* the learned weight. Computed in fp32 as
+    `x * rsqrt(var + eps)` like transformers' LlamaRMSNorm (in bf16 the mean of squares rounds, and
+    dividing instead of multiplying by the reciprocal moves the last bit). The weight multiplies after the
+    cast back to the input dtype (LLaMA), or before it, in fp32, with `weight_in_fp32` (Gemma, OLMo-2).
+    If a hook replaces the scale, the replacement is what divides.
     When neither part is hooked (both callbacks are `unhooked`), an fp32 RMSNorm is one call to
     `torch.rms_norm` (the same arithmetic inside ATen, bit-identical to LlamaRMSNorm in fp32) instead of
     seven Python-dispatched ops: ~2x cheaper for the one-row norms of a decoding step.
@@ -70,8 +85,11 @@ def normalize(
         replaced_scale = None if hooked_scale is scale else hooked_scale
     # Multiply by the reciprocal like the reference; only a replaced scale divides.
     normalized = centred * torch.rsqrt(var_eps) if replaced_scale is None else centred / replaced_scale.float()
-    normalized = on_normalized(normalized.to(dtype))
-    return weight * normalized
+    shown = normalized.to(dtype)
+    seen = on_normalized(shown)
+    if weight_in_fp32:
+        return (weight * (normalized if seen is shown else seen.float())).to(dtype)
+    return weight * seen
 
 
 def skip_norm(
@@ -81,8 +99,9 @@ def skip_norm(
     norm_type: str = "rms",
     on_scale: Callable[[torch.Tensor], torch.Tensor] = unhooked,
     on_normalized: Callable[[torch.Tensor], torch.Tensor] = unhooked,
+    weight_in_fp32: bool = False,
 ) -> torch.Tensor:
     """The `no_norm` variant: the value passes unchanged (no weight either). Hooks see scale = 1."""
     if on_scale is not unhooked:
-        on_scale(torch.ones(x.shape[:-1] + (1,), dtype=x.dtype))
+        on_scale(torch.ones(x.shape[:-1] + (1,), dtype=x.dtype, device=x.device))
     return on_normalized(x)

@@ -19,8 +19,10 @@ import torch.nn.functional as F
 
 @dataclass
 class LayerParams:
-    ln1: torch.Tensor  # [d_model]  input_layernorm
-    ln2: torch.Tensor  # [d_model]  post_attention_layernorm
+    # Norm weights by slot (see weights.NORM_WEIGHT_NAMES): lnX sits before sub-layer X, lnX_post after it;
+    # a family has only the slots it uses (LLaMA: ln1, ln2; OLMo-2: ln1_post, ln2_post; Gemma: all four).
+    ln1: torch.Tensor | None  # [d_model]
+    ln2: torch.Tensor | None  # [d_model]
     w_qkv: torch.Tensor  # [(h + 2g) * d_head, d_model]: q rows, then k, then v
     b_qkv: torch.Tensor | None
     w_o: torch.Tensor  # [d_model, h * d_head]
@@ -29,6 +31,10 @@ class LayerParams:
     b_gate_up: torch.Tensor | None
     w_down: torch.Tensor  # [d_model, d_mlp]
     b_down: torch.Tensor | None
+    ln1_post: torch.Tensor | None = None  # [d_model]
+    ln2_post: torch.Tensor | None = None  # [d_model]
+    q_norm: torch.Tensor | None = None  # [d_head] per head, or [h * d_head] over the projection (OLMo-2)
+    k_norm: torch.Tensor | None = None  # [d_head] or [g * d_head]
 
 
 @dataclass
@@ -40,7 +46,7 @@ class DecoderParams:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """x @ w.T (+ b) for [out, in] weights, like F.linear. x: [pos, in] -> [pos, out].
+    """x @ w.T (+ b) for [out, in] weights, like F.linear. x: [..., pos, in] -> [..., pos, out].
 
     Several rows are one GEMM (F.linear, as in transformers). One row (a decoding step) is a
     matrix-vector product bound by reading w, and MKL runs it on one core however many threads torch
@@ -54,12 +60,14 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     blocks = _row_blocks(x, w)
     if blocks == 1:
         return F.linear(x, w, b)
+    lead = x.shape[:-1]  # (1,) or (1, 1): one row
+    x = x.reshape(1, x.shape[-1])
     rows = w.view(blocks, w.shape[0] // blocks, w.shape[1])  # [out, in] -> [blocks, out/blocks, in] (no copy)
     # x.t() of a [1, in] row with unit stride is an [in, 1] column MKL reads directly; a column built any
     # other way (e.g. x.view(in, 1), stride (1, 1)) sends bmm down a path ~4x slower.
     column = (x if x.stride(-1) == 1 else x.contiguous()).t().expand(blocks, -1, 1)  # [blocks, in, 1]
     out = torch.bmm(rows, column) if b is None else torch.baddbmm(b.view(blocks, -1, 1), rows, column)
-    return out.view(1, -1)  # [blocks, out/blocks, 1] -> [1, out]: the blocks in row order
+    return out.view(*lead, -1)  # [blocks, out/blocks, 1] -> [..., 1, out]: the blocks in row order
 
 
 _MIN_SPLIT = 1 << 16  # below ~256 KB of weights one core's read is too short to be worth the extra ops
@@ -67,7 +75,7 @@ _MIN_SPLIT = 1 << 16  # below ~256 KB of weights one core's read is too short to
 
 def _row_blocks(x: torch.Tensor, w: torch.Tensor) -> int:
     """How many row blocks `linear` splits a one-row product into: one per thread, 1 = no split."""
-    if x.shape[0] != 1 or not w.is_contiguous() or w.numel() < _MIN_SPLIT:
+    if x.numel() != x.shape[-1] or not w.is_contiguous() or w.numel() < _MIN_SPLIT or w.device.type != "cpu":
         return 1
     threads = torch.get_num_threads()
     n_out = w.shape[0]

@@ -55,7 +55,7 @@ def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor
 
 
 def rotate_half(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """HF/NeoX pairing: dim i rotates with dim i + d/2 by angle i. x: [pos, heads, d_head].
+    """HF/NeoX pairing: dim i rotates with dim i + d/2 by angle i. x: [b, pos, heads, d_head].
 
     transformers' LLaMA-family checkpoints need this pairing (their q/k rows were permuted at
     conversion so that it holds). Pairing (2i, 2i+1) instead is `rotate_interleaved`, which runs
@@ -71,14 +71,14 @@ def rotate_half(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 def half_trig(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, signed sin) of cat(angles, angles), each [pos, 1, d_head]; sin's first half negated.
 
-    Memoised for the most recent `angles` tensor: the decoder computes the angles once per forward
-    and hands the same tensor to every layer (and to q and k), so one cos/sin serves all of them.
-    The memo holds a reference to that tensor, so an identity match can never be a recycled id.
+    Memoised for the most recent `angles` tensors: the decoder computes the angles once per forward
+    and RoPE base and hands the same tensor to every layer (and to q and k), so one cos/sin serves all
+    of them (Gemma alternates two bases, hence more than one entry). The memo holds references to
+    those tensors, so an identity match can never be a recycled id.
     """
-    global _trig_memo
-    memo = _trig_memo
-    if memo is not None and memo[0] is angles:
-        return memo[1]
+    for memo_angles, memo_trig in _trig_memo:
+        if memo_angles is angles:
+            return memo_trig
     # cos/sin of the full [pos, d_head] angles like transformers, not of the half: the vectorised and the
     # scalar tail loop of torch.cos may differ in the last bit, and which elements fall in the tail
     # depends on the tensor's size.
@@ -86,11 +86,13 @@ def half_trig(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     cos, sin = emb.cos(), emb.sin()
     half = angles.shape[-1]
     trig = (cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1))
-    _trig_memo = (angles, trig)
+    _trig_memo.insert(0, (angles, trig))
+    del _trig_memo[_TRIG_MEMO_SIZE:]
     return trig
 
 
-_trig_memo: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None = None
+_TRIG_MEMO_SIZE = 4
+_trig_memo: list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = []
 
 
 def rotate_interleaved(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
