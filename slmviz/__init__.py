@@ -13,10 +13,12 @@ from collections.abc import Sequence
 import torch
 
 from .bundled import bundled_models
+from .ablation import ablation
 from .compare import compare
 from .config import ArchConfig, UnsupportedModelError
 from .hooks import HookError, HookNameError, hook_names
 from .model_api import GenerationStep, Model, load
+from .patching import PatchResult, patch
 from .scan import Scan, scan
 from .tokens import PromptError
 from .trace import Trace, TraceFormatError
@@ -24,7 +26,8 @@ from .variants import PRESETS, Variant, describe, resolve_variant, variants
 from .weights import WeightsError
 
 __all__ = [
-    "ArchConfig", "GenerationStep", "HookError", "HookNameError", "Model", "PRESETS", "PromptError", "Trace",
+    "ArchConfig", "GenerationStep", "HookError", "HookNameError", "Model", "PRESETS", "PatchResult", "PromptError",
+    "Trace", "ablation", "patch",
     "TraceFormatError", "UnsupportedModelError", "Variant", "WeightsError", "bundled_models", "compare", "describe",
     "hook_names",
     "load", "resolve_variant", "trace", "variants",

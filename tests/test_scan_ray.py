@@ -1,0 +1,58 @@
+"""engine="ray" on a local Ray node gives exactly engine="local"'s scan; an unreachable RAY_ADDRESS fails fast.
+
+One module-scoped node (2 CPUs, a small object store) started and stopped by the fixture, because each
+start costs seconds. Two actors on many small batches, so results can arrive out of order and must still
+merge in batch order. Does not cover a remote cluster or GPUs (neither exists here).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import torch
+
+import slmviz
+from slmviz.scan_ray import probe
+
+ray = pytest.importorskip("ray", reason='the Ray engine needs pip install "slmviz[ray]"')
+
+HOOKS = ["blocks.1.mlp.hook_post", "blocks.0.attn.hook_z", "blocks.1.attn.hook_pattern"]
+
+
+@pytest.fixture(scope="module")
+def ray_node():
+    ray.init(address="local", num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False,
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_ray_engine_equals_the_local_engine_exactly(ray_node, tiny_model):
+    from test_scan import random_docs
+
+    docs = random_docs(40, 50, seed=5)
+    kw = dict(hooks=HOOKS, top_k=4, model=tiny_model, batch_tokens=96, variants=["rope_interleaved"], progress=False)
+    local = slmviz.scan(docs, engine="local", **kw)
+    remote = slmviz.scan(docs, engine="ray", workers=2, **kw)
+    assert local.info["batches"] > 10  # enough batches for two actors to finish out of order
+    for h in HOOKS:
+        a, b = local.stats[h].to_tensors(h), remote.stats[h].to_tensors(h)
+        for name in a:
+            assert torch.equal(a[name].nan_to_num(7.5), b[name].nan_to_num(7.5)), name
+    assert local.tokens == remote.tokens
+    assert local.damage.equals(remote.damage)
+    assert remote.info["engine"] == "ray" and remote.info["documents"] == 40
+
+
+def test_an_unreachable_ray_address_fails_within_the_connect_timeout():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="unset RAY_ADDRESS"):
+        probe(f"127.0.0.1:{port}", timeout=2)
+    with pytest.raises(ConnectionError, match="not host:port"):
+        probe("ray://nowhere")
+    assert time.monotonic() - start < 5
