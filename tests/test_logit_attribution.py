@@ -90,3 +90,14 @@ def test_the_last_position_is_the_default_and_others_can_be_read(tiny_model):
     assert first.attrs["position"] == 1
     assert first["attribution"].sum() == pytest.approx(float(t.logits[1, 20] - t.logits[1, 21]), rel=REL, abs=1e-6)
     assert torch.isfinite(torch.tensor(first["attribution"].to_numpy())).all()
+
+
+def test_the_bar_charts_add_up_to_the_logit_difference(tiny_model):
+    from slmviz.patch_plots import logit_attribution_bars
+
+    t = tiny_model.trace([3, 10, 11, 12, 13])
+    frame = t.logit_attribution(20, 21)
+    fig = logit_attribution_bars(frame)
+    assert sum(sum(bar.y) for bar in fig.data) == pytest.approx(frame.attrs["logit_diff"], rel=REL, abs=1e-6)
+    by_head = logit_attribution_bars(t.logit_attribution(20, 21, by="head"), top=3)
+    assert len(by_head.data[0].x) == 3 and by_head.data[-1].x == ("remainder",)

@@ -172,3 +172,29 @@ def test_string_answers_work_and_the_metric_is_named(m):
     r = patch("w3 w5 w6 w7", "w3 w5 w8 w7", answer="w2", wrong="w4", model=m, engine="per_cell")
     assert r.metric_name == "logit('w2') - logit('w4')"
     assert r.tokens == ["w3", "w5", "w8", "w7"] and r.source_tokens[2] == "w6"
+
+
+# --- figures -------------------------------------------------------------------------------------------
+def test_the_heatmap_is_diverging_centred_at_zero_with_layers_by_tokens(m):
+    r = _sweep(m, "resid_pre", engine="per_cell")
+    fig = r.plot()
+    (heat,) = fig.data
+    assert fig.layout.coloraxis.cmid == 0 and fig.layout.coloraxis.cmin == -fig.layout.coloraxis.cmax
+    assert list(heat.y) == list(range(m.cfg.n_layers)) and len(heat.x) == len(CLEAN)
+    assert heat.x[FIRST_DIFF] == "4: w13 ⇄ w40" and heat.x[0] == "0: w3"
+    assert heat.customdata[1][5].tolist() == [1, 5, -1]  # layer, position, head (-1: no head axis)
+    heads = _sweep(m, "z", engine="per_cell").plot()
+    assert len(heads.data) == m.cfg.n_heads and heads.data[2].customdata[0][3].tolist() == [0, 3, 2]
+    assert len(_sweep(m, "k", engine="per_cell").plot().data) == m.cfg.n_kv_heads
+    assert list(_sweep(m, "heads", engine="per_cell").plot().data[0].x) == [f"head {h}" for h in range(4)]
+
+
+def test_a_partial_sweep_draws_blank_cells_and_says_how_far_it_got(m):
+    from slmviz.patching import patch_steps
+
+    steps = patch_steps(CLEAN, CORRUPTED, ANSWER, WRONG, site="resid_pre", model=m, engine="per_cell")
+    first = next(steps)
+    assert first.done == 0 and torch.isnan(first.values).all()
+    second = next(steps)
+    assert second.done == 1
+    assert "Computing: 1/16 cells" in second.plot().layout.title.subtitle.text
