@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .bundled import bundled_models
 from .ablation import ablation
+from .bundled import bundled_models
 from .compare import compare
 from .config import ArchConfig, UnsupportedModelError
 from .hooks import HookError, HookNameError, hook_names

@@ -68,6 +68,14 @@ class Site:
         pos, head = cell
         return (head, pos) if self.head_first else (pos, head)
 
+    def cell_sums(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum a batch-free per-element tensor (e.g. delta · gradient) over each cell: -> the cells' shape."""
+        if self.head_first:
+            return x.sum(-1).transpose(0, 1)  # [h, pos_q, pos_k] -> [pos, h]
+        if self.axes == ("head",):
+            return x.sum((0, -1))  # [pos, h, d_head] -> [h]
+        return x.sum(-1)  # [pos, d_model] -> [pos]; [pos, h|g, d_head] -> [pos, h|g]
+
 
 SITES: dict[str, Site] = {
     "resid_pre": Site("hook_resid_pre", ("position",), "the residual stream entering block L"),
