@@ -171,6 +171,8 @@ def build(handlers: Handlers) -> gr.Blocks:
                     model_box = gr.Textbox(label="model", placeholder="HuggingFaceTB/SmolLM2-135M-Instruct",
                                            elem_id="model-source", scale=4)
                     load_btn = gr.Button("Load", elem_id="load-model", scale=1)
+            from app.corpus_tab import build_corpus_tab
+            build_corpus_tab(handlers, prompt, model_kw, light_kw)
 
         # --- events ---
         examples.input(handlers.example, [examples], [prompt, chat], api_name="example", **light_kw)

@@ -1,0 +1,98 @@
+"""The Corpus tab in headless Chromium, on a scan of a small slice of the bundled corpus (24 verses).
+
+Opening the tab computes the scan once (cached in a temporary $SLMVIZ_SCAN_CACHE), shows coloured strips
+and a histogram; changing the feature redraws them; clicking a strip puts its verse in the prompt box;
+a second page load reads the cached scan instead of scanning again. Does not check the numbers (the
+scan tests do) nor the default 1000-verse size (README, "Corpus scans").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from app_helpers import REPO, app_server
+
+from app.corpus_tab import corpus_docs
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path(os.environ.get("SLMVIZ_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+TIMEOUT_MS = 240_000
+DOCS = 24
+
+if not CHROMIUM.exists():
+    pytest.skip(f"Chromium not found at {CHROMIUM}: apt-get install -y chromium (or set SLMVIZ_CHROMIUM)",
+                allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def scan_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("scans")
+
+
+@pytest.fixture(scope="module")
+def server(scan_cache):
+    saved = {k: os.environ.get(k) for k in ("SLMVIZ_SCAN_CACHE", "SLMVIZ_CORPUS_DOCS")}
+    os.environ["SLMVIZ_SCAN_CACHE"], os.environ["SLMVIZ_CORPUS_DOCS"] = str(scan_cache), str(DOCS)
+    try:
+        with app_server() as url:
+            yield url
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def _open_corpus_tab(browser, server):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.goto(server)
+    page.wait_for_selector("#prompt textarea")
+    page.get_by_role("tab", name="Corpus").click()
+    page.wait_for_selector("#corpus-examples .slmviz-corpus-strip", timeout=TIMEOUT_MS)
+    page.wait_for_function("document.querySelectorAll('#corpus-histogram .js-plotly-plot').length >= 1",
+                           timeout=TIMEOUT_MS)
+    return context, page
+
+
+def test_corpus_tab_shows_coloured_top_contexts_and_a_histogram_and_a_click_loads_the_verse(browser, server,
+                                                                                           scan_cache):
+    context, page = _open_corpus_tab(browser, server)
+    strips = page.locator("#corpus-examples .slmviz-corpus-strip")
+    assert strips.count() == 10
+    assert "rgba(255,140,0" in strips.first.inner_html()  # coloured by activation
+    assert re.search(rf"Scan of {DOCS} verses", page.locator("#corpus-status").inner_text())
+    assert len(list(scan_cache.iterdir())) == 1  # computed once and cached
+
+    first = strips.first.inner_text()
+    page.fill("#corpus-feature input", "5")
+    page.click("#corpus-show")
+    page.wait_for_function(f"!document.querySelector('#corpus-examples').innerText.startsWith({first[:40]!r})",
+                           timeout=60_000)
+
+    page.fill("#prompt textarea", "")
+    strips.nth(1).click()
+    page.wait_for_function("document.querySelector('#prompt textarea').value.length > 10", timeout=60_000)
+    verse = page.locator("#prompt textarea").input_value()
+    assert verse in corpus_docs(DOCS) and page.locator(".toast-body.error").count() == 0
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(REPO / "assets" / "screenshot-corpus.png"), full_page=True)
+    context.close()
+
+    context, page = _open_corpus_tab(browser, server)  # a second visitor: the cached scan, at once
+    assert len(list(scan_cache.iterdir())) == 1
+    context.close()
