@@ -30,19 +30,26 @@ from gradio.components.plot import PlotData
 
 import slmviz
 from slmviz import plots
+from slmviz.bundled import DEFAULT_MODEL_NAME, bundled_models, is_prepared, model_dir
+from slmviz.bundled import prepare as prepare_bundled
 from slmviz.compare import compare as compare_variants
 from slmviz.default_model import HUB_ID
 from slmviz.hooks import LAYER_HOOKS
 from slmviz.model_api import HUB_ID_PATTERN, Model, download_from_hub, load_folder
 from slmviz.trace import RESIDUAL_STAGES, Trace
 from slmviz.variants import (
+    BASE,
+    GELU_FORMS,
     GQA_MAPPINGS,
     MLP_TYPES,
     NORM_PLACEMENTS,
     NORM_TYPES,
     PRESETS,
+    QK_NORM_ORDERS,
     ROPE_PAIRINGS,
     Variant,
+    VariantError,
+    resolve,
     resolve_variant,
 )
 
@@ -61,12 +68,53 @@ assert all(s in LAYER_HOOKS for s in APP_HOOK_SUFFIXES)
 # Variant fields in the "Break it" tab: choices come from slmviz.variants, never retyped.
 FIELD_CHOICES: dict[str, tuple[str, ...]] = {
     "norm": NORM_PLACEMENTS, "norm_type": NORM_TYPES, "rope": ROPE_PAIRINGS, "gqa": GQA_MAPPINGS, "mlp": MLP_TYPES,
+    "qk_norm_order": QK_NORM_ORDERS, "gelu": GELU_FORMS,
 }
 FIELD_LABELS = {
-    "norm": "Norm placement", "norm_type": "Norm type", "rope": "RoPE pairing", "rope_theta": "RoPE base",
-    "gqa": "GQA mapping", "causal": "Causal mask", "mlp": "MLP type", "kv_position_bug": "KV position bug",
+    "norm": "Norm placement", "norm_type": "Norm type", "norm_offset": "Norm weight is (1 + w)",
+    "embed_scale": "Embeddings × √d_model", "qk_norm": "QK-norm", "qk_norm_order": "QK-norm order",
+    "rope": "RoPE pairing", "rope_theta": "RoPE base",
+    "rope_local_as_global": "Sliding layers use the global RoPE base",
+    "gqa": "GQA mapping", "causal": "Causal mask", "sliding_window": "Sliding window", "mlp": "MLP type",
+    "gelu": "GELU form", "kv_position_bug": "KV position bug",
 }
 VARIANT_FIELDS = [f.name for f in fields(Variant)]
+OWN = "own"  # the radio choice for a field left at None: the checkpoint's own convention
+
+
+def field_kind(name: str) -> str:
+    """How a Variant field is edited, read from its type: "choice" (a radio; None = OWN), "keep" (a checkbox for
+    `bool | None`: ticked = None, the checkpoint's own; unticked = False, removed), "flag" (bool), "number"."""
+    kind = {f.name: f.type for f in fields(Variant)}[name]
+    if name in FIELD_CHOICES:
+        return "choice"
+    return {"bool": "flag", "bool | None": "keep"}.get(str(kind), "number")
+
+
+def widget_value(name: str, value: Any) -> Any:
+    """A Variant field's value as its widget shows it (see field_kind)."""
+    kind = field_kind(name)
+    if kind == "choice":
+        return OWN if value is None else value
+    if kind == "keep":
+        return value is not False
+    return value
+
+
+def field_value(name: str, value: Any) -> Any:
+    """A widget's value back as the Variant field's (the inverse of widget_value); bad values are left for
+    Variant to refuse with its own message."""
+    kind = field_kind(name)
+    if kind == "choice":
+        return None if value in (None, "", OWN) else value
+    if kind == "keep":
+        return None if value in (True, None) else value
+    if kind == "number":
+        return None if value in (None, "", 0) else float(value)
+    return value
+
+
+FAITHFUL_WIDGETS = [widget_value(f, getattr(BASE, f)) for f in VARIANT_FIELDS]
 
 
 def app_hooks(name: str) -> bool:
@@ -145,8 +193,12 @@ class ModelStore:
     """The models this server may serve, loaded on first use and shared by all sessions.
 
     "" is the startup model: `startup` if given, else on a Space the hub's SmolLM2-135M-Instruct
-    (falling back to the bundled copy), else the bundled one. Other sources are hub ids, or local
-    folders only when `allow_local` (the CLI's --allow-local-models).
+    (falling back to the bundled copy), else the bundled one. Other sources are the bundled models by
+    name (`slmviz.bundled_models()`), hub ids, or local folders only when `allow_local` (the CLI's
+    --allow-local-models).
+
+    Loading one model (Gemma's first use dequantizes for about a minute) holds only that model's own
+    lock: requests for models already loaded, and loads of other models, go on meanwhile.
     """
 
     def __init__(self, startup: str | None = None, allow_local: bool = False,
@@ -155,7 +207,8 @@ class ModelStore:
         self.max_prompt_tokens = max_prompt_tokens
         self._startup = self._checked_source(startup) if startup else None
         self._models: OrderedDict[str, Model] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _models and _loading, never held while loading
+        self._loading: dict[str, threading.Lock] = {}
         self.startup_note = ""
 
     def get(self, source: str | None = None) -> Model:
@@ -164,29 +217,50 @@ class ModelStore:
             if key in self._models:
                 self._models.move_to_end(key)
                 return self._models[key]
+            loading = self._loading.setdefault(key, threading.Lock())
+        with loading:  # two sessions asking for the same new model load it once
+            with self._lock:
+                if key in self._models:
+                    return self._models[key]
             model = self._load(key)
             model.max_tokens = min(model.max_tokens, self.max_prompt_tokens)
-            self._models[key] = model
-            while len(self._models) > MODELS_KEPT:
-                oldest = next(k for k in self._models if k != "")
-                del self._models[oldest]
+            with self._lock:
+                self._models[key] = model
+                self._loading.pop(key, None)
+                while len(self._models) > MODELS_KEPT:
+                    oldest = next(k for k in self._models if k != "")
+                    del self._models[oldest]
             return model
+
+    def is_loaded(self, source: str | None) -> bool:
+        with self._lock:
+            return self.key(source) in self._models
 
     def key(self, source: str | None) -> str:
         text = (source or "").strip()
-        return "" if not text or text == self._startup else self._checked_source(text)
+        if not text or text == self._startup or (text == DEFAULT_MODEL_NAME and self._startup is None):
+            return ""  # the bundled default is the startup model unless --model named another
+        return self._checked_source(text)
+
+    def startup_name(self) -> str:
+        """What the model picker shows for "": the --model source, else the bundled default."""
+        return self._startup or DEFAULT_MODEL_NAME
 
     def _checked_source(self, text: str) -> str:
         text = text.strip()
+        if text in bundled_models():
+            return text
         if self.allow_local and Path(text).expanduser().is_dir():
             return str(Path(text).expanduser().resolve())
         if HUB_ID_PATTERN.match(text) and ".." not in text:
             return text
         if self.allow_local:
-            raise FileNotFoundError(f"{text!r} is neither a model folder nor a hub id of the form owner/name")
+            raise FileNotFoundError(f"{text!r} is neither a model folder, a bundled model "
+                                    f"({', '.join(bundled_models())}) nor a hub id of the form owner/name")
         if "/" in text and (text.startswith((".", "/", "~")) or Path(text).expanduser().exists()):
             raise ValueError("Local model folders are disabled; start the app with --allow-local-models to load one")
-        raise ValueError(f"{text[:100]!r} is not a Hugging Face hub id of the form owner/name")
+        raise ValueError(f"{text[:100]!r} is neither a bundled model ({', '.join(bundled_models())}) nor a Hugging "
+                         "Face hub id of the form owner/name")
 
     def _load(self, key: str) -> Model:
         if key == "":
@@ -199,6 +273,8 @@ class ModelStore:
                     self.startup_note = f"could not fetch {HUB_ID} ({e}); using the bundled copy"
                     log.warning(self.startup_note)
             return slmviz.load()
+        if key in bundled_models():
+            return slmviz.load(key)
         if Path(key).is_absolute():
             return load_folder(Path(key))
         return load_folder(download_from_hub(key), name=key)
@@ -253,12 +329,67 @@ def head_choices(model: Model) -> list[tuple[str, str]]:
     return [("all heads, by KV group", "all")] + [(f"head {h}", str(h)) for h in range(model.cfg.n_heads)]
 
 
-def variant_from_fields(norm: str, norm_type: str, rope: str, rope_theta: float | None, gqa: str, causal: bool,
-                        mlp: str, kv_position_bug: bool) -> Variant:
-    """The Break-it fields as a Variant (validated by Variant itself). RoPE base empty or 0 = the checkpoint's."""
-    theta = None if rope_theta in (None, "", 0) else float(rope_theta)
-    return resolve_variant({"norm": norm, "norm_type": norm_type, "rope": rope, "rope_theta": theta, "gqa": gqa,
-                            "causal": causal, "mlp": mlp, "kv_position_bug": kv_position_bug})
+def variant_from_fields(values: list[Any] | tuple[Any, ...], model: Model | None = None) -> Variant:
+    """The Break-it widgets (in VARIANT_FIELDS order) as a Variant, validated by Variant itself and, given a
+    model, against it (a field it cannot honour is a VariantError naming the presets that apply)."""
+    return resolve_variant({name: field_value(name, v) for name, v in zip(VARIANT_FIELDS, values, strict=True)},
+                           model.cfg if model is not None else None)
+
+
+def split_inputs(inputs: tuple[Any, ...], before: int, after: int) -> tuple[list, list, list]:
+    """Positional event inputs → (the `before` widgets, the Variant field widgets, the `after` widgets).
+
+    The handlers take the fields as *inputs so that a new Variant field needs no new parameter here; a caller
+    sending the wrong number of values (e.g. an older client) gets the count, not an unpacking error."""
+    expected = before + len(VARIANT_FIELDS) + after
+    if len(inputs) != expected:
+        raise ValueError(f"Expected {expected} inputs ({len(VARIANT_FIELDS)} variant fields: "
+                         f"{', '.join(VARIANT_FIELDS)}), got {len(inputs)}")
+    middle = before + len(VARIANT_FIELDS)
+    return list(inputs[:before]), list(inputs[before:middle]), list(inputs[middle:])
+
+
+def field_applies(name: str, model: Model) -> bool:
+    """Show a field only where it can change something: some other value is accepted by this model and changes
+    the conventions it runs with (gqa on Gemma's single KV head, norm_offset on SmolLM2: hidden)."""
+    faithful = resolve(BASE, model.cfg)
+    for value in _alternatives(name):
+        try:
+            v = resolve_variant({name: value}, model.cfg)
+        except VariantError:
+            continue
+        if resolve(v, model.cfg) != faithful:
+            return True
+    return False
+
+
+def _alternatives(name: str) -> list[Any]:
+    base, kind = getattr(BASE, name), field_kind(name)
+    if kind == "choice":
+        return [c for c in FIELD_CHOICES[name] if c != base]
+    if kind == "keep":
+        return [False]
+    if kind == "flag":
+        return [not base]
+    return [10_000.0, 1_000_000.0]  # rope_theta: one of them differs from any checkpoint's base
+
+
+def applicable_presets(model: Model) -> list[str]:
+    """The presets the Break-it tab offers for this model (slmviz.variants(model): those that change it)."""
+    return list(slmviz.variants(model))
+
+
+def model_line(model: Model, note: str = "") -> str:
+    """The #model-status line: which model every tab is using."""
+    cfg = model.cfg
+    where = "Hugging Face Space" if on_space() else "local, offline"
+    extra = f" Note: {note}." if note else ""
+    kinds = ""
+    if getattr(cfg, "mixes_layer_types", False):
+        n_global = sum(cfg.layer_type(i) == "full_attention" for i in range(cfg.n_layers))
+        kinds = f", {n_global} global / {cfg.n_layers - n_global} sliding-window layers"
+    return (f"Model: **{model.name}** ({cfg.model_type}, {cfg.n_layers} layers{kinds}, {cfg.n_heads} query heads / "
+            f"{cfg.n_kv_heads} KV heads, fp32 on CPU; {where}).{extra}")
 
 
 def describe_variant(v: Variant) -> str:
@@ -269,6 +400,18 @@ def describe_variant(v: Variant) -> str:
     lines = [f"**custom variant** ({name}):"]
     lines += [f"- `{k}={val}`: {FIELD_HELP.get(k, '')}" for k, val in v.changes().items()]
     return "\n".join(lines)
+
+
+def default_preset(presets: list[str]) -> str:
+    """The preset the Break-it tab starts on: RoPE pairing (every family here has RoPE), else the first."""
+    return "rope_interleaved" if "rope_interleaved" in presets else next(p for p in presets if p != "faithful")
+
+
+def _choice_label(name: str) -> str:
+    if name not in bundled_models():
+        return name
+    first_use = "" if is_prepared(model_dir(name)) else ", first use dequantizes it: about a minute"
+    return f"{name} (bundled{first_use})"
 
 
 @dataclass(frozen=True)
@@ -383,20 +526,25 @@ class Handlers:
 
     # Break-it tab
     @readable_errors
-    def preset(self, name: str) -> tuple:
-        if name not in PRESETS:
-            raise ValueError(f"Unknown preset {name!r}; presets are: {', '.join(PRESETS)}")
+    def preset(self, name: str, source: str | None = None) -> tuple:
+        """Fill the field widgets from a preset that applies to this session's model."""
+        model = self.store.get(source)
+        offered = applicable_presets(model)
+        if name not in offered:
+            known = "is not a preset" if name not in PRESETS else f"does not apply to {model.name}"
+            raise ValueError(f"{name!r} {known}; the presets for {model.name} are: {', '.join(offered)}")
         v = PRESETS[name].variant
-        return (*[getattr(v, f) for f in VARIANT_FIELDS], describe_variant(v))
+        return (*[widget_value(f, getattr(v, f)) for f in VARIANT_FIELDS], describe_variant(v))
 
+    # Gradio finds gr.Progress by a parameter's default among the positional parameters, so `progress` comes
+    # first and the widget values follow as *inputs (see split_inputs).
     @readable_errors
-    def compare(self, prompt: str, chat: bool, norm: str, norm_type: str, rope: str, rope_theta: float | None,
-                gqa: str, causal: bool, mlp: str, kv_position_bug: bool, layer: float, head: str,
-                max_new_tokens: float, source: str | None,
-                progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008
-        variant = variant_from_fields(norm, norm_type, rope, rope_theta, gqa, causal, mlp, kv_position_bug)
+    def compare(self, progress: gr.Progress = gr.Progress(), *inputs: Any) -> tuple:  # noqa: B008
+        """Inputs: prompt, chat, the Variant fields, layer, head, max_new_tokens, source."""
+        (prompt, chat), field_widgets, (layer, head, max_new_tokens, source) = split_inputs(inputs, 2, 4)
         n_new = self.checked_new_tokens(max_new_tokens)
         model = self.model(source, progress)
+        variant = variant_from_fields(field_widgets, model)
         layer_i, head_i = layer_value(layer, model), head_value(head)
         if head_i is None:
             head_i = 0  # side by side, one head each: the all-heads grid twice would not fit
@@ -427,7 +575,7 @@ class Handlers:
                     progress: gr.Progress = gr.Progress()) -> pd.DataFrame:  # noqa: B008
         model = self.model(source, progress)
         ids = model.encode(self.checked_prompt(prompt, model), chat=bool(chat))
-        names = [n for n in PRESETS if n != "faithful"]
+        names = [n for n in applicable_presets(model) if n != "faithful"]
         rows = []
         for i, name in enumerate(names):
             progress((i, len(names)), desc=f"Variant {name}", unit="variants")
@@ -437,11 +585,9 @@ class Handlers:
 
     # Generate tab
     @readable_errors
-    def generate(self, prompt: str, chat: bool, norm: str, norm_type: str, rope: str, rope_theta: float | None,
-                 gqa: str, causal: bool, mlp: str, kv_position_bug: bool, max_new_tokens: float,
-                 temperature: float, top_k: float | None, seed: float | None,
-                 source: str | None) -> Iterator[tuple[str, str]]:
-        variant = variant_from_fields(norm, norm_type, rope, rope_theta, gqa, causal, mlp, kv_position_bug)
+    def generate(self, *inputs: Any) -> Iterator[tuple[str, str]]:
+        """Inputs: prompt, chat, the Variant fields, max_new_tokens, temperature, top_k, seed, source."""
+        (prompt, chat), field_widgets, (max_new_tokens, temperature, top_k, seed, source) = split_inputs(inputs, 2, 5)
         n_new = self.checked_new_tokens(max_new_tokens)
         if temperature is None or not 0 <= float(temperature) <= 5:
             raise ValueError(f"Temperature must be between 0 and 5, got {temperature!r}")
@@ -450,6 +596,7 @@ class Handlers:
             raise ValueError(f"top-k must be 0 (off) or a positive whole number, got {top_k!r}")
         seed_i = None if seed is None or seed == "" else int(seed)
         model = self.model(source)
+        variant = variant_from_fields(field_widgets, model)
         ids = model.encode(self.checked_prompt(prompt, model), chat=bool(chat))
         kwargs = dict(temperature=float(temperature), top_k=k, seed=seed_i)
         streams = [model.stream(ids, n_new, **kwargs), model.stream(ids, n_new, variant=variant, **kwargs)]
@@ -470,14 +617,47 @@ class Handlers:
 
     # Model
     @readable_errors
-    def load_model(self, source: str, progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008
+    def load_model(self, source: str | None,
+                   progress: gr.Progress = gr.Progress(track_tqdm=True)) -> tuple:  # noqa: B008
+        """Switch this session to `source` (a bundled name, a hub id, a folder; empty = the startup model).
+
+        Runs in its own queue ("load"), not the model queue, so a first Gemma load (dequantizing, about a
+        minute) does not hold up other sessions' runs; track_tqdm shows transformers' own progress bars.
+        """
         key = self.store.key(source)
-        progress(0.1, desc=f"Loading {source or 'the startup model'}")
+        name = key or self.store.startup_name()
+        if not self.store.is_loaded(key):
+            if name in bundled_models() and not is_prepared(model_dir(name)):
+                self.prepare(name, progress)
+            progress(0.9, desc=f"Loading {name} (memory-mapping its weights)")
         model = self.store.get(key)
+        return self.model_outputs(model, key)
+
+    @staticmethod
+    def prepare(name: str, progress: gr.Progress) -> None:
+        """Dequantize a bundled model on first use, each step of slmviz.bundled.prepare shown as progress."""
+        steps = iter((0.05, 0.15, 0.75, 0.85))
+        progress(0.02, desc=f"Preparing {name} once (dequantizing its GGUF, about a minute)")
+        prepare_bundled(name, log=lambda line: progress(next(steps, 0.85), desc=f"{name}: {line}"))
+
+    def model_outputs(self, model: Model, key: str) -> tuple:
+        """Everything on the page that depends on the model: status, session source, layer and head pickers,
+        the model picker, the presets that apply, and the variant fields (faithful, shown where they apply)."""
         n_layers = model.cfg.n_layers
-        status = f"Model: **{model.name}** ({model.cfg.model_type}, {n_layers} layers, " \
-                 f"{model.cfg.n_heads} query heads / {model.cfg.n_kv_heads} KV heads)"
         layer = gr.Slider(minimum=0, maximum=n_layers - 1, value=min(1, n_layers - 1), step=1)
         head = gr.Dropdown(choices=head_choices(model), value="all")
         head_single = gr.Dropdown(choices=head_choices(model)[1:], value="0")
-        return status, key, layer, head, layer, head_single
+        picked = key or self.store.startup_name()
+        picker = gr.Dropdown(value=picked if picked in [v for _, v in self.model_choices()] else None)
+        presets = applicable_presets(model)
+        preset = gr.Dropdown(choices=presets, value=default_preset(presets))
+        widgets = [gr.update(value=widget_value(f, getattr(BASE, f)), visible=field_applies(f, model))
+                   for f in VARIANT_FIELDS]
+        prompt = gr.Textbox(label=f"Prompt (up to {model.max_tokens} tokens)")
+        return (model_line(model), key, layer, head, layer, head_single, picker, preset, *widgets, prompt)
+
+    def model_choices(self) -> list[tuple[str, str]]:
+        """The model picker: the startup model (if --model named a non-bundled one), then every bundled model."""
+        names = ([self.store.startup_name()] if self.store.startup_name() not in bundled_models() else [])
+        names += bundled_models()
+        return [(_choice_label(n), n) for n in names]

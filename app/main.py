@@ -26,20 +26,28 @@ from app.handlers import (  # noqa: E402
     FIELD_LABELS,
     MAX_NEW_TOKENS,
     MAX_PROMPT_TOKENS,
+    OWN,
     VARIANT_FIELDS,
     Example,
     Handlers,
     ModelStore,
+    applicable_presets,
+    default_preset,
+    field_applies,
+    field_kind,
     head_choices,
-    on_space,
+    model_line,
+    widget_value,
 )
+from slmviz.model_api import Model  # noqa: E402
 from slmviz.plots import NEXT_TOKEN_COLUMNS, STAGE_NAMES  # noqa: E402
-from slmviz.variants import BASE, PRESETS  # noqa: E402
+from slmviz.variants import BASE  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 EXAMPLES_FILE = ASSETS / "examples.json"
 DEFAULT_PORT = 7860
 MODEL_CONCURRENCY = 1  # one forward pass at a time: two cores, one shared model
+LOAD_CONCURRENCY = 1  # one model load at a time, in its own queue: a minute-long first load never holds "model"
 LIGHT_CONCURRENCY = 4  # re-plotting a stored trace and filling presets never run the model
 
 THEME = gr.themes.Default(
@@ -73,11 +81,15 @@ def build(handlers: Handlers) -> gr.Blocks:
     first_layer = min(1, n_layers - 1)  # layer 1: past the embedding-only patterns of layer 0
     model_kw = {"concurrency_limit": MODEL_CONCURRENCY, "concurrency_id": "model"}
     light_kw = {"concurrency_limit": LIGHT_CONCURRENCY, "concurrency_id": "light"}
+    load_kw = {"concurrency_limit": LOAD_CONCURRENCY, "concurrency_id": "load"}
     with gr.Blocks(title="slmviz", analytics_enabled=False, delete_cache=(1800, 3600)) as demo:
         source = gr.State("")  # this session's model ("" = the startup model)
         trace = gr.State(None, time_to_live=3600)  # the last Run's trace, re-plotted without re-running
         gr.Markdown(INTRO)
-        model_status = gr.Markdown(_model_line(model, handlers.store.startup_note), elem_id="model-status")
+        with gr.Row(equal_height=True):
+            model_picker = gr.Dropdown(handlers.model_choices(), value=handlers.store.startup_name(), scale=1,
+                                       label="Model (bundled, offline)", elem_id="model-picker", min_width=280)
+            model_status = gr.Markdown(model_line(model, handlers.store.startup_note), elem_id="model-status")
         with gr.Row():
             with gr.Column(scale=4):
                 prompt = gr.Textbox(label=f"Prompt (up to {model.max_tokens} tokens)", lines=3, elem_id="prompt",
@@ -117,7 +129,8 @@ def build(handlers: Handlers) -> gr.Blocks:
             with gr.Tab("Break it", id="tab-break"):
                 with gr.Column(elem_id="variant"):
                     with gr.Row():
-                        preset = gr.Dropdown(list(PRESETS), value="rope_interleaved", label="preset",
+                        presets = applicable_presets(model)  # only those that change this model
+                        preset = gr.Dropdown(presets, value=default_preset(presets), label="preset",
                                              elem_id="variant-preset", scale=2)
                         break_layer = gr.Slider(0, n_layers - 1, value=first_layer, step=1, label="attention layer")
                         break_head = gr.Dropdown(head_choices(model)[1:], value="0", label="attention head")
@@ -125,7 +138,7 @@ def build(handlers: Handlers) -> gr.Blocks:
                     description = gr.Markdown(elem_id="variant-description")
                     with gr.Accordion("Fields (a preset fills them; change any to compose your own variant)",
                                       open=False):
-                        field_inputs = _variant_fields()
+                        field_inputs = _variant_fields(model)
                     compare_btn = gr.Button("Compare faithful vs variant", variant="primary", elem_id="compare")
                 with gr.Column(elem_id="variant-diff"):
                     verdict = gr.Markdown(elem_id="variant-verdict")
@@ -165,8 +178,9 @@ def build(handlers: Handlers) -> gr.Blocks:
                     gen_broken = gr.Textbox(label="variant", lines=10, interactive=False, elem_id="generate-variant")
             with gr.Tab("Model", id="tab-model"):
                 allowed = "a hub id (owner/name)" + (" or a local folder" if handlers.store.allow_local else "")
-                gr.Markdown(f"Load another LLaMA-style model ({allowed}); leave empty for the startup model. "
-                            "Supported: llama, qwen2, mistral checkpoints in safetensors.")
+                gr.Markdown(f"Load another model ({allowed}), or pick a bundled one above; leave empty for the "
+                            "startup model. Supported: llama, qwen2, mistral, qwen3, olmo2 and gemma3_text "
+                            "checkpoints in safetensors.")
                 with gr.Row():
                     model_box = gr.Textbox(label="model", placeholder="HuggingFaceTB/SmolLM2-135M-Instruct",
                                            elem_id="model-source", scale=4)
@@ -187,8 +201,8 @@ def build(handlers: Handlers) -> gr.Blocks:
               api_name="residual", **light_kw)
         save_btn.click(handlers.save_trace, [trace], trace_file, api_name="save_trace", **light_kw)
 
-        preset.change(handlers.preset, [preset], [*field_inputs, description], api_name="preset", **light_kw)
-        demo.load(handlers.preset, [preset], [*field_inputs, description], api_visibility="private")
+        preset.change(handlers.preset, [preset, source], [*field_inputs, description], api_name="preset", **light_kw)
+        demo.load(handlers.preset, [preset, source], [*field_inputs, description], api_visibility="private")
         compare_btn.click(
             handlers.compare, [prompt, chat, *field_inputs, break_layer, break_head, break_new, source],
             [verdict, next_faithful, next_broken, kl_plot, overlay_plot, diff_plot, att_faithful, att_broken,
@@ -198,36 +212,35 @@ def build(handlers: Handlers) -> gr.Blocks:
         gen_btn.click(handlers.generate,
                       [prompt, chat, *field_inputs, gen_new, temperature, top_k, seed, source],
                       [gen_faithful, gen_broken], api_name="generate", **model_kw)
-        load_btn.click(handlers.load_model, [model_box],
-                       [model_status, source, layer, head, break_layer, break_head], api_name="load_model",
-                       **model_kw)
+        model_outputs = [model_status, source, layer, head, break_layer, break_head, model_picker, preset,
+                         *field_inputs, prompt]
+        load_btn.click(handlers.load_model, [model_box], model_outputs, api_name="load_model", **load_kw)
+        model_picker.input(handlers.load_model, [model_picker], model_outputs, api_name="pick_model", **load_kw)
     return demo
 
 
-def _variant_fields() -> list[gr.components.Component]:
-    """One input per Variant field, in the dataclass's order, with the docstring's line as help."""
+def _variant_fields(model: Model) -> list[gr.components.Component]:
+    """One input per Variant field, in the dataclass's order, with the docstring's line as help; fields that
+    cannot change `model` are hidden (and shown again when a model they apply to is loaded)."""
     inputs = []
     with gr.Row(elem_classes="field-row"):
         for name in VARIANT_FIELDS:
-            default = getattr(BASE, name)
+            value, kind = widget_value(name, getattr(BASE, name)), field_kind(name)
             kw = {"label": FIELD_LABELS[name], "info": FIELD_HELP.get(name, ""), "elem_id": f"variant-{name}",
-                  "min_width": 220}
-            if name in FIELD_CHOICES:
-                inputs.append(gr.Radio(list(FIELD_CHOICES[name]), value=default, **kw))
-            elif isinstance(default, bool):
-                inputs.append(gr.Checkbox(value=default, **kw))
+                  "min_width": 220, "visible": field_applies(name, model)}
+            if kind == "choice":
+                choices = [(c, c) for c in FIELD_CHOICES[name]]
+                if getattr(BASE, name) is None:
+                    choices.insert(0, ("the checkpoint's own", OWN))
+                inputs.append(gr.Radio(choices, value=value, **kw))
+            elif kind in ("flag", "keep"):
+                if kind == "keep":
+                    kw["label"] += " (untick to remove)"
+                inputs.append(gr.Checkbox(value=value, **kw))
             else:  # rope_theta: a number, empty = the checkpoint's own base
                 kw["label"] += " (empty = the checkpoint's own)"
                 inputs.append(gr.Number(value=None, minimum=0, **kw))
     return inputs
-
-
-def _model_line(model, note: str = "") -> str:
-    cfg = model.cfg
-    where = "Hugging Face Space" if on_space() else "local, offline"
-    extra = f" Note: {note}." if note else ""
-    return (f"Model: **{model.name}** ({cfg.model_type}, {cfg.n_layers} layers, {cfg.n_heads} query heads / "
-            f"{cfg.n_kv_heads} KV heads, fp32 on CPU; {where}).{extra}")
 
 
 def launch(

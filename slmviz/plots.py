@@ -111,6 +111,39 @@ def _check_same_prompt(reference: Trace, other: Trace) -> None:
         raise ValueError("The two traces must be of the same prompt (same token ids) to be compared")
 
 
+# --- layer kinds (Gemma 3: sliding-window and global layers) ---------------------------------------
+def _layer_kinds(trace: Trace) -> list[str] | None:
+    """ "sliding" / "global" per layer where the model has both kinds, else None (nothing to label)."""
+    cfg = trace.config
+    if not getattr(cfg, "mixes_layer_types", False):
+        return None
+    return ["sliding" if cfg.layer_type(i) == "sliding_attention" else "global" for i in range(trace.n_layers)]
+
+
+def _label_layer_axis(fig: go.Figure, trace: Trace, axis: str) -> str:
+    """Tick "5 G" for a global layer, shade global layers; returns a note for the subtitle ("" if uniform)."""
+    kinds = _layer_kinds(trace)
+    if kinds is None:
+        return ""
+    ticks = [f"{i} G" if k == "global" else str(i) for i, k in enumerate(kinds)]
+    update = fig.update_xaxes if axis == "x" else fig.update_yaxes
+    update(tickvals=list(range(len(kinds))), ticktext=ticks)
+    add_band = fig.add_vrect if axis == "x" else fig.add_hrect
+    for i, k in enumerate(kinds):
+        if k == "global":
+            add_band(i - 0.5, i + 0.5, fillcolor="#888", opacity=0.12, line_width=0, layer="below")
+    window = trace.config.sliding_window
+    return f" G = global attention layer (shaded); the others slide over a {window}-token window."
+
+
+def _sliding_window_of(trace: Trace, layer: int) -> int | None:
+    """The window this layer masked with: None for global layers, or when the variant removed windows."""
+    cfg = trace.config
+    if getattr(trace.variant, "sliding_window", None) is False or cfg.layer_type(layer) != "sliding_attention":
+        return None
+    return cfg.sliding_window
+
+
 # --- attention -----------------------------------------------------------------------------------
 def attention(trace: Trace, layer: int, head: int | None = None) -> go.Figure:
     """Attention pattern of one head, or (head=None) every head laid out by the KV head it reads.
@@ -125,19 +158,21 @@ def attention(trace: Trace, layer: int, head: int | None = None) -> go.Figure:
     pattern = trace[f"blocks.{layer}.attn.hook_pattern"]  # [h, pos_q, pos_k]
     n = pattern.shape[-1]
     z = _finite(pattern)
-    visible = attention_mask(n, n, causal=trace.variant.causal, sliding_window=cfg.sliding_window)
+    visible = attention_mask(n, n, causal=trace.variant.causal, sliding_window=_sliding_window_of(trace, layer))
     if visible is not None:
         z[:, ~visible.numpy()] = np.nan
     labels = token_labels(trace.tokens)
     kv = kv_head_index(cfg.n_heads, cfg.n_kv_heads, trace.variant.gqa).tolist()
     subtitle = "Row = query token (attending), column = key token (attended to); blank = masked. Hover for weights."
+    kinds = _layer_kinds(trace)
+    kind = f" ({kinds[layer]})" if kinds else ""
     side = min(900, max(420, 16 * n + 220))
     if head is not None:
         if not 0 <= head < cfg.n_heads:
             raise ValueError(f"head must be in 0..{cfg.n_heads - 1} (or None for all heads), got {head}")
         fig = go.Figure(_attention_heatmap(z[head], labels, head, kv[head]))
         fig.update_layout(coloraxis={"colorscale": "Blues", "cmin": 0, "cmax": 1, "colorbar": {"title": "weight"}})
-        _style(fig, f"Attention, layer {layer}, head {head} (reads KV head {kv[head]}) — {run_label(trace)}",
+        _style(fig, f"Attention, layer {layer}{kind}, head {head} (reads KV head {kv[head]}) — {run_label(trace)}",
                subtitle, "key token (attended to)", "query token (attending)", side)
     else:
         groups = [[q for q in range(cfg.n_heads) if kv[q] == g] for g in range(cfg.n_kv_heads)]
@@ -153,8 +188,10 @@ def attention(trace: Trace, layer: int, head: int | None = None) -> go.Figure:
                 fig.add_trace(_attention_heatmap(z[q], labels, q, g), row=g + 1, col=col + 1)
         fig.update_layout(coloraxis={"colorscale": "Blues", "cmin": 0, "cmax": 1, "colorbar": {"title": "weight"}})
         height = min(1400, max(600, cfg.n_kv_heads * (8 * n + 180)))
-        _style(fig, f"Attention, layer {layer}, all {cfg.n_heads} heads by KV head — {run_label(trace)}",
-               f"Each row: the {n_cols} query heads that read the same KV head (GQA). " + subtitle,
+        sharing = (f"All {cfg.n_heads} query heads read the one KV head (MQA). " if cfg.n_kv_heads == 1 else
+                   f"Each row: the {n_cols} query heads that read the same KV head (GQA). ")
+        _style(fig, f"Attention, layer {layer}{kind}, all {cfg.n_heads} heads by KV head — {run_label(trace)}",
+               sharing + subtitle,
                None, None, height)
         fig.update_xaxes(title_text="key token", row=cfg.n_kv_heads)
         fig.update_yaxes(title_text="query token", col=1)
@@ -218,13 +255,14 @@ def residual_norms(
                                          STAGE_SYMBOLS[stage], f"{STAGE_NAMES[stage]}, mean over positions"))
     what = "one line per position" if per_position else "mean over positions"
     first = "" if include_first else ", first token hidden"
+    fig.update_xaxes(dtick=1 if trace.n_layers <= 32 else None)
+    kinds_note = _label_layer_axis(fig, trace, "x")
     _style(fig, f"Residual stream norm per layer ({what}{first})",
            "‖x‖ of the residual stream entering each block (pre), after its attention (mid) and after its MLP (post)."
-           + (" Dashed: " + runs[1][1] + "." if other is not None else ""),
+           + (" Dashed: " + runs[1][1] + "." if other is not None else "") + kinds_note,
            "layer", "L2 norm" + (" (log scale)" if log_y else ""), 520)
     if log_y:
         fig.update_yaxes(type="log")
-    fig.update_xaxes(dtick=1 if trace.n_layers <= 32 else None)
     _note_nonfinite(fig, *[run for run, _ in runs])
     return fig
 
@@ -275,13 +313,14 @@ def logit_lens(trace: Trace, k: int = 5, max_positions: int = 32) -> go.Figure:
         hovertemplate="input: %{x}<br>after layer %{y}<br>top next tokens:<br>%{customdata}<extra></extra>",
     ))
     shown = "" if start == 0 else f" (last {len(positions)} of {len(trace.tokens)} positions)"
-    _style(fig, f"Logit lens — {run_label(trace)}{shown}",
-           "What the model would predict next if it stopped after each layer (final norm + unembedding). "
-           "Top row = the real output.",
-           "input token (the prediction is for the token after it)", "after layer",
-           min(1100, 120 + 22 * trace.n_layers + 80))
     fig.update_xaxes(tickangle=-60)
     fig.update_yaxes(dtick=1 if trace.n_layers <= 32 else None)
+    kinds_note = _label_layer_axis(fig, trace, "y")
+    _style(fig, f"Logit lens — {run_label(trace)}{shown}",
+           "What the model would predict next if it stopped after each layer (final norm + unembedding). "
+           "Top row = the real output." + kinds_note,
+           "input token (the prediction is for the token after it)", "after layer",
+           min(1100, 120 + 22 * trace.n_layers + 80))
     _note_nonfinite(fig, trace)
     return fig
 

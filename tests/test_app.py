@@ -1,15 +1,17 @@
 """The Gradio app, driven over HTTP with gradio_client against a real server in a subprocess.
 
 Covers every named endpoint (/run, /attention, /residual, /save_trace, /preset, /compare,
-/compare_all, /generate, /load_model), streaming, server-side limits and bad inputs (each must give
-a readable message and leave the server working). Numbers the app shows are checked against the
-library run in this process. Does not cover the page itself (tests/test_browser.py does) nor
-loading a model from the hub (no network here).
+/compare_all, /generate, /load_model, /pick_model), streaming, switching to the bundled Gemma and
+back, server-side limits and bad inputs (each must give a readable message and leave the server
+working). Numbers the app shows are checked against the library run in this process; the model
+store's locking and the load queue are checked in-process. Does not cover the page itself
+(tests/test_browser.py does) nor loading a model from the hub (no network here).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from app_helpers import REPO, app_server  # also puts the repo root on sys.path for `app`
@@ -17,15 +19,27 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import slmviz
-from app.handlers import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS
+from app.handlers import FAITHFUL_WIDGETS, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, VARIANT_FIELDS, widget_value
 from slmviz.variants import PRESETS
 
 pytestmark = pytest.mark.app
 
 PROMPT = "The cat sat on the mat. The cat sat on the"
 STAGES = ["pre", "mid", "post"]
-FAITHFUL_FIELDS = ["pre", "rms", "rotate_half", None, "grouped", True, "swiglu", False]
-ROPE_FIELDS = ["pre", "rms", "interleaved", None, "grouped", True, "swiglu", False]
+GEMMA = "gemma-3-270m"
+
+
+def preset_fields(name: str) -> list:
+    """A preset's Variant as the Break-it widgets send it (one value per Variant field, in field order)."""
+    return [widget_value(f, getattr(PRESETS[name].variant, f)) for f in VARIANT_FIELDS]
+
+
+def fields_with(**changes) -> list:
+    return [changes.get(f, w) for f, w in zip(VARIANT_FIELDS, FAITHFUL_WIDGETS, strict=True)]
+
+
+FAITHFUL_FIELDS = FAITHFUL_WIDGETS
+ROPE_FIELDS = preset_fields("rope_interleaved")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +66,7 @@ def figure(plot: dict) -> dict:
 def test_every_handler_is_a_named_endpoint(client):
     names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
     assert {"/run", "/logit_lens", "/attention", "/residual", "/save_trace", "/preset", "/compare", "/compare_all",
-            "/generate", "/load_model"} <= names
+            "/generate", "/load_model", "/pick_model"} <= names
 
 
 def test_run_shows_tokens_plots_and_the_models_next_token(client, model):
@@ -94,8 +108,7 @@ def test_example_prompts_come_from_the_assets_file(client):
 
 def test_presets_fill_the_variant_fields(client):
     *values, description = client.predict("post_norm", api_name="/preset")
-    v = PRESETS["post_norm"].variant
-    assert values == [v.norm, v.norm_type, v.rope, v.rope_theta, v.gqa, v.causal, v.mlp, v.kv_position_bug]
+    assert values == preset_fields("post_norm") and values[VARIANT_FIELDS.index("norm")] == "post"
     assert PRESETS["post_norm"].description in description
 
 
@@ -115,16 +128,17 @@ def test_compare_puts_faithful_and_variant_side_by_side(client, model):
 
 
 def test_compare_of_an_overflowing_variant_explains_instead_of_failing(client):
-    fields = ["none", "rms", "rotate_half", None, "grouped", True, "swiglu", False]
-    verdict, _, next_broken, kl, *_ = client.predict(PROMPT, False, *fields, 1, "0", 4, api_name="/compare")
+    verdict, _, next_broken, kl, *_ = client.predict(PROMPT, False, *fields_with(norm="none"), 1, "0", 4,
+                                                     api_name="/compare")
     assert "stopped being finite" in verdict
     assert "not finite" in next_broken["data"][0][1]
     assert any("stopped being finite" in a["text"] for a in figure(kl)["layout"]["annotations"])
 
 
-def test_compare_every_preset_reports_one_row_per_variant(client):
+def test_compare_every_preset_reports_one_row_per_variant_that_applies(client, model):
     table = client.predict("The capital of France is", False, api_name="/compare_all")
-    assert [row[0] for row in table["data"]] == [n for n in PRESETS if n != "faithful"]
+    assert [row[0] for row in table["data"]] == [n for n in slmviz.variants(model) if n != "faithful"]
+    assert "no_norm_offset" not in [row[0] for row in table["data"]]  # Gemma's: not offered on SmolLM2
     assert "kl_mean" in table["headers"]
 
 
@@ -154,15 +168,17 @@ BAD_INPUTS = {
     "layer out of range": ("/run", (PROMPT, False, 99, "all", STAGES, False, False, True), "29"),
     "unknown head": ("/run", (PROMPT, False, 1, "seven", STAGES, False, False, True), "seven"),
     "no residual stage": ("/run", (PROMPT, False, 1, "all", [], False, False, True), "stage"),
-    "unknown norm placement": (
-        "/compare", (PROMPT, False, "sideways", *FAITHFUL_FIELDS[1:], 1, "0", 4), "sideways"),
-    "rope base below 1": (
-        "/compare", (PROMPT, False, "pre", "rms", "rotate_half", 0.5, "grouped", True, "swiglu", False, 1, "0", 4),
-        "rope_theta"),
+    "unknown norm placement": ("/compare", (PROMPT, False, *fields_with(norm="sideways"), 1, "0", 4), "sideways"),
+    "rope base below 1": ("/compare", (PROMPT, False, *fields_with(rope_theta=0.5), 1, "0", 4), "rope_theta"),
+    "a Gemma-only field on SmolLM2": (
+        "/compare", (PROMPT, False, *fields_with(norm_offset=False), 1, "0", 4), "norm_offset=False needs"),
     "too many new tokens": (
         "/generate", (PROMPT, False, *FAITHFUL_FIELDS, MAX_NEW_TOKENS + 1, 0, 0, 0), str(MAX_NEW_TOKENS)),
     "negative temperature": ("/generate", (PROMPT, False, *FAITHFUL_FIELDS, 4, -1, 0, 0), "-1"),
     "unknown preset": ("/preset", ("rope_sideways",), "rope_sideways"),
+    # the preset dropdown lists only this model's presets, the picker only the bundled models: Gradio refuses others
+    "a preset of another family": ("/preset", ("no_norm_offset",), "not in the list of choices: ['faithful'"),
+    "not a bundled model": ("/pick_model", ("gemma-3-27b",), "not in the list of choices"),
     "local folder without the flag": ("/load_model", ("./some/folder",), "--allow-local-models"),
     "not a hub id": ("/load_model", ("not a hub id!",), "owner/name"),
     "replot before any run": ("/attention", (1, "all"), "Run a prompt first"),
@@ -184,6 +200,92 @@ def test_loading_the_startup_model_again_keeps_the_session_working(client):
     status, *_ = client.predict("", api_name="/load_model")
     assert "SmolLM2-135M-Instruct" in status
     assert run(client)[4].startswith("Traced")
+
+
+@pytest.mark.slow
+def test_the_model_picker_switches_this_session_to_gemma_and_back(server):
+    """Gemma: its 4 query heads in one KV row, sliding/global layer labels, only the presets that apply.
+    Another session meanwhile stays on SmolLM2. (Gemma is prepared by `make model`; here it is only loaded.)"""
+    gemma, other = Client(server, verbose=False), Client(server, verbose=False)
+    status, *_ = gemma.predict(GEMMA, api_name="/pick_model")
+    assert "**gemma-3-270m**" in status and "gemma3_text" in status and "1 KV heads" in status
+    tokens, attention, residual, table, ran = run(gemma, "The capital of France is", layer=5)
+    assert "gemma-3-270m" in ran and tokens.count('title="position') == 6  # <bos> + 5 tokens
+    att = figure(attention)
+    assert att["layout"]["title"]["text"].startswith("Attention, layer 5 (global), all 4 heads")
+    assert "MQA" in att["layout"]["title"]["subtitle"]["text"]
+    assert "5 G" in figure(residual)["layout"]["xaxis"]["ticktext"]
+    assert [row[1] for row in table["data"]][:1] == ["␣the"]
+    *values, description = gemma.predict("no_norm_offset", api_name="/preset")
+    assert values[VARIANT_FIELDS.index("norm_offset")] is False and "(1 + w)" in description
+    compare_table = gemma.predict("The capital of France is", False, api_name="/compare_all")
+    offered = [row[0] for row in compare_table["data"]]
+    assert {"no_norm_offset", "no_embed_scale", "no_sliding_window"} <= set(offered) and "gqa_tile" not in offered
+    assert "SmolLM2" in run(other)[4]  # the other session never switched
+    status, *_ = gemma.predict("SmolLM2-135M-Instruct", api_name="/pick_model")
+    assert "**SmolLM2-135M-Instruct**" in status and "SmolLM2" in run(gemma)[4]
+
+
+def test_widget_values_round_trip_to_variants_and_a_wrong_count_says_what_is_expected():
+    from app.handlers import field_value, split_inputs, variant_from_fields
+
+    for name in PRESETS:
+        assert variant_from_fields(preset_fields(name)) == PRESETS[name].variant
+    assert [field_value(f, w) for f, w in zip(VARIANT_FIELDS, FAITHFUL_FIELDS, strict=True)] == [
+        getattr(PRESETS["faithful"].variant, f) for f in VARIANT_FIELDS]
+    with pytest.raises(ValueError, match=f"Expected {2 + len(VARIANT_FIELDS) + 4} inputs"):
+        split_inputs((PROMPT, False, "pre", "rms", "rotate_half", None, "grouped", True, "swiglu", False, 1, "0", 4),
+                     2, 4)
+
+
+def test_model_loads_queue_apart_from_model_work_with_progress():
+    """The load events use their own queue ("load"): a minute-long first Gemma load never takes the single
+    "model" slot that every Run, Compare and Generate waits for."""
+    from app import main
+    from app.handlers import Handlers, ModelStore
+
+    demo = main.build(Handlers(ModelStore(), examples=main.load_examples()))
+    ids = {fn.api_name: fn.concurrency_id for fn in demo.fns.values()}
+    assert ids["load_model"] == ids["pick_model"] == "load"
+    assert ids["run"] == ids["compare"] == ids["generate"] == "model"
+
+
+def test_a_slow_load_holds_up_neither_loaded_models_nor_a_second_request_for_it(monkeypatch):
+    """ModelStore locks per model while loading: the startup model stays served, and two sessions asking for
+    the model being loaded share one load."""
+    from app.handlers import ModelStore
+
+    store = ModelStore()
+    startup = store.get()
+    release, loads = threading.Event(), []
+
+    def slow_load(key):
+        loads.append(key)
+        assert release.wait(30)
+        return startup
+
+    monkeypatch.setattr(store, "_load", slow_load)
+    waiting = [threading.Thread(target=store.get, args=(GEMMA,)) for _ in range(2)]
+    for t in waiting:
+        t.start()
+    assert store.get() is startup and not store.is_loaded(GEMMA)  # answered while Gemma is "loading"
+    release.set()
+    for t in waiting:
+        t.join(30)
+    assert loads == [GEMMA] and store.is_loaded(GEMMA)
+
+
+def test_preparing_a_bundled_model_reports_each_step_as_progress(monkeypatch):
+    from app import handlers as h
+
+    calls = []
+    monkeypatch.setattr(h, "prepare_bundled", lambda name, log: [log(s) for s in ("assembling", "dequantizing",
+                                                                                   "saving", "ready at /x")])
+    h.Handlers.prepare(GEMMA, lambda fraction, desc: calls.append((fraction, desc)))
+    assert [d for _, d in calls] == ["Preparing gemma-3-270m once (dequantizing its GGUF, about a minute)",
+                                     "gemma-3-270m: assembling", "gemma-3-270m: dequantizing", "gemma-3-270m: saving",
+                                     "gemma-3-270m: ready at /x"]
+    assert [f for f, _ in calls] == sorted(f for f, _ in calls)
 
 
 def test_local_model_folders_load_only_with_the_flag(tiny_dir):

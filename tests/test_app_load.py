@@ -16,6 +16,8 @@ import pytest
 from app_helpers import app_server
 from gradio_client import Client
 
+from app.handlers import FAITHFUL_WIDGETS
+
 pytestmark = pytest.mark.app
 
 STAGES = ["pre", "mid", "post"]
@@ -102,7 +104,7 @@ def test_eight_concurrent_clients_get_the_single_client_results(server, record_p
 
 def test_cancelling_a_long_generation_leaves_the_server_answering(server):
     client = Client(server, verbose=False)
-    fields = ["pre", "rms", "rotate_half", None, "grouped", True, "swiglu", False]
+    fields = FAITHFUL_WIDGETS  # one widget value per Variant field, faithful
     job = client.submit("Tell me a very long story about the sea.", True, *fields, 256, 0, 0, 0, api_name="/generate")
     deadline = time.monotonic() + 120
     while not job.outputs() and time.monotonic() < deadline:  # wait for the first streamed tokens
