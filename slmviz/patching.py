@@ -23,12 +23,12 @@ Sites and result shapes (DESIGN.md, "Interventions"); `h` query heads, `g` KV he
 (TL returns its pattern sweep as [layer, head, dest_pos]; here it is [layer, pos, head] like z and q.)
 
 Two engines compute the same numbers. `engine="per_cell"` is the straightforward method (one hooked forward
-per cell, what TL does) and the reference the fast engine is tested against. `engine="batched"` (the default
-when the decoder offers `forward_from`) uses two facts about a sweep: every patched run has the prompt's
-length, so many run as one batch; and a run patched at layer L equals the target run before L, so it starts
-from the target's cached resid_pre of layer L. It also skips cells whose source and target values are
-bit-identical (e.g. every position before the prompts' first differing token): such a patch is the identity,
-so its value is exactly the target run's metric.
+per cell, what TL does) and the reference the fast engine is tested against. `engine="batched"` (the default)
+uses what a sweep shares: every patched run has the prompt's length, so many run as one batch; a run patched
+at layer L equals the target run before L, so it starts from the target's cached resid_pre of layer L; a run
+patched at position p equals the target at every position before p, so it starts there too, reading the
+earlier keys and values from a KV cache; and a cell whose source and target values are bit-identical (every
+position before the prompts' first differing token) is the identity patch, whose value is the target's metric.
 """
 
 from __future__ import annotations
@@ -272,7 +272,8 @@ def patch_steps(
     site_names = [site_hook_name(s, layer) for layer in range(n_layers)]
     starts = [f"blocks.{layer}.hook_resid_pre" for layer in range(n_layers)]
     source = model.trace(source_ids, variant=v, names=site_names)
-    target = model.trace(target_ids, variant=v, names=sorted(set(site_names + starts)))
+    kv = [f"blocks.{layer}.attn.{hook}" for layer in range(n_layers) for hook in ("hook_rot_k", "hook_v")]
+    target = model.trace(target_ids, variant=v, names=sorted(set(site_names + starts + kv)))
     clean_run, corrupted_run = (source, target) if direction == "denoise" else (target, source)
     shape = axis_sizes(s, model.cfg, target_ids.numel())
     cells = list(_cells(shape))
@@ -285,7 +286,7 @@ def patch_steps(
     )
     yield result
     base = as_float(fn(target.logits))
-    engine = engine or ("batched" if hasattr(model.decoder, "forward_from") else "per_cell")
+    engine = engine or "batched"
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     sweep = _batched if engine == "batched" else _per_cell
@@ -337,13 +338,15 @@ def _writer(src: torch.Tensor, index: tuple) -> HookFn:
     return write
 
 
-def _batch_writer(src: torch.Tensor, indices: list[tuple]) -> HookFn:
-    """Batched: row i of the [b, *shape] value gets src's cell indices[i]; every row patches one cell."""
+def _batch_writer(src: torch.Tensor, cells: list[tuple[tuple, tuple]]) -> HookFn:
+    """Batched: row i of the [b, *shape] value gets src[source index] at its own target index (cells[i]).
+
+    The two indices differ when the run starts after a shared prefix (positions shift by its length)."""
 
     def write(x: torch.Tensor, name: str) -> torch.Tensor:
         out = x.clone()
-        for row, index in enumerate(indices):
-            out[row][index] = src[index]
+        for row, (src_index, dst_index) in enumerate(cells):
+            out[row][dst_index] = src[src_index]
         return out
 
     return write
@@ -365,12 +368,21 @@ def _per_cell(model: Any, site: Site, cells: list[tuple[int, ...]], source: dict
 
 def _batched(model: Any, site: Site, cells: list[tuple[int, ...]], source: dict[str, torch.Tensor], target: Any,
              metric: Metric, default_metric: bool, base: float, variant: Variant) -> Sweep:
-    """Cells of one layer as batches of patched copies, each started from the target's resid_pre of that layer.
+    """Cells of one layer as batches of patched copies, each started from the target's state at that layer.
 
-    A cell whose source value equals the target's bit for bit is the identity patch: its value is `base`.
+    Exact shortcuts, each an identity of the forward pass (tests/test_patching.py checks the result against
+    `_per_cell` within 1e-5 on every site):
+    - a run patched at layer L equals the target run before L: it starts from the target's resid_pre of L;
+    - a cell whose source value equals the target's bit for bit is the identity patch: its value is `base`;
+    - a run patched at position p or later equals the target run at every position before p (causal
+      attention), so a batch whose earliest patched position is s runs positions s.. only, reading the
+      target's keys and values of positions < s from a KV cache (`_shared_prefix`). Used with the built-in
+      metric, which reads the last position only; a user's metric fn may read any position's logits.
     """
     n_pos = target.input_ids.numel()
-    rows_per_batch = max(1, TOKENS_PER_BATCH // n_pos)
+    decoder = model.decoder
+    conventions = decoder.conventions(variant)
+    skip_prefix = default_metric and site.axes[0] == "position" and not conventions.kv_position_bug
     by_layer: dict[int, list[tuple[int, ...]]] = {}
     for cell in cells:
         by_layer.setdefault(cell[0], []).append(cell)
@@ -380,16 +392,40 @@ def _batched(model: Any, site: Site, cells: list[tuple[int, ...]], source: dict[
         same = {c for c in layer_cells if torch.equal(src[site.index(c[1:])], tgt[site.index(c[1:])])}
         if same:
             yield sorted(same), [base] * len(same)
-        todo = [c for c in layer_cells if c not in same]
+        todo = sorted((c for c in layer_cells if c not in same), key=lambda c: c[1:])  # by position
         start = target.cache[f"blocks.{layer}.hook_resid_pre"]  # [pos, d_model]
-        for i in range(0, len(todo), rows_per_batch):
-            chunk = todo[i:i + rows_per_batch]
-            ctx = build_context(model.hook_names, [], {name: _batch_writer(src, [site.index(c[1:]) for c in chunk])},
-                                batched=True)
-            x = start.expand(len(chunk), *start.shape)  # [b, pos, d_model]
-            logits = model.decoder.forward_from(x, layer, ctx, variant, last_only=default_metric)  # [b, pos, vocab]
+        i = 0
+        while i < len(todo):
+            prefix = todo[i][1] if skip_prefix else 0  # the batch's earliest patched position
+            rows = max(1, TOKENS_PER_BATCH // (n_pos - prefix))
+            chunk = todo[i:i + rows]
+            i += len(chunk)
+            moves = [(site.index(c[1:]), site.index((c[1] - prefix, *c[2:]))) for c in chunk]
+            ctx = build_context(model.hook_names, [], {name: _batch_writer(src, moves)}, batched=True)
+            x = start[prefix:].expand(len(chunk), n_pos - prefix, start.shape[-1])  # [b, pos - prefix, d_model]
+            if prefix:
+                cache = _shared_prefix(model, target, layer, prefix, len(chunk))
+                with torch.inference_mode():
+                    logits = decoder._run(x, layer, ctx, conventions, cache, True)  # [b, 1, vocab]
+            else:
+                logits = decoder.forward_from(x, layer, ctx, variant, last_only=default_metric)  # [b, pos, vocab]
             # the built-in metric reads a batch at once ([b]); a user's fn sees one run's logits [pos, vocab]
             yield chunk, metric(logits).tolist() if default_metric else [as_float(metric(row)) for row in logits]
+
+
+def _shared_prefix(model: Any, target: Any, layer: int, n: int, batch: int) -> Any:
+    """A KV cache holding the target run's keys (after RoPE) and values of positions < n for layers >= `layer`.
+
+    Every row of the batch shares them: a patch at position >= n cannot change what came before it.
+    """
+    cache = model.decoder.new_cache(len(target.tokens), batch)
+    for later in range(layer, model.cfg.n_layers):
+        k = target.cache[f"blocks.{later}.attn.hook_rot_k"][:n].transpose(0, 1)  # [n, g, dh] -> [g, n, dh]
+        v = target.cache[f"blocks.{later}.attn.hook_v"][:n].transpose(0, 1)
+        cache.k[later][:, :, :n] = k  # [b, g, n, dh], the same prefix in every row
+        cache.v[later][:, :, :n] = v
+    cache.length = n
+    return cache
 
 
 def patched_trace(model: Any, target_ids: torch.Tensor, source_ids: torch.Tensor, site: str, layer: int,

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TINY_ARCHS
 
 import slmviz
+from slmviz import patching
 from slmviz.hooks import build_context
 from slmviz.patching import SITES, _writer, patch, patched_trace
 
@@ -19,7 +21,6 @@ CLEAN = [3, 10, 11, 12, 13, 14, 15, 16]
 CORRUPTED = [3, 10, 11, 12, 40, 14, 15, 16]  # differs at position 4 only
 FIRST_DIFF = 4
 ANSWER, WRONG = 20, 21
-HAS_FAST_PATH = hasattr(slmviz.model.decoder.Decoder, "forward_from")
 
 
 def _sweep(m, site, **kw):
@@ -47,7 +48,7 @@ def test_patching_resid_pre_at_every_position_reproduces_the_source_run(m):
         torch.testing.assert_close(logits, clean.logits, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("engine", ["per_cell", "batched"] if HAS_FAST_PATH else ["per_cell"])
+@pytest.mark.parametrize("engine", ["per_cell", "batched"])
 def test_patching_before_the_first_differing_token_has_no_effect(m, engine):
     for site in ("resid_pre", "resid_mid", "attn_out", "z", "v"):
         r = _sweep(m, site, engine=engine)
@@ -116,7 +117,6 @@ def test_a_callable_metric_is_accepted(m):
     assert torch.equal(same.values, r.values)
 
 
-@pytest.mark.skipif(not HAS_FAST_PATH, reason="the decoder has no forward_from yet")
 @pytest.mark.parametrize("site", list(SITES))
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
 def test_the_batched_sweep_equals_one_forward_per_cell(m, site, direction):
@@ -126,14 +126,25 @@ def test_the_batched_sweep_equals_one_forward_per_cell(m, site, direction):
     torch.testing.assert_close(fast.values, slow.values, rtol=0, atol=1e-5)
 
 
-@pytest.mark.skipif(not HAS_FAST_PATH, reason="the decoder has no forward_from yet")
-@pytest.mark.parametrize("arch", ["llama_mqa_tied", "qwen2", "mistral_window", "llama_bias"])
+@pytest.mark.parametrize("arch", [a for a in ("llama_mqa_tied", "qwen2", "mistral_window", "llama_bias", "gemma3",
+                                           "qwen3", "olmo2") if a in TINY_ARCHS])
 def test_the_batched_sweep_equals_one_forward_per_cell_on_other_architectures(tiny_dirs, arch):
     other = slmviz.load(tiny_dirs[arch])
     for site in ("resid_mid", "k", "pattern"):
         fast = patch(CLEAN, CORRUPTED, answer=ANSWER, wrong=WRONG, site=site, model=other, engine="batched")
         slow = patch(CLEAN, CORRUPTED, answer=ANSWER, wrong=WRONG, site=site, model=other, engine="per_cell")
         torch.testing.assert_close(fast.values, slow.values, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("site", ["resid_pre", "attn_out", "z", "k", "pattern"])
+def test_small_batches_with_their_own_shared_prefix_still_equal_one_forward_per_cell(m, site, monkeypatch):
+    """Prompts that differ at position 1, cut into batches of a few rows: each batch starts at its own
+    earliest position and reads the positions before it from a KV cache."""
+    monkeypatch.setattr(patching, "TOKENS_PER_BATCH", 12)
+    corrupted = [3, 50] + CLEAN[2:]
+    kw = dict(answer=ANSWER, wrong=WRONG, site=site, model=m)
+    fast, slow = patch(CLEAN, corrupted, engine="batched", **kw), patch(CLEAN, corrupted, engine="per_cell", **kw)
+    torch.testing.assert_close(fast.values, slow.values, rtol=0, atol=1e-5)
 
 
 def test_progress_is_reported_up_to_every_cell(m):
