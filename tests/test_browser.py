@@ -136,3 +136,29 @@ def test_generate_streams_text_and_an_empty_prompt_shows_a_readable_error(page, 
     toast.first.wait_for(timeout=60_000)
     assert "empty" in toast.first.inner_text() and "Traceback" not in toast.first.inner_text()
     _only_the_server(page, server)
+
+
+def test_the_model_picker_switches_to_gemma_and_break_it_offers_its_presets(page, server):
+    """Pick Gemma: the status line names it, the attention grid shows 4 heads under one KV head with the layer
+    marked sliding, and the Break-it presets are Gemma's (no_norm_offset offered, gqa_tile not)."""
+    page.click("#model-picker input")
+    page.get_by_role("option", name=re.compile("gemma-3-270m")).click()
+    # while it loads, the status line shows the progress ("Loading gemma-3-270m ... 90%"), then the model
+    page.wait_for_function(
+        "document.querySelector('#model-status').innerText.includes('Model: gemma-3-270m (gemma3_text')",
+        timeout=PLOT_TIMEOUT_MS)
+    page.fill("#prompt textarea", "The capital of France is")
+    page.click("#run")
+    page.wait_for_function(
+        "(document.querySelector('#attention-plot .gtitle') || {}).textContent?.includes('all 4 heads')",
+        timeout=PLOT_TIMEOUT_MS)
+    assert "(sliding)" in page.locator("#attention-plot .gtitle").text_content()  # an SVG <text>, not HTML
+    page.get_by_role("tab", name="Break it").click()
+    page.click("#variant-preset input")
+    options = page.get_by_role("option")
+    options.first.wait_for(timeout=30_000)
+    names = [options.nth(i).inner_text().strip() for i in range(options.count())]
+    assert "no_norm_offset" in names and "gqa_tile" not in names
+    page.keyboard.press("Escape")
+    _no_error_toast(page)
+    _only_the_server(page, server)
