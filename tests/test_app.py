@@ -226,6 +226,27 @@ def test_the_model_picker_switches_this_session_to_gemma_and_back(server):
     assert "**SmolLM2-135M-Instruct**" in status and "SmolLM2" in run(gemma)[4]
 
 
+@pytest.mark.slow
+def test_with_both_bundled_models_loaded_the_server_stays_bounded(server, record_property):
+    """Peak RSS of the server while one session runs and compares on SmolLM2 and another on Gemma (README's
+    limits section quotes it). Another session's Run while Gemma loads must not wait for the load."""
+    from test_app_load import MAX_SERVER_RSS, PeakRss, server_process
+
+    smol, gemma = Client(server, verbose=False), Client(server, verbose=False)
+    proc = server_process(server)
+    with PeakRss(proc) as rss:
+        run(smol)
+        job = gemma.submit(GEMMA, api_name="/pick_model")
+        assert run(smol)[4].startswith("Traced")
+        assert "gemma3_text" in job.result()[0]
+        for client in (smol, gemma):
+            run(client)
+            client.predict(PROMPT, False, *FAITHFUL_FIELDS, 1, "0", 8, api_name="/compare")
+    print(f"\nserver peak RSS with SmolLM2 and Gemma loaded: {rss.peak / 2**20:.0f} MiB")
+    record_property("server_peak_rss_two_models_mib", round(rss.peak / 2**20))
+    assert rss.peak < MAX_SERVER_RSS
+
+
 def test_widget_values_round_trip_to_variants_and_a_wrong_count_says_what_is_expected():
     from app.handlers import field_value, split_inputs, variant_from_fields
 
