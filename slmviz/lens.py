@@ -9,8 +9,6 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .model.block import NORMS
-
 if TYPE_CHECKING:
     from .trace import Trace
 
@@ -23,10 +21,11 @@ def _lens_inputs(trace: Trace, layers: list[int], start: int) -> tuple[torch.Ten
     if model is None:
         raise RuntimeError("The logit lens needs the model's weights: this trace was loaded from disk; "
                            "re-trace the prompt with a model")
-    p, cfg = model.decoder.params, model.cfg
+    p = model.decoder.params
     resid = torch.stack([trace[f"blocks.{layer}.hook_resid_post"][start:] for layer in layers])  # [L, pos, d]
-    # The trace's own variant decides the final norm (a no-norm trace is read without one).
-    x = NORMS[trace.variant.norm](resid.flatten(0, 1), p.ln_final, cfg.norm_eps, trace.variant.norm_type)
+    # The trace's own variant decides the final norm (a no-norm trace is read without one, Gemma's with 1 + w).
+    decoder = model.decoder
+    x = decoder.final_norm(resid.flatten(0, 1), decoder.conventions(trace.variant))
     return x, p.unembed, p.ln_final
 
 

@@ -16,7 +16,7 @@ import torch
 
 from .bundled import DEFAULT_MODEL_NAME, bundled_models
 from .config import SUPPORTED_ARCHITECTURES, ArchConfig, UnsupportedModelError, check_sizes, config_from_hf
-from .hooks import HookFn, NameFilter, build_context
+from .hooks import DERIVED_HOOKS, HookFn, NameFilter, build_context
 from .model.decoder import Decoder
 from .tokens import PromptError, check_ids, decode, encode, eos_id, token_strings
 from .trace import Trace
@@ -82,21 +82,26 @@ class Model:
         names: NameFilter = None,
         chat: bool = False,
     ) -> Trace:
-        """Run one prompt, capturing every hook (or those `names` selects) and calling `hooks` fns."""
-        v = resolve_variant(variant)
+        """Run one prompt, capturing every hook (or those `names` selects) and calling `hooks` fns.
+
+        attn.hook_result is derived from hook_z when read (Trace), unless a hook fn edits it.
+        """
+        v = resolve_variant(variant, self.cfg)
         ids = self.encode(text_or_ids, chat)
         ctx = build_context(self.hook_names, names, hooks)
+        derived, sources = ctx.defer(DERIVED_HOOKS)
         logits = self.decoder.forward(ids, ctx, v)
         return Trace(
             tokens=self.to_strings(ids), input_ids=ids, logits=logits, cache=ctx.store, config=self.cfg,
-            variant=v, model_name=self.name, _model=self,
+            variant=v, model_name=self.name, _model=self, derived=derived,
+            _sources={name: ctx.store.pop(name) for name in sources},
         )
 
     def logits(self, text_or_ids: str | Sequence[int] | torch.Tensor, variant: VariantLike = None,
                chat: bool = False) -> torch.Tensor:
         """Logits [pos, vocab] with capture off (the fast path)."""
         ids = self.encode(text_or_ids, chat)
-        return self.decoder.forward(ids, build_context(self.hook_names, []), resolve_variant(variant))
+        return self.decoder.forward(ids, build_context(self.hook_names, []), resolve_variant(variant, self.cfg))
 
     # --- generation -------------------------------------------------------------------------------
     def stream(
@@ -120,7 +125,7 @@ class Model:
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
-        v = resolve_variant(variant)
+        v = resolve_variant(variant, self.cfg)
         ids = self.encode(prompt, chat)
         total = ids.numel() + max_new_tokens
         if total > self.cfg.context_length:

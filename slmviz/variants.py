@@ -126,6 +126,9 @@ BASE = Variant()
 class Preset:
     variant: Variant
     description: str
+    # A preset named for one family's convention applies only where the checkpoint has it, even when its
+    # fields would run elsewhere (pre_norm_only is norm="pre", which also moves OLMo-2's norms).
+    needs: Callable[[Any], bool] | None = None
 
 
 PRESETS: dict[str, Preset] = {
@@ -210,6 +213,7 @@ PRESETS: dict[str, Preset] = {
         replace(BASE, norm="pre"),
         "Gemma wraps each sub-layer in two norms, before and after; this keeps only the one before "
         "(the LLaMA block), so each sub-layer's output reaches the residual stream unnormalised.",
+        needs=lambda cfg: cfg.norm_placement == "sandwich",
     ),
     "gelu_exact": Preset(
         replace(BASE, gelu="exact"),
@@ -324,10 +328,12 @@ def applies(name: str, cfg: Any) -> bool:
     A preset applies when its fields are valid here and its conventions differ from the faithful ones:
     rope_theta_10k on a model whose base is 10 000, or gqa_tile on an MQA model, change nothing.
     """
-    variant = _preset(name).variant
-    if variant.is_faithful:
+    preset = _preset(name)
+    if preset.variant.is_faithful:
         return True
-    return _missing_convention(variant, cfg) is None and resolve(variant, cfg) != resolve(BASE, cfg)
+    if preset.needs is not None and not preset.needs(cfg):
+        return False
+    return _missing_convention(preset.variant, cfg) is None and resolve(preset.variant, cfg) != resolve(BASE, cfg)
 
 
 def _applicable_hint(cfg: Any) -> str:
@@ -385,4 +391,7 @@ def resolve_variant(variant: VariantLike, cfg: Any = None) -> Variant:
 
 
 def _why_not(name: str, cfg: Any) -> str:
-    return _missing_convention(_preset(name).variant, cfg) or "on this model it changes nothing"
+    preset = _preset(name)
+    if preset.needs is not None and not preset.needs(cfg):
+        return f"it is about a convention {cfg.model_type} does not have"
+    return _missing_convention(preset.variant, cfg) or "on this model it changes nothing"

@@ -33,6 +33,17 @@ TINY_ARCHS: dict[str, tuple[str, dict]] = {
     "qwen2_tied": ("Qwen2Config", {"tie_word_embeddings": True}),
     "mistral": ("MistralConfig", {"sliding_window": 4096}),
     "mistral_window": ("MistralConfig", {"sliding_window": 5}),
+    # Families with their own conventions (DESIGN.md "More model families"). hidden_size 80: sqrt(80) is not
+    # exact in low precision, so an embedding scale in the wrong dtype would show. Gemma: MQA, sliding (window
+    # 4) and global layers with different RoPE bases, query_pre_attn_scalar != head_dim.
+    "gemma3": ("Gemma3TextConfig", {
+        "hidden_size": 80, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16,
+        "num_hidden_layers": 3, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "sliding_window": 4, "query_pre_attn_scalar": 24,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}}}),
+    "qwen3": ("Qwen3Config", {"hidden_size": 80, "head_dim": 24}),
+    "olmo2": ("Olmo2Config", {"hidden_size": 80}),
 }
 
 

@@ -6,11 +6,14 @@ Not covered here: the variants built on these conventions (tests/test_variants.p
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import slmviz
+from slmviz import weights
 from slmviz.hooks import build_context
 from slmviz.model import attention, block, decoder, mlp, norm, rope
 from slmviz.reference import load_reference, relative_error, run_reference
@@ -130,10 +133,92 @@ def test_causal_mask_hides_the_future():
     assert window[4].tolist() == [False, False, False, True, True]
 
 
+def test_sliding_window_holds_the_token_and_w_minus_1_before_it():
+    """Window W: query i reads keys i-W+1 .. i (W keys), as transformers' sliding_window_overlay (q - k < W)."""
+    window = attention.attention_mask(8, 8, sliding_window=3)
+    assert window[7].tolist() == [False] * 5 + [True] * 3 and int(window.sum(-1).max()) == 3
+    step = attention.attention_mask(1, 8, sliding_window=3)  # a cached decoding step at position 7
+    assert step.tolist() == [[False] * 5 + [True] * 3]
+
+
+def test_gemma_norms_multiply_by_one_plus_w():
+    """Gemma3RMSNorm: normalised · (1 + w) with the 1 added in fp32; LLaMA: normalised · w."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    ref = Gemma3RMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        ref.weight.copy_(0.1 * torch.randn(16))
+    x = torch.randn(5, 16) * 30
+    factor = norm.norm_weight(ref.weight.detach(), 1.0, in_fp32=True)
+    assert torch.equal(norm.normalize(x, factor, 1e-6, weight_in_fp32=True), ref(x).detach())
+    assert torch.equal(norm.norm_weight(ref.weight.detach(), 0.0, False), ref.weight.detach())
+    w16 = torch.tensor([0.001], dtype=torch.bfloat16)
+    assert norm.norm_weight(w16, 1.0, in_fp32=True).dtype == torch.float32  # 1.001 survives; bf16 rounds it to 1
+
+
+def test_gemma_uses_the_tanh_gelu():
+    from transformers.activations import ACT2FN
+
+    x = torch.linspace(-6, 6, 101)
+    assert torch.equal(mlp.ACTIVATIONS["gelu_pytorch_tanh"](x), ACT2FN["gelu_pytorch_tanh"](x))
+    assert not torch.equal(mlp.ACTIVATIONS["gelu"](x), mlp.ACTIVATIONS["gelu_pytorch_tanh"](x))
+
+
+def test_gemma_scales_embeddings_in_the_weights_dtype(tiny_dirs):
+    """hook_embed = E[ids] · sqrt(d_model) with the scale rounded to the weights' dtype (bf16: sqrt(640) = 25.25)."""
+    assert float(decoder.embed_scale(640, torch.bfloat16)) == 25.25
+    assert float(decoder.embed_scale(80, torch.float32)) == float(torch.tensor(80**0.5, dtype=torch.float32))
+    m = slmviz.load(tiny_dirs["gemma3"])
+    ids = torch.arange(1, 6)
+    t = m.trace(ids, names=["hook_embed"])
+    assert torch.equal(t["hook_embed"], m.decoder.params.embed[ids] * decoder.embed_scale(80, torch.float32))
+
+
+def test_norm_weights_map_by_placement_not_by_name():
+    """`post_attention_layernorm` is LLaMA's norm before the MLP and Gemma's / OLMo-2's norm after attention."""
+    names = weights.NORM_WEIGHT_NAMES
+    assert names["pre"]["ln2"] == names["sandwich"]["ln1_post"] == names["output"]["ln1_post"]
+    assert names["sandwich"]["ln2"] == "pre_feedforward_layernorm" and "ln1" not in names["output"]
+
+
+def test_qk_norm_spans_what_the_family_normalises(tiny_dirs):
+    """Qwen3 divides each head's d_head by its own RMS (a scale per head); OLMo-2 divides the whole q
+    projection by one RMS per position, before the head split."""
+    for arch, scale_shape, flat in (("qwen3", (6, 4, 1), False), ("olmo2", (6, 1), True)):
+        m = slmviz.load(tiny_dirs[arch])
+        t = m.trace(torch.arange(3, 9))
+        q, scale = t["blocks.0.attn.hook_q"], t["blocks.0.attn.q_norm.hook_scale"]
+        q = q.flatten(1) if flat else q
+        assert tuple(scale.shape) == scale_shape, arch
+        torch.testing.assert_close(scale, (q.pow(2).mean(-1, keepdim=True) + m.cfg.norm_eps).sqrt())
+        torch.testing.assert_close(t["blocks.0.attn.q_norm.hook_normalized"] * scale, q)
+
+
+def test_olmo2_normalises_each_sublayer_output(tiny_dirs):
+    """resid_mid = resid_pre + ln1_post(attention), and nothing normalises the sub-layer's input."""
+    m = slmviz.load(tiny_dirs["olmo2"])
+    t = m.trace(torch.arange(1, 7))
+    pre, mid, out = t["blocks.0.hook_resid_pre"], t["blocks.0.hook_resid_mid"], t["blocks.0.hook_attn_out"]
+    assert torch.equal(mid, pre + out)
+    q = (pre @ m.decoder.params.layers[0].w_qkv[: 4 * 20].t()).view(6, 4, 20)  # q_proj reads resid_pre itself
+    torch.testing.assert_close(t["blocks.0.attn.hook_q"], q)
+    torch.testing.assert_close(out, m.decoder.params.layers[0].ln1_post * t["blocks.0.ln1_post.hook_normalized"])
+
+
+def test_gemma_wraps_each_sublayer_in_two_norms(tiny_dirs):
+    m = slmviz.load(tiny_dirs["gemma3"])
+    t = m.trace(torch.arange(1, 7))
+    lp, b = m.decoder.params.layers[0], "blocks.0."
+    torch.testing.assert_close(t[b + "ln1.hook_normalized"] * t[b + "ln1.hook_scale"], t[b + "hook_resid_pre"])
+    torch.testing.assert_close(t[b + "hook_attn_out"], (1 + lp.ln1_post) * t[b + "ln1_post.hook_normalized"])
+    assert torch.equal(t[b + "hook_resid_mid"], t[b + "hook_resid_pre"] + t[b + "hook_attn_out"])
+
+
 def test_scores_are_scaled_by_sqrt_d_head(tiny_dirs):
     """With head_dim=24 ≠ hidden/heads=16 the scale must come from head_dim."""
     m = slmviz.load(tiny_dirs["llama_head_dim"])
     assert m.cfg.d_head == 24 and attention.attention_scale(24) == 24**-0.5
+    assert attention.attention_scale(16, query_pre_attn_scalar=24) == 24**-0.5  # Gemma's own scalar wins
     t = m.trace(torch.arange(1, 6))
     q, k = t["blocks.0.attn.hook_rot_q"], t["blocks.0.attn.hook_rot_k"]
     expected = torch.einsum("qhd,khd->hqk", q, k[:, attention.kv_head_index(4, 2)]) / 24**0.5
@@ -227,6 +312,75 @@ def _activate_up_not_gate(monkeypatch):
 
 def _post_norm_order(monkeypatch):
     monkeypatch.setitem(block.RESIDUAL_FORMS, "pre", block.post_norm_residual)
+
+
+def _no_norm_offset(monkeypatch):
+    original = norm.norm_weight
+    monkeypatch.setattr(block, "norm_weight", lambda w, offset, fp32: original(w, 0.0, fp32))
+
+
+def _no_embed_scale(monkeypatch):
+    monkeypatch.setattr(decoder, "embed_scale", lambda d, dtype: torch.ones((), dtype=dtype))
+
+
+def _global_window_one_wider(monkeypatch):
+    original = attention.attention_mask
+    monkeypatch.setattr(decoder, "attention_mask", lambda nq, nk, causal, sw, *a: original(
+        nq, nk, causal, None if sw is None else sw + 1, *a))
+
+
+def _no_qk_norm(monkeypatch):
+    monkeypatch.setattr(block.Block, "qk_normalize", lambda self, q, k, hook, c: (q, k))
+
+
+def _scale_by_head_dim(monkeypatch):
+    monkeypatch.setattr(block, "attention_scale", lambda d_head, scalar=None: d_head**-0.5)
+
+
+def _exact_gelu(monkeypatch):
+    monkeypatch.setitem(mlp.ACTIVATIONS, "gelu_pytorch_tanh", F.gelu)
+
+
+def _local_base_on_global_layers(monkeypatch):
+    original = decoder.Decoder.conventions
+    monkeypatch.setattr(decoder.Decoder, "conventions",
+                        lambda self, v: replace(original(self, v), rope_local_theta=original(self, v).rope_theta))
+
+
+def _pre_norm_for_olmo(monkeypatch):
+    monkeypatch.setitem(block.RESIDUAL_FORMS, "output", block.pre_norm_residual)
+
+
+def _sandwich_without_post(monkeypatch):
+    monkeypatch.setitem(block.RESIDUAL_FORMS, "sandwich", block.pre_norm_residual)
+
+
+# Family conventions: (tiny model that has it, mutation).
+FAMILY_MUTATIONS = {
+    "gemma_norm_offset": ("gemma3", _no_norm_offset),
+    "gemma_embed_scale": ("gemma3", _no_embed_scale),
+    "gemma_sliding_window": ("gemma3", _global_window_one_wider),
+    "gemma_qk_norm": ("gemma3", _no_qk_norm),
+    "gemma_query_pre_attn_scalar": ("gemma3", _scale_by_head_dim),
+    "gemma_gelu_tanh": ("gemma3", _exact_gelu),
+    "gemma_sandwich": ("gemma3", _sandwich_without_post),
+    "gemma_local_rope_base": ("gemma3", _local_base_on_global_layers),
+    "qwen3_qk_norm": ("qwen3", _no_qk_norm),
+    "olmo2_output_norm": ("olmo2", _pre_norm_for_olmo),
+    "olmo2_qk_norm": ("olmo2", _no_qk_norm),
+}
+
+
+@pytest.mark.parametrize("convention", list(FAMILY_MUTATIONS))
+def test_breaking_a_family_convention_breaks_parity(tiny_dirs, convention, monkeypatch):
+    """The same sensitivity check for Gemma 3, Qwen3 and OLMo-2: the broken model differs by > 1e-5 relative
+    (20 tokens, 5× the tiny Gemma's sliding window)."""
+    arch, mutate = FAMILY_MUTATIONS[convention]
+    ids = torch.arange(3, 23)
+    ref = run_reference(load_reference(tiny_dirs[arch]), ids)
+    mutate(monkeypatch)
+    m = slmviz.load(tiny_dirs[arch])
+    assert relative_error(ref.logits, m.trace(ids).logits) > 1e-5
 
 
 MUTATIONS = {

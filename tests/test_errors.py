@@ -403,7 +403,8 @@ def test_an_unknown_variant_name_lists_the_presets_and_suggests_one(tiny_model):
 @pytest.mark.parametrize(
     "fields, match",
     [
-        ({"norm": "middle"}, r"Variant\.norm='middle' is not valid; choose one of \['pre', 'post', 'none'\]"),
+        ({"norm": "middle"}, r"Variant\.norm='middle' is not valid; choose one of \['pre', 'output', 'sandwich', "
+                             r"'post', 'none'\] \(or None: the checkpoint's own\)"),
         ({"norm_type": "batch"}, r"Variant\.norm_type='batch'.*'rms', 'layer'"),
         ({"rope": "alibi"}, r"Variant\.rope='alibi'.*'rotate_half'"),
         ({"gqa": "random"}, r"Variant\.gqa='random'.*'grouped', 'tile'"),

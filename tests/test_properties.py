@@ -14,22 +14,43 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 import slmviz
+from slmviz.config import SLIDING
 from slmviz.hooks import hook_names, hook_shape
+from slmviz.model.block import norm_slots
 from slmviz.tokens import PromptError
-from slmviz.variants import GQA_MAPPINGS, MLP_TYPES, NORM_PLACEMENTS, NORM_TYPES, PRESETS, ROPE_PAIRINGS, Variant
+from slmviz.variants import (
+    GQA_MAPPINGS,
+    MLP_TYPES,
+    NORM_PLACEMENTS,
+    NORM_TYPES,
+    PRESETS,
+    QK_NORM_ORDERS,
+    ROPE_PAIRINGS,
+    Variant,
+    VariantError,
+)
 
 # Architectures that differ in a way the identities see: GQA/MQA/MHA, o-bias (attn_out = Σ result + b_o),
-# qkv bias, explicit head_dim, tied embeddings, a sliding window shorter than the prompts.
-ARCHS = ["llama_gqa", "llama_mha", "llama_mqa_tied", "llama_bias", "llama_head_dim", "qwen2", "mistral_window"]
+# qkv bias, explicit head_dim, tied embeddings, a sliding window shorter than the prompts, and the families
+# with norms after their sub-layers (Gemma: sandwich, OLMo-2: output) and QK-norm.
+ARCHS = ["llama_gqa", "llama_mha", "llama_mqa_tied", "llama_bias", "llama_head_dim", "qwen2", "mistral_window",
+         "gemma3", "qwen3", "olmo2"]
 
+OPTIONAL_BOOL = st.none() | st.booleans()
 VARIANTS = st.builds(
     Variant,
-    norm=st.sampled_from(NORM_PLACEMENTS),
+    norm=st.none() | st.sampled_from(NORM_PLACEMENTS),
     norm_type=st.sampled_from(NORM_TYPES),
+    norm_offset=OPTIONAL_BOOL,
+    embed_scale=OPTIONAL_BOOL,
+    qk_norm=OPTIONAL_BOOL,
+    qk_norm_order=st.none() | st.sampled_from(QK_NORM_ORDERS),
     rope=st.sampled_from(ROPE_PAIRINGS),
     rope_theta=st.none() | st.floats(min_value=1.5, max_value=1e7, allow_nan=False, allow_infinity=False),
+    rope_local_as_global=st.booleans(),
     gqa=st.sampled_from(GQA_MAPPINGS),
     causal=st.booleans(),
+    sliding_window=OPTIONAL_BOOL,
     mlp=st.sampled_from(MLP_TYPES),
     kv_position_bug=st.booleans(),
 )
@@ -73,8 +94,9 @@ def _assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Non
 def check_trace_invariants(model: slmviz.Model, t: slmviz.Trace, v: Variant) -> None:
     """Every DESIGN.md identity on one full trace, under variant v."""
     cfg, params, n = model.cfg, model.decoder.params, t.input_ids.numel()
+    c = model.decoder.conventions(v)
     # Everything captured (in call order, which post-norm changes: the norm runs after its sub-layer)
-    assert sorted(t.names) == sorted(hook_names(cfg.n_layers))
+    assert sorted(t.names) == sorted(hook_names(cfg))
     for name in t.names:
         assert tuple(t[name].shape) == hook_shape(name, cfg, n), name
     assert t.logits.shape == (n, cfg.vocab_size)
@@ -87,19 +109,26 @@ def check_trace_invariants(model: slmviz.Model, t: slmviz.Trace, v: Variant) -> 
         lp = params.layers[layer]
         pre, mid, post = t[b + "hook_resid_pre"], t[b + "hook_resid_mid"], t[b + "hook_resid_post"]
         attn_out, mlp_out = t[b + "hook_attn_out"], t[b + "hook_mlp_out"]
-        if v.norm in ("pre", "none"):
+        after1, after2 = (norm_slots(c.norm, s, cfg.has_pre_norms, cfg.has_post_norms)[1] for s in ("ln1", "ln2"))
+        block = model.decoder.blocks[layer]
+        if c.norm != "post":
             _assert_same(mid, pre + attn_out, f"L{layer} resid_mid = resid_pre + attn_out")
             _assert_same(post, mid + mlp_out, f"L{layer} resid_post = resid_mid + mlp_out")
         else:  # post-norm: the residual *is* the normalised sum, N(x + F(x)) = w · normalized(x + F(x))
-            _assert_same(mid, lp.ln1 * t[b + "ln1.hook_normalized"], f"L{layer} resid_mid = N(pre + attn_out)")
-            _assert_same(post, lp.ln2 * t[b + "ln2.hook_normalized"], f"L{layer} resid_post = N(mid + mlp_out)")
+            w1, w2 = (block.norm_factor(s, c.norm_offset, c.norm_weight_in_fp32) for s in (after1, after2))
+            _assert_close_where_finite(mid, w1 * t[b + f"{after1}.hook_normalized"], f"L{layer} resid_mid = N(..)")
+            _assert_close_where_finite(post, w2 * t[b + f"{after2}.hook_normalized"], f"L{layer} resid_post = N(..)")
         if layer + 1 < cfg.n_layers:
             _assert_same(t[f"blocks.{layer + 1}.hook_resid_pre"], post, f"resid_pre[{layer + 1}] = resid_post[{layer}]")
 
         heads_sum = t[b + "attn.hook_result"].sum(1)
         if lp.b_o is not None:
             heads_sum = heads_sum + lp.b_o
-        _assert_close_where_finite(attn_out, heads_sum, f"L{layer} attn_out = Σ_h result (+ b_o)")
+        if c.norm in ("output", "sandwich"):  # a norm follows attention: Σ_h result is what it normalises
+            normed = t[b + f"{after1}.hook_normalized"] * t[b + f"{after1}.hook_scale"]
+            _assert_close_where_finite(normed, heads_sum, f"L{layer} ln1_post input = Σ_h result (+ b_o)")
+        else:
+            _assert_close_where_finite(attn_out, heads_sum, f"L{layer} attn_out = Σ_h result (+ b_o)")
         _assert_same(t[b + "mlp.hook_post"], t[b + "mlp.hook_gate"] * t[b + "mlp.hook_pre_linear"],
                      f"L{layer} hook_post = hook_gate · hook_pre_linear")
 
@@ -113,8 +142,8 @@ def check_trace_invariants(model: slmviz.Model, t: slmviz.Trace, v: Variant) -> 
         hidden = torch.zeros(n, n, dtype=torch.bool)
         if v.causal:
             hidden |= k_pos > q_pos  # the future
-        if cfg.sliding_window is not None:
-            hidden |= (q_pos - k_pos) >= cfg.sliding_window  # outside Mistral's window
+        if c.sliding_window is not None and cfg.layer_type(layer) == SLIDING:
+            hidden |= (q_pos - k_pos) >= c.sliding_window  # outside a sliding layer's window
         masked = pattern.masked_fill(~hidden, 0.0)[rows]
         assert (masked == 0).all(), f"L{layer} pattern attends to masked keys (causal={v.causal})"
 
@@ -129,7 +158,7 @@ def check_health(t: slmviz.Trace, v: Variant) -> None:
         assert bad in t.names or bad == "logits"
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arch=st.sampled_from(ARCHS), ids=st.lists(st.integers(0, 127), min_size=1, max_size=20), variant=VARIANT_LIKE)
 def test_trace_identities_hold_for_random_ids_and_variants_on_tiny_models(tiny_models, arch, ids, variant):
     """Random token ids (including one-token prompts and prompts longer than mistral_window's 5-key window)
@@ -139,8 +168,14 @@ def test_trace_identities_hold_for_random_ids_and_variants_on_tiny_models(tiny_m
     that give no weight to masked keys, and finite logits unless norms are removed.
     Does not cover cached decoding (see the generation property) or parity with transformers."""
     model = tiny_models[arch]
+    try:
+        v = slmviz.resolve_variant(variant, model.cfg)
+    except VariantError as e:  # a field or preset this family lacks: refused, naming what applies
+        assert f"Presets that apply to {model.cfg.model_type}:" in str(e)
+        with pytest.raises(VariantError):
+            model.trace(ids, variant=variant)
+        return
     t = model.trace(ids, variant=variant)
-    v = slmviz.resolve_variant(variant)
     check_trace_invariants(model, t, v)
     check_health(t, v)
 
@@ -154,7 +189,11 @@ def test_generation_runs_for_random_ids_and_variants(tiny_models, ids, variant, 
     """Cached decoding (where kv_position_bug acts) under random variants: never raises, yields at most
     max_new_tokens in-vocabulary ids, and the greedy run's first token is the full forward's argmax.
     Does not check that decoding equals repeated full forwards (tests of the KV cache do)."""
-    model = tiny_models["llama_gqa"]
+    model = tiny_models["gemma3"]
+    try:
+        slmviz.resolve_variant(variant, model.cfg)
+    except VariantError:
+        return
     out = model.generate_ids(ids, max_new_tokens, variant=variant, temperature=temperature, seed=0,
                              stop_at_eos=False)
     assert len(out) == max_new_tokens
@@ -198,8 +237,13 @@ def test_trace_identities_hold_for_random_text_on_the_real_model(model, text, va
         with pytest.raises(PromptError, match="produced no tokens"):
             model.trace(text, variant=variant)
         return
+    try:
+        v = slmviz.resolve_variant(variant, model.cfg)
+    except VariantError:
+        with pytest.raises(VariantError):
+            model.trace(text, variant=variant, chat=chat)
+        return
     t = model.trace(text, variant=variant, chat=chat)
-    v = slmviz.resolve_variant(variant)
     check_trace_invariants(model, t, v)
     check_health(t, v)
     if not chat:

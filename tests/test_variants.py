@@ -10,8 +10,13 @@ import slmviz
 from slmviz.compare import first_divergent_hook, kl_per_position
 from slmviz.hooks import hook_shape
 from slmviz.reference import reference_generate, relative_error, run_reference
-from slmviz.variants import PRESETS, Variant, resolve_variant
+from slmviz.variants import PRESETS, Variant, VariantError, applies, resolve_variant
 
+# The presets for conventions LLaMA-family models have; the others need Gemma, Qwen3 or OLMo-2
+# (tests/test_families.py covers those).
+FAMILY_PRESETS = ["no_norm_offset", "no_embed_scale", "no_qk_norm", "qk_norm_after_rope", "rope_local_as_global",
+                  "pre_norm_only", "gelu_exact", "no_sliding_window"]
+LLAMA_PRESETS = [n for n in PRESETS if n not in FAMILY_PRESETS]
 PROMPT = "The capital of France is Paris. The capital of Italy is Rome. The capital of Germany is"
 
 
@@ -22,7 +27,8 @@ def faithful(model):
 
 def test_presets_cover_every_switch_and_describe_themselves():
     assert list(PRESETS) == ["faithful", "post_norm", "no_norm", "layer_norm", "rope_interleaved", "no_rope",
-                             "rope_theta_10k", "gqa_tile", "no_causal_mask", "standard_ffn", "kv_position_bug"]
+                             "rope_theta_10k", "gqa_tile", "no_causal_mask", "standard_ffn", "kv_position_bug",
+                             *FAMILY_PRESETS]
     for name, preset in PRESETS.items():
         assert len(preset.description) > 30, name
         assert (name == "faithful") == preset.variant.is_faithful
@@ -58,7 +64,15 @@ def pd_isna(x) -> bool:
     return bool(pd.isna(x))
 
 
-@pytest.mark.parametrize("name", [n for n in PRESETS if n not in ("faithful", "kv_position_bug")])
+def test_smollm2_offers_exactly_the_llama_presets(model):
+    """variants(model) lists what applies: every LLaMA-family switch, none of the Gemma/Qwen3/OLMo-2 ones."""
+    assert list(slmviz.variants(model)) == LLAMA_PRESETS
+    for name in FAMILY_PRESETS:
+        with pytest.raises(VariantError, match=f"does not apply to llama.*Presets that apply to llama: post_norm"):
+            model.trace("Hi", variant=name)
+
+
+@pytest.mark.parametrize("name", [n for n in LLAMA_PRESETS if n not in ("faithful", "kv_position_bug")])
 def test_every_preset_changes_the_real_model_measurably(model, faithful, name):
     """Mean KL(faithful ‖ variant) ≥ 1e-3 nats: >1e6× the faithful-vs-transformers noise (~1e-10)."""
     t = model.trace(faithful.input_ids, variant=name, names=[])
@@ -87,7 +101,7 @@ def test_kv_position_bug_shifts_layer_L_by_L_during_decoding(tiny_model):
     step_k = seen["blocks.1.attn.hook_k"][1]  # unrotated key of the first decoded token, layer 1
     from slmviz.model.rope import rope_angles, rotate_half
 
-    inv = tiny_model.decoder.inv_freq(Variant(), 7)
+    inv = tiny_model.decoder.inv_freq(tiny_model.cfg.rope_theta, 7)
     expected = rotate_half(step_k, rope_angles(torch.tensor([6 + 1]), inv))  # position 6, layer 1 → 7
     torch.testing.assert_close(seen["blocks.1.attn.hook_rot_k"][1], expected)
 
@@ -111,7 +125,7 @@ def test_gqa_tile_makes_head_i_read_kv_head_i_mod_g(tiny_model):
 def test_rope_interleaved_rotates_adjacent_pairs(tiny_model):
     t = tiny_model.trace(torch.arange(1, 6), variant="rope_interleaved")
     q, rot = t["blocks.0.attn.hook_q"], t["blocks.0.attn.hook_rot_q"]
-    inv = tiny_model.decoder.inv_freq(Variant(), 5)
+    inv = tiny_model.decoder.inv_freq(tiny_model.cfg.rope_theta, 5)
     angle = 3 * inv[0]  # position 3, pair 0 = dims (0, 1)
     c, s = torch.cos(angle), torch.sin(angle)
     torch.testing.assert_close(rot[3, :, 0], q[3, :, 0] * c - q[3, :, 1] * s)
@@ -124,7 +138,10 @@ def test_no_rope_leaves_queries_unrotated(tiny_model):
 
 
 def test_rope_theta_override_changes_frequencies(model):
-    assert model.decoder.inv_freq(Variant(rope_theta=10_000.0), 8)[1] > model.decoder.inv_freq(Variant(), 8)[1]
+    conventions = model.decoder.conventions
+    theta_10k, own = conventions(Variant(rope_theta=10_000.0)).rope_theta, conventions(Variant()).rope_theta
+    assert (theta_10k, own) == (10_000.0, model.cfg.rope_theta) and own != 10_000.0
+    assert model.decoder.inv_freq(theta_10k, 8)[1] > model.decoder.inv_freq(own, 8)[1]
 
 
 def test_post_norm_applies_the_norm_after_the_residual_add(tiny_model):
@@ -168,7 +185,7 @@ def test_variants_compose(tiny_model):
     both = tiny_model.trace(ids, variant=Variant(norm="post", rope="interleaved"))
     from slmviz.model.rope import rope_angles, rotate_interleaved
 
-    angles = rope_angles(torch.arange(6), tiny_model.decoder.inv_freq(Variant(), 6))
+    angles = rope_angles(torch.arange(6), tiny_model.decoder.inv_freq(tiny_model.cfg.rope_theta, 6))
     rotated = rotate_interleaved(both["blocks.0.attn.hook_q"], angles)
     torch.testing.assert_close(both["blocks.0.attn.hook_rot_q"], rotated)
     total = both["blocks.0.hook_resid_pre"] + both["blocks.0.hook_attn_out"]
@@ -182,6 +199,11 @@ def test_variants_compose(tiny_model):
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_every_preset_keeps_the_full_hook_contract(tiny_model, name):
+    """Every preset that applies keeps every hook name and shape; one that does not is refused by name."""
+    if not applies(name, tiny_model.cfg):
+        with pytest.raises(VariantError, match=f"{name}.*does not apply"):
+            tiny_model.trace(torch.arange(1, 7), variant=name)
+        return
     t = tiny_model.trace(torch.arange(1, 7), variant=name)
     assert sorted(t.names) == sorted(tiny_model.hook_names)  # post_norm reaches ln1 after attention
     for hook in t.names:

@@ -176,13 +176,17 @@ class Decoder:
 
         if last_only:
             x = x[:, -1:]
-        on_scale, on_normalized = _callback(ctx, "ln_final.hook_scale"), _callback(ctx, "ln_final.hook_normalized")
-        if c.norm == "none":
-            x = skip_norm(x, None, 0.0, "rms", on_scale, on_normalized)
-        else:
-            x = normalize(x, self.final_norm_factor(c), cfg.norm_eps, c.norm_type, on_scale, on_normalized,
-                          c.norm_weight_in_fp32)
+        x = self.final_norm(x, c, _callback(ctx, "ln_final.hook_scale"), _callback(ctx, "ln_final.hook_normalized"))
         return softcap_logits(linear(x, p.unembed, None), cfg.final_logit_softcap)  # [b, pos, vocab]
+
+    def final_norm(
+        self, x: torch.Tensor, c: Conventions, on_scale: Callable = unhooked, on_normalized: Callable = unhooked
+    ) -> torch.Tensor:
+        """ln_final under conventions c (removed by the no_norm variant). The logit lens reads layers through it."""
+        if c.norm == "none":
+            return skip_norm(x, None, 0.0, "rms", on_scale, on_normalized)
+        return normalize(x, self.final_norm_factor(c), self.cfg.norm_eps, c.norm_type, on_scale, on_normalized,
+                         c.norm_weight_in_fp32)
 
     def final_norm_factor(self, c: Conventions) -> torch.Tensor:
         """ln_final's factor under conventions c (see norm.norm_weight), computed once per offset."""
