@@ -39,6 +39,7 @@ from app.handlers import (  # noqa: E402
     model_line,
     widget_value,
 )
+from app.patch_tab import build_patch_tab  # noqa: E402
 from slmviz.model_api import Model  # noqa: E402
 from slmviz.plots import NEXT_TOKEN_COLUMNS, STAGE_NAMES  # noqa: E402
 from slmviz.variants import BASE  # noqa: E402
@@ -176,6 +177,7 @@ def build(handlers: Handlers) -> gr.Blocks:
                     gen_faithful = gr.Textbox(label="faithful", lines=10, interactive=False,
                                               elem_id="generate-faithful")
                     gen_broken = gr.Textbox(label="variant", lines=10, interactive=False, elem_id="generate-variant")
+            build_patch_tab(handlers, source, model_kw, light_kw)
             with gr.Tab("Model", id="tab-model"):
                 allowed = "a hub id (owner/name)" + (" or a local folder" if handlers.store.allow_local else "")
                 gr.Markdown(f"Load another model ({allowed}), or pick a bundled one above; leave empty for the "

@@ -41,7 +41,7 @@ import pandas as pd
 import torch
 
 from .hooks import HookFn, build_context
-from .metrics import Metric, as_float, check_same_length, logit_diff, single_token_id
+from .metrics import Metric, as_float, check_same_length, first_difference, logit_diff, single_token_id
 from .variants import Variant, VariantLike, resolve_variant
 
 DIRECTIONS = ("denoise", "noise")
@@ -452,3 +452,24 @@ def _uses(site: Site, axis: str, value: int | None) -> bool:
     if wanted and value is None:
         raise ValueError(f"site needs {axis}= for a cell (its axes: {site.axes})")
     return wanted
+
+
+Prompt = str | Sequence[int] | torch.Tensor
+
+
+def suggest_answers(model: Any, clean: Prompt, corrupted: Prompt, chat: bool = False,
+                    variant: VariantLike = None) -> tuple[str, str]:
+    """(answer, wrong) from the prompts' first differing token: the two tokens there, ordered so that the clean
+    prompt's next-token logit prefers the answer (IOI: swapping the second name makes the *other* name the answer).
+
+    Refuses prompts of different lengths or without a differing token.
+    """
+    clean_ids, corrupted_ids = model.encode(clean, chat), model.encode(corrupted, chat)
+    check_same_length(model, clean_ids, corrupted_ids)
+    diff = first_difference(clean_ids, corrupted_ids)
+    if diff is None:
+        raise ValueError("The clean and corrupted prompts are the same tokens; change a word in one of them")
+    a, b = int(clean_ids[diff]), int(corrupted_ids[diff])
+    logits = model.trace(clean_ids, variant=variant, names=[]).logits[-1]
+    answer, wrong = (a, b) if logits[a] >= logits[b] else (b, a)
+    return tuple(model.to_strings([answer, wrong]))  # type: ignore[return-value]

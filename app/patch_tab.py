@@ -1,0 +1,255 @@
+"""The "Patch" tab: activation patching, attribution, direct logit attribution and ablation in the browser.
+
+Layout and handlers of one tab, built inside the page's gr.Tabs by `build_patch_tab`. Like the rest of app/,
+it turns widget values into slmviz calls (`patch_steps`, `Trace.logit_attribution`, `ablation`) and returns
+figures; no torch code. Element ids for tests outside the repo: #patch-clean, #patch-corrupted, #patch-run,
+#patch-plot (plus #patch-cell, #patch-cell-show, #patch-cell-top, #patch-heads-plot, #patch-dla-plot,
+#patch-dla-heads-plot, #patch-cancel, #patch-status, #patch-ablate, ...).
+
+Clicking a heatmap cell: plotly's click event is not a Gradio event, so a few lines of page JavaScript copy
+the cell's customdata [layer, position, head] into #patch-cell and press #patch-cell-show.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from app.handlers import Handlers, display_frame, readable_errors, to_plot
+from slmviz import plots
+from slmviz.ablation import ablation
+from slmviz.attribution_patching import exact_correlation
+from slmviz.patch_plots import logit_attribution_bars
+from slmviz.patching import DIRECTIONS, SITES, PatchResult, patch, patch_steps, suggest_answers
+
+EXAMPLE_CLEAN = "When Mary and John went to the store, John gave a drink to"
+EXAMPLE_CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
+EXAMPLE_ANSWER, EXAMPLE_WRONG = " Mary", " John"
+SITE_CHOICES = [(f"{name}: {site.description}", name) for name, site in SITES.items()]
+METHOD_CHOICES = [("exact (one patched run per cell, batched)", "exact"),
+                  ("attribution (gradient estimate, one forward + one backward)", "attribution")]
+REDRAW_EVERY_S = 0.75  # a sweep in progress redraws its partial heatmap at most this often
+ABLATION_TOKENS = 20
+
+INTRO = """Which layer and position carry the information that makes the model say the **answer** rather than the
+**wrong** token? Run the *corrupted* prompt, paste in one activation from the *clean* prompt at a time, and see
+how much of the clean answer comes back (1 = all of it, 0 = none; TransformerLens's activation patching).
+The example pair swaps the second name of an indirect-object sentence. **Click a cell** to see that patched
+run's next tokens. Both prompts must have the same number of tokens."""
+
+# Attach plotly's click to #patch-cell / #patch-cell-show. Re-attached for a few seconds after every redraw
+# (Gradio may draw a new plot div); removeAllListeners keeps it to one handler per div.
+CLICK_JS = """
+() => {
+  const attach = () => {
+    const div = document.querySelector('#patch-plot .js-plotly-plot');
+    if (!div || !div.on) return;
+    if (div.removeAllListeners) div.removeAllListeners('plotly_click');
+    div.on('plotly_click', (ev) => {
+      const d = ev.points && ev.points[0] && ev.points[0].customdata;
+      const box = document.querySelector('#patch-cell textarea, #patch-cell input');
+      if (!d || !box) return;
+      box.value = Array.from(d).join(', ');
+      box.dispatchEvent(new Event('input', {bubbles: true}));
+      setTimeout(() => document.querySelector('#patch-cell-show').click(), 150);
+    });
+  };
+  let tries = 0;
+  const timer = setInterval(() => { attach(); if (++tries > 20) clearInterval(timer); }, 300);
+}
+"""
+
+
+class PatchHandlers:
+    """The tab's handlers; model access and limits come from the page's Handlers."""
+
+    def __init__(self, handlers: Handlers):
+        self.h = handlers
+
+    def _prompts(self, clean: str, corrupted: str, source: str | None, progress: Any = None) -> tuple:
+        model = self.h.model(source, progress)
+        return model, self.h.checked_prompt(clean, model), self.h.checked_prompt(corrupted, model)
+
+    @readable_errors
+    def suggest(self, clean: str, corrupted: str, source: str | None) -> tuple[str, str]:
+        model, clean, corrupted = self._prompts(clean, corrupted, source)
+        return suggest_answers(model, clean, corrupted)
+
+    @readable_errors
+    def sweep(self, clean: str, corrupted: str, answer: str, wrong: str, site: str, direction: str, method: str,
+              source: str | None, progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+        model, clean, corrupted = self._prompts(clean, corrupted, source, progress)
+        if not (answer or "").strip():
+            answer, wrong = suggest_answers(model, clean, corrupted)
+        started = time.perf_counter()
+        kw = dict(answer=answer, wrong=wrong or None, site=site, model=model, direction=direction)
+        if method == "attribution":
+            progress(0.3, desc="Attribution patching: one forward and one backward pass")
+            result = patch(clean, corrupted, method="attribution", **kw)
+            estimate_s = time.perf_counter() - started
+            progress(0.6, desc="The exact sweep, to measure how good the estimate is")
+            exact = patch(clean, corrupted, **kw)
+            r = exact_correlation(result, exact)
+            note = (f"Attribution estimate in {estimate_s:.1f} s; its correlation with the exact sweep "
+                    f"(computed too, {time.perf_counter() - started - estimate_s:.1f} s) is r = {r:.2f}.")
+            yield to_plot(result.plot()), self._status(result, note), result, answer, wrong
+            return
+        last = 0.0
+        result = None
+        for result in patch_steps(clean, corrupted, method="exact", **kw):
+            if result.total:
+                progress((result.done, result.total), desc=f"Patching {site}", unit="cells")
+            now = time.monotonic()
+            if result.complete or now - last >= REDRAW_EVERY_S:
+                last = now
+                note = f"Done in {time.perf_counter() - started:.1f} s." if result.complete else "Running..."
+                yield to_plot(result.plot()), self._status(result, note), result, answer, wrong
+
+    @staticmethod
+    def _status(r: PatchResult, note: str) -> str:
+        return (f"**{r.site}** ({r.direction}, {r.method}): {r.metric_name} is {r.clean:.3f} on the clean prompt and "
+                f"{r.corrupted:.3f} on the corrupted one; {r.done}/{r.total} cells. {note}")
+
+    @readable_errors
+    def cell(self, result: PatchResult | None, cell: str) -> tuple[pd.DataFrame, str]:
+        if result is None:
+            raise ValueError("Run a sweep first, then click a cell of the heatmap")
+        numbers = [int(x) for x in re.findall(r"-?\d+", cell or "")]
+        if len(numbers) < 2:
+            raise ValueError(f"A cell is 'layer, position[, head]' (click the heatmap to fill it), got {cell!r}")
+        layer, position, head = (numbers + [-1])[:3]
+        dims = result.dims
+        if dims == ("layer", "head"):  # the heads site: customdata is [layer, -1, head]
+            position, head = None, head if head >= 0 else position
+        elif len(dims) == 2:
+            head = None
+        trace = result.run_cell(layer, position, head)
+        index = tuple(i for i in (layer, position, head) if i is not None)
+        value = float(result.values[index])
+        where = f"layer {layer}" + (f", position {position} ({trace.tokens[position]!r})" if position is not None
+                                    else "") + (f", head {head}" if head is not None else "")
+        text = (f"Patched **{result.site}** at {where}: {result.metric_name} = {value:.3f} "
+                f"(normalized {float(result.normalized[index]):.2f}). Next tokens of that patched run:")
+        return display_frame(plots.next_token_table(trace, 10)), text
+
+    @readable_errors
+    def heads_and_attribution(self, clean: str, corrupted: str, answer: str, wrong: str, direction: str,
+                              source: str | None, progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008
+        model, clean, corrupted = self._prompts(clean, corrupted, source, progress)
+        if not (answer or "").strip():
+            answer, wrong = suggest_answers(model, clean, corrupted)
+        progress(0.1, desc="Patching every head's z at all positions")
+        heads = patch(clean, corrupted, answer=answer, wrong=wrong or None, site="heads", model=model,
+                      direction=direction)
+        progress(0.7, desc="Direct logit attribution on the clean prompt")
+        trace = model.trace(clean)
+        by_layer = trace.logit_attribution(answer, wrong or None, by="layer")
+        by_head = trace.logit_attribution(answer, wrong or None, by="head")
+        fig_heads = logit_attribution_bars(by_head, top=20)
+        fig_heads.update_layout(title={"text": "Direct logit attribution: the 20 largest heads (clean prompt)"})
+        return to_plot(heads.plot()), to_plot(logit_attribution_bars(by_layer)), to_plot(fig_heads)
+
+    @readable_errors
+    def ablate(self, prompt: str, heads: str, neurons: str, kind: str, source: str | None,
+               progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008
+        model = self.h.model(source, progress)
+        prompt = self.h.checked_prompt(prompt, model)
+        head_pairs, neuron_pairs = parse_pairs(heads, "heads"), parse_pairs(neurons, "neurons")
+        reference = [e.prompt for e in self.h.examples] if kind == "mean" else None
+        progress(0.2, desc="Building the ablation hooks")
+        hooks = ablation(heads=head_pairs, neurons=neuron_pairs, kind=kind, reference=reference, model=model)
+        progress(0.4, desc="Tracing with and without the ablation")
+        before, after = model.trace(prompt, names=[]), model.trace(prompt, names=[], hooks=hooks)
+        progress(0.6, desc="Greedy continuations")
+        text_before = model.generate(prompt, ABLATION_TOKENS)
+        text_after = model.generate(prompt, ABLATION_TOKENS, hooks=hooks)
+        what = ", ".join([f"head {L}.{h}" for L, h in head_pairs] + [f"neuron {L}.{n}" for L, n in neuron_pairs])
+        status = (f"{kind.capitalize()}-ablated {what}"
+                  + (" (means over the app's example prompts)" if kind == "mean" else "") + ".")
+        return (display_frame(plots.next_token_table(before, 10)), display_frame(plots.next_token_table(after, 10)),
+                text_before, text_after, status)
+
+
+def parse_pairs(text: str | None, what: str) -> list[tuple[int, int]]:
+    """'3.1, 5.7' (or '3:1 5:7') -> [(3, 1), (5, 7)]: layer.head or layer.neuron."""
+    text = (text or "").strip()
+    if not text:
+        return []
+    pairs = re.findall(r"(\d+)\s*[.:]\s*(\d+)", text)
+    leftover = re.sub(r"(\d+)\s*[.:]\s*(\d+)|[\s,;]", "", text)
+    if not pairs or leftover:
+        raise ValueError(f"{what}: write layer.index pairs separated by commas, e.g. '3.1, 5.7'; got {text!r}")
+    return [(int(a), int(b)) for a, b in pairs]
+
+
+def build_patch_tab(handlers: Handlers, source: gr.State, model_kw: dict, light_kw: dict | None = None) -> None:
+    """The Patch tab, inside the page's `with gr.Tabs():`. Model work shares the page's model queue."""
+    ph = PatchHandlers(handlers)
+    with gr.Tab("Patch", id="tab-patch"):
+        gr.Markdown(INTRO)
+        with gr.Row():
+            clean = gr.Textbox(label="clean prompt", value=EXAMPLE_CLEAN, lines=2, elem_id="patch-clean")
+            corrupted = gr.Textbox(label="corrupted prompt (same number of tokens)", value=EXAMPLE_CORRUPTED,
+                                   lines=2, elem_id="patch-corrupted")
+        with gr.Row():
+            answer = gr.Textbox(label="answer token", value=EXAMPLE_ANSWER, elem_id="patch-answer",
+                                info="One token, with its leading space; empty = suggested")
+            wrong = gr.Textbox(label="wrong token", value=EXAMPLE_WRONG, elem_id="patch-wrong")
+            suggest_btn = gr.Button("Suggest from the first differing token", elem_id="patch-suggest")
+        with gr.Row():
+            site = gr.Dropdown(SITE_CHOICES, value="resid_pre", label="what to patch", elem_id="patch-site", scale=3)
+            direction = gr.Radio(list(DIRECTIONS), value="denoise", label="direction", elem_id="patch-direction",
+                                 info="denoise: clean into corrupted; noise: corrupted into clean")
+            method = gr.Radio(METHOD_CHOICES, value="exact", label="method", elem_id="patch-method")
+        with gr.Row():
+            run_btn = gr.Button("Run the sweep", variant="primary", elem_id="patch-run")
+            cancel_btn = gr.Button("Cancel", elem_id="patch-cancel")
+        status = gr.Markdown(elem_id="patch-status")
+        result = gr.State(None, time_to_live=3600)
+        patch_plot = gr.Plot(show_label=False, elem_id="patch-plot")
+        with gr.Row():
+            cell = gr.Textbox(label="cell: layer, position[, head] (click the heatmap)", elem_id="patch-cell",
+                              scale=3)
+            cell_btn = gr.Button("Show this patched run", elem_id="patch-cell-show", scale=1)
+        cell_text = gr.Markdown(elem_id="patch-cell-text")
+        cell_top = gr.Dataframe(label="next tokens of the patched run", interactive=False, elem_id="patch-cell-top",
+                                latex_delimiters=[])
+        with gr.Row():
+            heads_plot = gr.Plot(show_label=False, elem_id="patch-heads-plot")
+            dla_plot = gr.Plot(show_label=False, elem_id="patch-dla-plot")
+        dla_heads_plot = gr.Plot(show_label=False, elem_id="patch-dla-heads-plot")
+        with gr.Accordion("Ablation: knock out heads or neurons of the clean prompt", open=False):
+            with gr.Row():
+                ablate_heads = gr.Textbox(label="heads (layer.head, ...)", value="", elem_id="patch-ablate-heads",
+                                          placeholder="e.g. 14.3, 20.1")
+                ablate_neurons = gr.Textbox(label="MLP neurons (layer.neuron, ...)", value="",
+                                            elem_id="patch-ablate-neurons", placeholder="e.g. 5.77")
+                kind = gr.Radio(["zero", "mean"], value="zero", label="replace with", elem_id="patch-ablate-kind")
+                ablate_btn = gr.Button("Ablate", elem_id="patch-ablate")
+            ablate_status = gr.Markdown(elem_id="patch-ablate-status")
+            with gr.Row():
+                before_top = gr.Dataframe(label="next token, as is", interactive=False, latex_delimiters=[])
+                after_top = gr.Dataframe(label="next token, ablated", interactive=False, latex_delimiters=[],
+                                         elem_id="patch-ablate-top")
+            with gr.Row():
+                before_text = gr.Textbox(label="greedy continuation, as is", lines=3, interactive=False)
+                after_text = gr.Textbox(label="greedy continuation, ablated", lines=3, interactive=False,
+                                        elem_id="patch-ablate-text")
+
+    suggest_btn.click(ph.suggest, [clean, corrupted, source], [answer, wrong], api_name="patch_suggest", **model_kw)
+    swept = run_btn.click(ph.sweep, [clean, corrupted, answer, wrong, site, direction, method, source],
+                          [patch_plot, status, result, answer, wrong], api_name="patch_sweep", **model_kw)
+    swept.success(ph.heads_and_attribution, [clean, corrupted, answer, wrong, direction, source],
+                  [heads_plot, dla_plot, dla_heads_plot], api_name="patch_heads", **model_kw)
+    cancel_btn.click(None, None, None, cancels=[swept])
+    patch_plot.change(None, None, None, js=CLICK_JS)
+    gr.on([cell_btn.click, cell.submit], ph.cell, [result, cell], [cell_top, cell_text], api_name="patch_cell",
+          **model_kw)
+    ablate_btn.click(ph.ablate, [clean, ablate_heads, ablate_neurons, kind, source],
+                     [before_top, after_top, before_text, after_text, ablate_status], api_name="patch_ablate",
+                     **model_kw)

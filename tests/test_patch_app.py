@@ -1,0 +1,124 @@
+"""The Patch tab over HTTP (gradio_client against a real server): a sweep, a clicked cell, the per-head heatmap and
+logit attribution, ablation, and readable errors. The numbers the app draws are checked against the library
+run in this process.
+
+Does not cover: the page itself (tests/test_patch_browser.py clicks through it) nor sweep speed (bench/patching.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+from app_helpers import app_server
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+import slmviz
+from app.patch_tab import EXAMPLE_ANSWER, EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_WRONG, parse_pairs
+
+pytestmark = pytest.mark.app
+
+
+@pytest.fixture(scope="module")
+def server():
+    with app_server() as url:
+        yield url
+
+
+@pytest.fixture()
+def client(server):
+    return Client(server, verbose=False)
+
+
+def figure(plot: dict) -> dict:
+    assert plot["type"] == "plotly"
+    return json.loads(plot["plot"])
+
+
+def array(value) -> np.ndarray:
+    """A plotly JSON array: a list, or plotly 6's typed array {"dtype", "bdata" (base64), "shape"}."""
+    if isinstance(value, dict) and "bdata" in value:
+        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        return flat.reshape([int(n) for n in str(value.get("shape", len(flat))).split(",")])
+    return np.asarray(value, dtype=float)
+
+
+def sweep(client, site="resid_pre", clean=EXAMPLE_CLEAN, corrupted=EXAMPLE_CORRUPTED, answer=EXAMPLE_ANSWER,
+          wrong=EXAMPLE_WRONG, direction="denoise", method="exact"):
+    return client.predict(clean, corrupted, answer, wrong, site, direction, method, api_name="/patch_sweep")
+
+
+def test_the_patch_endpoints_are_named(client):
+    names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
+    assert {"/patch_sweep", "/patch_cell", "/patch_heads", "/patch_suggest", "/patch_ablate"} <= names
+
+
+def test_the_answer_and_wrong_tokens_are_suggested_from_the_first_differing_token(client):
+    assert tuple(client.predict(EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, api_name="/patch_suggest")) == (" Mary", " John")
+
+
+def test_a_sweep_draws_the_library_heatmap_and_a_clicked_cell_shows_its_patched_run(client, model):
+    plot, status, answer, wrong = sweep(client)
+    assert "Done in" in status and (answer, wrong) == (EXAMPLE_ANSWER, EXAMPLE_WRONG)
+    fig = figure(plot)
+    (heat,) = fig["data"]
+    expected = slmviz.patch(EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, answer=EXAMPLE_ANSWER, wrong=EXAMPLE_WRONG, model=model)
+    assert len(heat["y"]) == model.cfg.n_layers and len(heat["x"]) == len(expected.tokens)
+    assert fig["layout"]["coloraxis"]["cmid"] == 0
+    np.testing.assert_allclose(array(heat["z"]), expected.normalized.numpy(), rtol=0, atol=1e-4)
+    # resid_pre of the last position entering the last layer carries almost all of it: the patched run says " Mary"
+    table, text = client.predict(f"{model.cfg.n_layers - 1}, {len(expected.tokens) - 1}, -1", api_name="/patch_cell")
+    assert table["data"][0][1] == "␣Mary" and f"normalized {float(expected.normalized[-1, -1]):.2f}" in text
+
+
+def test_the_per_head_heatmap_and_logit_attribution_follow_the_sweep(client, model):
+    sweep(client)
+    heads, dla, dla_heads = client.predict(EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_ANSWER, EXAMPLE_WRONG, "denoise",
+                                           api_name="/patch_heads")
+    heat = figure(heads)["data"][0]
+    assert len(heat["x"]) == model.cfg.n_heads and len(heat["y"]) == model.cfg.n_layers
+    bars = figure(dla)
+    total = sum(array(bar["y"]).sum() for bar in bars["data"])
+    expected = model.trace(EXAMPLE_CLEAN).logit_attribution(EXAMPLE_ANSWER, EXAMPLE_WRONG).attrs["logit_diff"]
+    assert total == pytest.approx(expected, rel=1e-4)
+    assert "20 largest heads" in figure(dla_heads)["layout"]["title"]["text"]
+
+
+def test_a_head_sweep_cell_and_an_attribution_sweep(client, model):
+    plot, status, *_ = sweep(client, site="z", method="attribution")
+    fig = figure(plot)
+    assert len(fig["data"]) == model.cfg.n_heads and "estimate" in fig["layout"]["title"]["subtitle"]["text"]
+    assert "r = " in status
+    table, text = client.predict("20, 13, 4", api_name="/patch_cell")
+    assert "head 4" in text and len(table["data"]) == 10
+
+
+def test_ablation_changes_the_next_tokens_and_the_continuation(client):
+    before, after, text_before, text_after, status = client.predict(
+        EXAMPLE_CLEAN, "", "0.0, 0.1, 0.2, 0.3", "zero", api_name="/patch_ablate")
+    assert "neuron 0.3" in status and before["data"] != after["data"]
+    assert text_before and text_after
+    *_, status = client.predict(EXAMPLE_CLEAN, "3.1", "", "mean", api_name="/patch_ablate")
+    assert "head 3.1" in status and "means over" in status
+
+
+def test_bad_input_is_a_readable_error_and_the_server_keeps_serving(client):
+    with pytest.raises(AppError, match="same number of tokens"):
+        sweep(client, corrupted="When Mary went to the store, Mary gave a drink to")
+    with pytest.raises(AppError, match="is 2 tokens"):
+        sweep(client, answer=" Mary Jane")
+    with pytest.raises(AppError, match="Run a sweep first"):
+        Client(client.src, verbose=False).predict("1, 2", api_name="/patch_cell")
+    with pytest.raises(AppError, match="layer.index pairs"):
+        client.predict(EXAMPLE_CLEAN, "three", "", "zero", api_name="/patch_ablate")
+    assert tuple(client.predict(EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, api_name="/patch_suggest")) == (" Mary", " John")
+
+
+def test_pairs_parse_as_layer_dot_index():
+    assert parse_pairs("3.1, 5:7  2.0", "heads") == [(3, 1), (5, 7), (2, 0)]
+    assert parse_pairs("", "heads") == []
+    with pytest.raises(ValueError, match="layer.index"):
+        parse_pairs("3", "heads")
