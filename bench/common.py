@@ -103,12 +103,13 @@ def spread(xs: list[float]) -> str:
     return f"{min(xs):.3g}–{max(xs):.3g} s"
 
 
-def load_models(*attn_implementations: str):
-    """slmviz's bundled model and transformers models of the same folder, fp32, one per attention kernel."""
+def load_models(*attn_implementations: str, name: str | None = None):
+    """slmviz's bundled model (`name`: another bundled one, e.g. "gemma-3-270m") and transformers models of
+    the same folder, fp32, one per attention kernel."""
     import slmviz
     from slmviz.reference import load_reference
 
-    model = slmviz.load()
+    model = slmviz.load(name)
     refs = {impl: load_reference(model.path, attn_implementation=impl) for impl in attn_implementations}
     return model, refs
 

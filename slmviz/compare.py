@@ -58,7 +58,7 @@ def first_divergent_layer(reference: Trace, other: Trace, threshold: float = DIV
 
 def first_divergent_hook(reference: Trace, other: Trace, rtol: float = 1e-5) -> str | None:
     """First hook (execution order) whose values differ beyond rtol relative to their size."""
-    for name in hook_names(reference.n_layers):
+    for name in hook_names(reference.config):
         if name in reference and name in other:
             a, b = reference[name].float(), other[name].float()
             if a.shape != b.shape:
@@ -87,20 +87,20 @@ def compare(
     note; with max_new_tokens > 0 also faithful_continuation and variant_continuation (greedy).
     Non-finite logits give kl = inf and count as disagreement; `note` says why.
     """
-    from .variants import PRESETS
+    from .variants import variants as applicable
 
     if model is None:
         from .model_api import load
 
         model = load()
-    wanted = list(variants) if variants is not None else [n for n in PRESETS if n != "faithful"]
+    wanted = list(variants) if variants is not None else [n for n in applicable(model) if n != "faithful"]
     names = lambda n: n.endswith(RESIDUAL_HOOKS)  # noqa: E731 - a tiny predicate reads best inline
     base = model.trace(prompt, variant=BASE, names=names, chat=chat)
     base_next = int(base.logits[-1].argmax())
     base_cont = model.generate(base.input_ids, max_new_tokens) if max_new_tokens else None
     rows = []
     for spec in wanted:
-        v = resolve_variant(spec)
+        v = resolve_variant(spec, model.cfg)
         label = spec if isinstance(spec, str) else v.label()
         t = model.trace(base.input_ids, variant=v, names=names)
         kl = kl_per_position(base.logits, t.logits)
