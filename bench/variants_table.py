@@ -35,6 +35,7 @@ def prompts(model) -> dict[str, str]:
 
 
 CONTINUATION_PROMPT = "Write a short story about a robot who learns to paint."  # through the chat template
+CONTINUATION_BASE_PROMPT = "Once upon a time, a robot who wanted to paint"  # for a model without one
 NEW_TOKENS = 32
 
 
@@ -73,12 +74,14 @@ def table(model) -> list[str]:
         ids = model.encode(prompt)
         df = slmviz.compare(ids, variants=presets, model=model).set_index("variant")
         by_length[label] = (ids.numel(), df)
-    chat_ids = model.encode(CONTINUATION_PROMPT, chat=True)
+    chat = bool(getattr(model.tokenizer, "chat_template", None))  # the bundled Gemma is a base model: no template
+    chat_ids = model.encode(CONTINUATION_PROMPT if chat else CONTINUATION_BASE_PROMPT, chat=chat)
     cont = slmviz.compare(chat_ids, variants=presets, model=model, max_new_tokens=NEW_TOKENS).set_index("variant")
 
     lengths = {label: n for label, (n, _) in by_length.items()}
     header = ["variant"] + [f"KL mean, {n} tok" for n in lengths.values()] + [
-        f"top-1 agree, {lengths['long']} tok", "first layer >1 %", "overflows at", "greedy continuation (chat)"]
+        f"top-1 agree, {lengths['long']} tok", "first layer >1 %", "overflows at",
+        "greedy continuation (chat)" if chat else "greedy continuation"]
     rows = []
     for name in presets:
         long_df = by_length["long"][1]
@@ -94,7 +97,8 @@ def table(model) -> list[str]:
         "",
         f"Model: {model.name}, fp32. Prompts: {', '.join(f'{k} = {v} tokens' for k, v in lengths.items())}. "
         f"KL(faithful ‖ variant) in nats, mean over positions. Continuation: {NEW_TOKENS} greedy tokens for "
-        f"the chat prompt {CONTINUATION_PROMPT!r}; faithful gives {faithful_text}.",
+        f"the {'chat ' if chat else ''}prompt {CONTINUATION_PROMPT if chat else CONTINUATION_BASE_PROMPT!r}; "
+        f"faithful gives {faithful_text}.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
