@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common import BENCH_DIR, Row, fmt_ratio, load_average, machine
 
-SCRIPTS = ["forward", "generate", "compare_presets", "memory", "app", "op_profile", "patching"]
+SCRIPTS = ["forward", "generate", "compare_presets", "memory", "app", "op_profile", "scan", "patching"]
 RESULTS = BENCH_DIR / "results.md"
 
 # What bounds a target when it is missed (profiled with torch.profiler; see each script's docstring).

@@ -28,7 +28,7 @@ import torch
 from .corpus import Corpus, count_documents, iter_documents
 from .features import feature_of
 from .scan_batches import Batch, BatchResult, ScanSpec, iter_windows, plan_batches, run_batch
-from .scan_reduce import EDGES, DamageTotals, HookPartial, key_doc, key_position
+from .scan_reduce import EDGES, EMPTY_KEY, POSITION_BITS, DamageTotals, HookPartial, key_doc, key_position
 from .variants import VariantLike, resolve_variant
 
 if TYPE_CHECKING:
@@ -228,7 +228,7 @@ class Scan:
         rows = []
         for rank in range(s.top_val.shape[1]):
             key = s.top_key[f, rank]
-            if not torch.isfinite(s.top_val[f, rank]) and int(key) == torch.iinfo(torch.int64).max:
+            if int(key) == EMPTY_KEY:  # fewer tokens than k
                 break
             strip = self.context(hook, index, rank)
             text = "".join(f"[[{t}]]" if here else t for t, _, here in strip)
@@ -260,10 +260,27 @@ class Scan:
         pd.DataFrame({"id": list(self.tokens), "token": list(self.tokens.values())}).to_parquet(
             folder / "tokens.parquet", index=False)
         self.damage.to_parquet(folder / "damage.parquet", index=False)
-        examples = [self.top_examples(h, i).assign(hook=h, feature=i) for h in self.hooks
-                    for i in range(self.features[h]["n"])]
-        pd.concat(examples, ignore_index=True).to_parquet(folder / "top_examples.parquet", index=False)
+        self.all_top_examples().to_parquet(folder / "top_examples.parquet", index=False)
         return folder
+
+    def all_top_examples(self) -> pd.DataFrame:
+        """Every feature's top_examples in one frame (with hook and feature columns), built in one pass:
+        thousands of per-feature DataFrames would take longer than the scan of a small corpus."""
+        before = self.info["context_before"]
+        rows = []
+        for hook, s in self.stats.items():
+            keys, vals = s.top_key.tolist(), s.top_val.tolist()
+            ids = s.top_ids.tolist()
+            for f, (fkeys, fvals, fids) in enumerate(zip(keys, vals, ids, strict=True)):
+                for rank, (key, val, ctx) in enumerate(zip(fkeys, fvals, fids, strict=True)):
+                    if key == EMPTY_KEY:
+                        break
+                    strings = [self.tokens.get(i, f"<{i}>") if i >= 0 else "" for i in ctx]
+                    token = strings[before]
+                    strings[before] = f"[[{token}]]"
+                    rows.append((hook, f, rank, key >> POSITION_BITS, key & ((1 << POSITION_BITS) - 1), token, val,
+                                 "".join(strings)))
+        return pd.DataFrame(rows, columns=["hook", "feature", *EXAMPLE_COLUMNS])
 
     @classmethod
     def load(cls, folder: str | os.PathLike) -> Scan:

@@ -231,6 +231,8 @@ def _collector(hooks: Sequence[str], last: str, need_logits: bool):
 def _run(model: Any, ids: torch.Tensor, ctx: Any, variant: Any) -> torch.Tensor | None:
     try:
         return model.decoder.forward(ids, ctx, variant)
+    except _Stop:  # a decoder that does not wrap hook fns' exceptions
+        return None
     except HookError as e:
         if isinstance(e.__cause__, _Stop):
             return None

@@ -172,6 +172,8 @@ def test_save_and_load_give_back_the_same_scan(small_scan, tmp_path):
     pd.testing.assert_frame_equal(back.top_examples(Z, 1), small_scan.top_examples(Z, 1))
     readable = pd.read_parquet(folder / "top_examples.parquet")
     assert set(readable.hook) == {MLP, Z, PATTERN}
+    one = readable[(readable.hook == Z) & (readable.feature == 1)].drop(columns=["hook", "feature"])
+    pd.testing.assert_frame_equal(one.reset_index(drop=True), small_scan.top_examples(Z, 1), check_dtype=False)
 
 
 def test_variant_damage_per_document_equals_kl_of_the_two_traces(tiny_model):

@@ -1,0 +1,154 @@
+"""Corpus scans: batched local-engine throughput vs the capture-off forward one document at a time, and peak
+memory vs corpus size (each size in a fresh process), on verses of the bundled King James Bible.
+
+    .venv/bin/python bench/scan.py [--docs 96] [--sizes 100,400,1600] [--app]
+
+Rows:
+- throughput: `slmviz.scan` (hooks of the LAST layer, so every block runs; the scan skips only the final
+  norm and unembedding, whose logits it does not need) against `decoder.forward` with capture off, one
+  verse at a time, full logits: what a loop of plain forwards costs. Alternating rounds, medians.
+- the same scan of a layer-15 hook: the forward stops after the last scanned hook (evidence row).
+- peak RSS during the scan of N verses (layer-3 hooks) in a fresh process that loaded the model, for each N:
+  bounded memory means the largest N needs no more than the smallest (target ≤ 1.10×).
+- --app: the app's Corpus tab scan as it runs on first use (app/corpus_tab.py: its size and hooks).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from common import BENCH_DIR, Row, interleaved, main, median, spread
+
+LAST_LAYER_HOOKS = ("mlp.hook_post", "attn.hook_z", "attn.hook_pattern")
+
+
+def sample_verses(n: int) -> list[str]:
+    from slmviz.corpus import bundled_corpus
+
+    verses = bundled_corpus()
+    return verses[:: max(1, len(verses) // n)][:n]
+
+
+def throughput_rows(args) -> list[Row]:
+    import slmviz
+    from slmviz.hooks import build_context
+    from slmviz.variants import resolve_variant
+
+    model = slmviz.load()
+    docs = sample_verses(args.docs)
+    ids = [model.encode(d) for d in docs]
+    n_tokens = sum(int(i.numel()) for i in ids)
+    faithful = resolve_variant(None)
+    last = model.cfg.n_layers - 1
+    deep = [f"blocks.{last}.{k}" for k in LAST_LAYER_HOOKS]
+    mid = [f"blocks.15.{k}" for k in LAST_LAYER_HOOKS]
+
+    def one_at_a_time() -> None:
+        for i in ids:
+            model.decoder.forward(i, build_context(model.hook_names, []), faithful)
+
+    def scan(hooks):
+        return lambda: slmviz.scan(docs, hooks=hooks, top_k=20, model=model, progress=False)
+
+    times = interleaved({"forward": one_at_a_time, "scan": scan(deep), "scan15": scan(mid)},
+                        warmup=1, repeats=min(args.repeats, 3))  # each round scans every verse 3 ways
+    base, deep_s, mid_s = median(times["forward"]), median(times["scan"]), median(times["scan15"])
+    what = f"{len(docs)} verses, {n_tokens} tokens ({n_tokens / len(docs):.0f} per verse)"
+    return [
+        Row(f"scan throughput, last-layer hooks (mlp post, z, pattern), batched ÷ forward one verse at a time; {what}",
+            f"{n_tokens / deep_s:.0f} tokens/s", f"{n_tokens / base:.0f} tokens/s", base / deep_s, "≥ 2.0",
+            base / deep_s >= 2.0, f"scan {spread(times['scan'])}, forward {spread(times['forward'])}"),
+        Row("scan throughput, layer-15 hooks (forward stops after them) ÷ forward one verse at a time",
+            f"{n_tokens / mid_s:.0f} tokens/s", f"{n_tokens / base:.0f} tokens/s", base / mid_s, "—", None,
+            f"scan {spread(times['scan15'])}"),
+    ]
+
+
+def child_memory(n: int) -> None:
+    """In a fresh process: load, scan n verses, print the peak RSS DURING the scan (sampled every 5 ms by a
+    thread; the process's lifetime peak is the model load's, which would hide the scan) as JSON."""
+    import threading
+
+    import psutil
+
+    import slmviz
+
+    model = slmviz.load()
+    docs = sample_verses(n)
+    proc = psutil.Process()
+    loaded = proc.memory_info().rss
+    peak = [loaded]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], proc.memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    s = slmviz.scan(docs, hooks=[f"blocks.3.{k}" for k in LAST_LAYER_HOOKS], top_k=20, model=model, progress=False)
+    seconds = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    print(json.dumps({"n": n, "tokens": s.info["tokens"], "loaded": loaded, "peak": peak[0], "seconds": seconds}))
+
+
+def memory_rows(args) -> list[Row]:
+    results = []
+    for n in [int(x) for x in args.sizes.split(",")]:
+        out = subprocess.run([sys.executable, str(BENCH_DIR / "scan.py"), "--child-memory", str(n)],
+                             capture_output=True, text=True, check=True).stdout
+        results.append(json.loads(out.strip().splitlines()[-1]))
+        print(results[-1], flush=True)
+    small, large = results[0], results[-1]
+    ratio = large["peak"] / small["peak"]
+    gb = 1024**3
+    note = "; ".join(f"{r['n']} verses ({r['tokens']} tokens): peak {r['peak'] / gb:.3f} GB, after load "
+                     f"{r['loaded'] / gb:.3f} GB, {r['seconds']:.0f} s" for r in results)
+    return [Row(f"peak RSS during a scan of {large['n']} verses ÷ {small['n']} verses (fresh processes, layer-3 hooks)",
+                f"{large['peak'] / gb:.3f} GB", f"{small['peak'] / gb:.3f} GB", ratio, "≤ 1.10", ratio <= 1.10, note)]
+
+
+def app_rows() -> list[Row]:
+    import slmviz
+    from app.corpus_tab import corpus_docs, corpus_size, scan_hooks
+
+    model = slmviz.load()
+    docs = corpus_docs(corpus_size())
+    start = time.perf_counter()
+    s = slmviz.scan(docs, hooks=scan_hooks(model), top_k=10, model=model, progress=False)
+    seconds = time.perf_counter() - start
+    return [Row(f"app Corpus tab, first scan: {len(docs)} verses ({s.info['tokens']} tokens), hooks "
+                f"{', '.join(scan_hooks(model))}", f"{seconds:.0f} s", "", None, "minutes", None,
+                f"{s.info['tokens_per_s']:.0f} tokens/s")]
+
+
+def run(args) -> list[Row]:
+    if args.child_memory:
+        child_memory(args.child_memory)
+        sys.exit(0)
+    rows = throughput_rows(args) + memory_rows(args)
+    if args.app:
+        rows += app_rows()
+    return rows
+
+
+def add_args(parser) -> None:
+    parser.add_argument("--docs", type=int, default=96, help="verses in the throughput comparison")
+    parser.add_argument("--sizes", default="100,400,1600", help="corpus sizes (verses) of the memory rows")
+    parser.add_argument("--app", action="store_true", help="also time the app's first Corpus-tab scan")
+    parser.add_argument("--child-memory", type=int, default=0, help=argparse_hidden())
+
+
+def argparse_hidden() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    main(run, __doc__, add_args)
