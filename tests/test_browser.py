@@ -153,6 +153,8 @@ def test_the_model_picker_switches_to_gemma_and_break_it_offers_its_presets(page
         "(document.querySelector('#attention-plot .gtitle') || {}).textContent?.includes('all 4 heads')",
         timeout=PLOT_TIMEOUT_MS)
     assert "(sliding)" in page.locator("#attention-plot .gtitle").text_content()  # an SVG <text>, not HTML
+    page.wait_for_timeout(500)
+    page.locator("#attention-plot").screenshot(path=str(ASSETS / "screenshot-gemma-attention.png"))
     page.get_by_role("tab", name="Break it").click()
     page.click("#variant-preset input")
     options = page.get_by_role("option")
