@@ -94,6 +94,39 @@ def matmul_replaced(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | Non
         block.linear, decoder.linear = saved
 
 
+def decoding_step_split(model, ids: torch.Tensor, n: int,
+                        timed: Callable[[torch.Tensor], bool] = lambda w: True) -> tuple[float, float]:
+    """(seconds per decoding step, of which inside the weight matmuls `timed(w)` selects) of one stream.
+
+    Every selected matmul is timed with perf_counter around it, so the split carries the timer's own cost.
+    """
+    from slmviz.model.params import linear
+
+    spent = [0.0]
+
+    def timed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        if not timed(w):
+            return linear(x, w, b)
+        start = time.perf_counter()
+        out = linear(x, w, b)
+        spent[0] += time.perf_counter() - start
+        return out
+
+    stamps = []
+    with matmul_replaced(timed_linear), torch.inference_mode():
+        for _step in model.stream(ids, n, stop_at_eos=False):
+            stamps.append(time.perf_counter())
+            if len(stamps) == 1:
+                spent[0] = 0.0  # the clock starts after the prefill, like the decoding-steps rows
+    # The last step's matmuls ran before its token was yielded, so every counted matmul is in the window.
+    return per_step(stamps), spent[0] / (len(stamps) - 1)
+
+
+def per_step(stamps: list[float]) -> float:
+    """Seconds per cached decoding step from the times tokens were yielded (the first one ends the prefill)."""
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -8,12 +8,9 @@ where a decoding step's time goes: Gemma's 262 144-row unembedding is 640 MB of 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
-from common import GENERATE_PROMPT, Row, interleaved, load_models, main, matmul_replaced, median, prompt_ids, spread
-
-from slmviz.model.params import linear
+from common import GENERATE_PROMPT, Row, decoding_step_split, interleaved, load_models, main, median, prompt_ids, spread
 
 MODEL = "gemma-3-270m"
 
@@ -61,7 +58,8 @@ def _generate_rows(model, hf, args: argparse.Namespace) -> list[Row]:
         same = ours() == theirs()
         t = interleaved({"slmviz": ours, "transformers": theirs}, warmup=0, repeats=args.repeats)
     ours_tps, ref_tps = n / median(t["slmviz"]), n / median(t["transformers"])
-    step, unembed = _unembedding_share(model, ids, n)
+    unembedding = model.decoder.params.unembed
+    step, unembed = decoding_step_split(model, ids, n, timed=lambda w: w is unembedding)
     unembed_bytes = model.decoder.params.unembed.numel() * model.decoder.params.unembed.element_size()
     return [
         Row(f"Gemma 3 270M: greedy generate, {n} new tokens: tokens/s ÷ transformers generate",
@@ -81,28 +79,6 @@ def _block_bytes(model) -> int:
     for layer in model.decoder.params.layers:
         total += sum(t.numel() * t.element_size() for t in vars(layer).values() if isinstance(t, torch.Tensor))
     return total
-
-
-def _unembedding_share(model, ids: torch.Tensor, n: int) -> tuple[float, float]:
-    """(seconds per decoding step, of which in the unembedding matmul) of one instrumented stream."""
-    unembed = model.decoder.params.unembed
-    spent = [0.0]
-
-    def timed_linear(x, w, b):
-        if w is not unembed:
-            return linear(x, w, b)
-        start = time.perf_counter()
-        out = linear(x, w, b)
-        spent[0] += time.perf_counter() - start
-        return out
-
-    stamps = []
-    with matmul_replaced(timed_linear), torch.inference_mode():
-        for _ in model.stream(ids, n, stop_at_eos=False):
-            stamps.append(time.perf_counter())
-            if len(stamps) == 1:
-                spent[0] = 0.0
-    return (stamps[-1] - stamps[0]) / (len(stamps) - 1), spent[0] / (len(stamps) - 1)
 
 
 def _args(parser: argparse.ArgumentParser) -> None:

@@ -17,10 +17,8 @@ import argparse
 import time
 
 import torch
-from common import GENERATE_PROMPT, Row, interleaved, load_models, main, matmul_replaced, median, spread
+from common import GENERATE_PROMPT, Row, decoding_step_split, interleaved, load_models, main, median, per_step, spread
 from decode_floor import floor_passes, floor_seconds
-
-from slmviz.model.params import linear
 
 SPEEDUP_TARGET = 1.5
 FLOOR_TARGET = 0.85
@@ -39,7 +37,7 @@ def run(args: argparse.Namespace) -> list[Row]:
         for step in model.stream(ids, n, stop_at_eos=False):
             stamps.append(time.perf_counter())
             tokens.append(step.token_id)
-        step_seconds.append(_per_step(stamps))
+        step_seconds.append(per_step(stamps))
         return tokens
 
     def theirs() -> list[int]:
@@ -58,7 +56,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     step_seconds.clear()
     for _ in range(args.repeats):
         interleaved({"slmviz": ours, "transformers": theirs}, warmup=0, repeats=1, into=times)
-        splits.append(_decode_step_split(model, ids, n))
+        splits.append(decoding_step_split(model, ids, n))
         interleaved(passes, warmup=0, repeats=FLOOR_PASSES_PER_ROUND, into=floor_times)
 
     ours_tps = n / median(times["slmviz"])
@@ -92,31 +90,6 @@ def run(args: argparse.Namespace) -> list[Row]:
             f"PyTorch ops per layer): {(step - in_matmuls) * 1e3:.1f} ms/step; matmuls timed one by one "
             f"(perf_counter around each), so they carry the timer's own cost"),
     ]
-
-
-def _decode_step_split(model, ids: torch.Tensor, n: int) -> tuple[float, float]:
-    """(seconds per decoding step, of which inside the weight matmuls) of one instrumented stream."""
-    spent = [0.0]
-
-    def timed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        start = time.perf_counter()
-        out = linear(x, w, b)
-        spent[0] += time.perf_counter() - start
-        return out
-
-    stamps = []
-    with matmul_replaced(timed_linear), torch.inference_mode():
-        for _step in model.stream(ids, n, stop_at_eos=False):
-            stamps.append(time.perf_counter())
-            if len(stamps) == 1:
-                spent[0] = 0.0  # the clock starts after the prefill, like the decoding-steps row
-    # The last step's matmuls ran before its token was yielded, so every counted matmul is in the window.
-    return _per_step(stamps), spent[0] / (len(stamps) - 1)
-
-
-def _per_step(stamps: list[float]) -> float:
-    """Seconds per cached decoding step from the times tokens were yielded (the first one ends the prefill)."""
-    return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
 def _args(parser: argparse.ArgumentParser) -> None:
