@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
-from .hooks import hook_names
-from .trace import RESIDUAL_STAGES, Trace
+from .hooks import RESIDUAL_STAGES, hook_names
 from .variants import BASE, VariantLike, resolve_variant
 
 if TYPE_CHECKING:
     from .model_api import Model
+    from .trace import Trace
 
 DIVERGENCE_THRESHOLD = 0.01  # 1 % relative change of the residual stream
 RESIDUAL_HOOKS = tuple(RESIDUAL_STAGES.values())

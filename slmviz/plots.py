@@ -24,8 +24,8 @@ from plotly.subplots import make_subplots
 
 from .compare import kl_per_position as _kl_per_position
 from .compare import trace_diff
+from .hooks import RESIDUAL_STAGES
 from .model.attention import attention_mask, kv_head_index
-from .trace import RESIDUAL_STAGES
 
 if TYPE_CHECKING:
     from .trace import Trace
