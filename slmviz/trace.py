@@ -152,7 +152,7 @@ class Trace:
 
     def token_string(self, token_id: int) -> str:
         if token_id not in self.vocab_strings and self._model is not None:
-            self.vocab_strings[token_id] = self._model.tokenizer.decode([token_id])
+            self.vocab_strings[token_id] = self._model.to_strings([token_id])[0]
         return self.vocab_strings.get(token_id, f"<{token_id}>")
 
     def logit_lens(self, k: int = 5, start: int = 0) -> pd.DataFrame:
