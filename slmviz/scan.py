@@ -244,6 +244,19 @@ class Scan:
         return [(self.tokens.get(i, f"<{i}>"), a, c == before) for c, (i, a) in enumerate(zip(ids, acts, strict=True))
                 if i >= 0]
 
+    # --- figures (slmviz.scan_plots; the app's Corpus tab draws the same) -----------------------------
+    def plot_histogram(self, hook: str, index: int):
+        """plotly Figure: the feature's activation density over every token of the corpus."""
+        from .scan_plots import histogram
+
+        return histogram(self, hook, index)
+
+    def examples_html(self, hook: str, index: int) -> str:
+        """HTML strips of the top examples, coloured by activation (display with IPython.display.HTML)."""
+        from .scan_plots import examples_html
+
+        return examples_html(self, hook, index)
+
     # --- files --------------------------------------------------------------------------------------
     def save(self, folder: str | os.PathLike) -> Path:
         """Write scan.safetensors (every statistic, exact), tokens.parquet, damage.parquet and a readable

@@ -102,6 +102,10 @@ def test_top_examples_show_the_token_in_its_context(small_scan, tiny_model, docs
     here = [a for _, a, is_it in strip if is_it]
     assert here == [pytest.approx(row.activation)]
     assert len(strip) <= 12 + 1 + 4
+    html = small_scan.examples_html(MLP, 7)
+    assert html.count('class="slmviz-corpus-strip"') == len(table) and "rgba(255,140,0" in html
+    fig = small_scan.plot_histogram(MLP, 7)
+    assert sum(small_scan.histogram(MLP, 7)["count"]) == small_scan.info["tokens"] and fig.data[0].type == "bar"
 
 
 def test_padding_changes_nothing(tiny_model):
