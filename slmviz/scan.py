@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 ENGINES = ("local", "ray")
 DEFAULT_WINDOW = 256
 DEFAULT_BATCH_TOKENS = 2048
+# With variants every batch also holds two [tokens, vocab] fp32 logits (faithful and variant): 2 x 512 x 49152
+# x 4 bytes = 0.2 GB on SmolLM2, where 2048 tokens would need 0.8 GB.
+DAMAGE_BATCH_TOKENS = 512
 FORMAT_VERSION = 1
 Progress = bool | Callable[[int, int | None], None]
 
@@ -53,7 +56,7 @@ def scan(
     engine: str = "local",
     variants: Sequence[VariantLike] | str | None = None,
     window: int = DEFAULT_WINDOW,
-    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    batch_tokens: int | None = None,
     limit: int | None = None,
     workers: int = 1,
     progress: Progress = True,
@@ -63,7 +66,8 @@ def scan(
 
     top_k: contexts kept per feature. variants: presets (or Variants) whose damage (KL from faithful,
     top-1 agreement) is measured per document. window: documents longer than this many tokens are cut
-    into windows. batch_tokens: padded tokens per forward. limit: read at most this many documents.
+    into windows. batch_tokens: padded tokens per forward (default DEFAULT_BATCH_TOKENS, or
+    DAMAGE_BATCH_TOKENS with variants: their logits are big). limit: read at most this many documents.
     workers: Ray actors (engine="ray"). progress: a tqdm bar (True), none (False), or fn(docs_done, total).
     context: tokens kept before and after each top example.
     """
@@ -78,9 +82,11 @@ def scan(
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    names, resolved = _variants(variants)
+    if batch_tokens is None:
+        batch_tokens = DAMAGE_BATCH_TOKENS if resolved else DEFAULT_BATCH_TOKENS
     if batch_tokens < 1:
         raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
-    names, resolved = _variants(variants)
     if engine == "ray":
         from .scan_ray import import_ray, run_on_ray
 

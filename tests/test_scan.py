@@ -17,7 +17,7 @@ import torch
 
 import slmviz
 from slmviz.compare import kl_per_position
-from slmviz.corpus import CorpusError, bundled_corpus_path, iter_documents
+from slmviz.corpus import CorpusError, bundled_corpus_path, count_documents, iter_documents
 from slmviz.scan_batches import Batch, ScanSpec, Window, _forward, iter_windows, plan_batches
 
 MLP = "blocks.1.mlp.hook_post"
@@ -200,6 +200,7 @@ def test_corpus_files_read_the_same_documents(tmp_path):
     pd.DataFrame({"text": docs}).to_parquet(tmp_path / "c.parquet")
     for suffix in ("txt", "jsonl", "parquet"):
         assert list(iter_documents(tmp_path / f"c.{suffix}")) == docs, suffix
+        assert count_documents(tmp_path / f"c.{suffix}") == 3 and count_documents(tmp_path / f"c.{suffix}", 2) == 2
     assert list(iter_documents(docs, limit=2)) == docs[:2]
     path = bundled_corpus_path()
     assert path.name == "kjv.jsonl" and next(iter_documents(path)).startswith("In the beginning God")
