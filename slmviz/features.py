@@ -54,7 +54,7 @@ def head_norm(x: torch.Tensor) -> torch.Tensor:
 def max_attention_to_earlier(pattern: torch.Tensor) -> torch.Tensor:
     """[b, h, pos_q, pos_k] -> [b, pos_q, h]: max over 0 < k < q of pattern[b, h, q, k] (0 where q < 2)."""
     q, k = pattern.shape[-2:]
-    earlier = torch.ones(q, k, dtype=torch.bool).tril(-1)  # k < q
+    earlier = torch.ones(q, k, dtype=torch.bool, device=pattern.device).tril(-1)  # k < q
     earlier[:, 0] = False  # not the first token (the attention sink)
     picked = pattern.float().masked_fill(~earlier, 0.0)
     return picked.amax(-1).transpose(1, 2)  # [b, h, q] -> [b, q, h]

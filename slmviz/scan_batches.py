@@ -274,6 +274,6 @@ def _damage(model: Any, ids: torch.Tensor, lengths: torch.Tensor, windows: Seque
                 other = broken[i, :n]
             else:
                 other = model.decoder.forward(ids[i, :n], build_context(model.hook_names, []), variant)
-            kl_sum[i, j] = kl_per_position(ref, other).double().sum()
+            kl_sum[i, j] = float(kl_per_position(ref, other).double().sum())  # float(): off a GPU too
             agree[i, j] = int((ref.argmax(-1) == other.argmax(-1)).sum())
     return DamagePartial(torch.tensor([x.doc for x in windows]), lengths.long(), kl_sum, agree)
