@@ -34,7 +34,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         s = slmviz.scan(corpus, hooks=args.hook, top_k=args.top_k, model=slmviz.load(args.model),
                         engine=args.engine, variants=args.variants, limit=args.limit,
                         window=args.window or DEFAULT_WINDOW, workers=args.workers)
-    except ImportError as e:
+    except (ImportError, ConnectionError) as e:  # no Ray installed; an unreachable RAY_ADDRESS
         print(f"slmviz scan: error: {e}", file=sys.stderr)
         return 2
     folder = s.save(args.out)
