@@ -68,7 +68,7 @@ def test_smollm2_offers_exactly_the_llama_presets(model):
     """variants(model) lists what applies: every LLaMA-family switch, none of the Gemma/Qwen3/OLMo-2 ones."""
     assert list(slmviz.variants(model)) == LLAMA_PRESETS
     for name in FAMILY_PRESETS:
-        with pytest.raises(VariantError, match=f"does not apply to llama.*Presets that apply to llama: post_norm"):
+        with pytest.raises(VariantError, match="does not apply to llama.*Presets that apply to llama: post_norm"):
             model.trace("Hi", variant=name)
 
 
