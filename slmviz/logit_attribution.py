@@ -137,11 +137,6 @@ def _weight(weight: torch.Tensor, conv: dict[str, Any]) -> torch.Tensor:
 
 
 def _conventions(trace: Trace) -> dict[str, Any]:
-    """norm placement, norm type and norm offset of the trace's run, resolved against its checkpoint."""
-    from . import variants
-
-    resolve = getattr(variants, "resolve", None)
-    if resolve is not None:
-        c = resolve(trace.variant, trace.config)
-        return {"norm": c.norm, "norm_type": c.norm_type, "norm_offset": float(c.norm_offset)}
-    return {"norm": trace.variant.norm, "norm_type": trace.variant.norm_type, "norm_offset": 0.0}
+    """norm placement, norm type and norm offset of the trace's run, as its decoder resolved them for the checkpoint."""
+    c = trace._model.decoder.conventions(trace.variant)
+    return {"norm": c.norm, "norm_type": c.norm_type, "norm_offset": float(c.norm_offset)}
