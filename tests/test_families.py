@@ -183,7 +183,8 @@ def test_gemma_3_270m_generates_like_transformers(gemma, gemma_reference):
 
 @pytest.mark.slow
 def test_gemma_family_presets_change_the_real_model(gemma):
-    """Every Gemma preset moves the logits; no_sliding_window only beyond the 512-token window."""
+    """Every Gemma preset moves the logits (KL > 0: faithful vs itself is exactly 0); no_sliding_window only
+    beyond the 512-token window. gelu_exact moves them least (~1e-6 nats, bench/variants_table.md)."""
     short = gemma.encode(GEMMA_PROMPTS["short"])
     long = gemma.encode(GEMMA_PROMPTS["beyond_window"])
     faithful_short, faithful_long = gemma.logits(short), gemma.logits(long)
@@ -194,7 +195,7 @@ def test_gemma_family_presets_change_the_real_model(gemma):
             kl = kl_per_position(faithful_long, gemma.logits(long, variant=name))
         else:
             kl = kl_per_position(faithful_short, gemma.logits(short, variant=name))
-        assert float(kl.mean()) > 1e-6, name
+        assert float(kl.mean()) > 0, name
     assert [n for n in PRESETS if not applies(n, gemma.cfg)] == ["gqa_tile"]
 
 
