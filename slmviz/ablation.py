@@ -21,6 +21,7 @@ The hook fns work on batch-free values ([pos, ...], as `trace` passes them) and 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -123,7 +124,7 @@ def _replacement_sources(kind: str, reference: Any, names: list[str], model: Any
         raise ValueError(f"kind={kind!r} needs reference= (a list of prompts"
                          f"{', or a corpus scan' if kind == 'mean' else ''}) to take its values from")
     if kind == "mean" and hasattr(reference, "mean") and not isinstance(reference, str | list | tuple):
-        return {name: torch.as_tensor(reference.mean(name)).reshape(_unit_shape(name, model.cfg)) for name in names}
+        return {name: _scan_mean(reference, name, _unit_shape(name, model.cfg)) for name in names}
     prompts = [reference] if isinstance(reference, str) else list(reference)
     if not prompts:
         raise ValueError("reference= is empty; pass at least one prompt")
@@ -134,6 +135,22 @@ def _replacement_sources(kind: str, reference: Any, names: list[str], model: Any
             rows[name].append(t[name])  # [pos, *unit shape]
     values = {name: torch.cat(r) for name, r in rows.items()}  # [n_ref, *unit shape]
     return {name: v.mean(0) for name, v in values.items()} if kind == "mean" else values
+
+
+def _scan_mean(scan: Any, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A corpus scan's mean of one hook's value, shaped like one position of it.
+
+    `Scan.value_mean` is the raw value's mean; `Scan.mean` is the mean of the scan's ranked features, which is
+    the same thing only where the features are the values themselves (MLP neurons, residual dimensions): for
+    a head it is the norm of each head's vector, no use as a replacement value.
+    """
+    value = scan.value_mean(name) if hasattr(scan, "value_mean") else scan.mean(name)
+    value = None if value is None else torch.as_tensor(value)
+    if value is None or value.numel() != math.prod(shape):
+        got = "nothing" if value is None else f"shape {tuple(value.shape)}"
+        raise ValueError(f"The corpus scan's mean of {name} is {got}, not one position's value {list(shape)}; "
+                         f"scan that hook (e.g. slmviz.scan(corpus, hooks=[{name!r}])) or pass reference prompts")
+    return value.reshape(shape)
 
 
 def _unit_shape(name: str, cfg: Any) -> tuple[int, ...]:

@@ -105,3 +105,17 @@ def test_bad_input_is_a_clear_error(m):
         ablation(model=m)
     with pytest.raises(ValueError, match="'attn' | 'mlp'"):
         ablation(layers=[(0, "ffn")], model=m)
+
+
+def test_mean_ablation_reads_a_real_corpus_scan(m):
+    import slmviz
+
+    corpus = ["w3 w20 w21 w22", "w3 w30 w31 w32 w33"]
+    names = ["blocks.1.mlp.hook_post", "blocks.1.attn.hook_z"]
+    s = slmviz.scan(corpus, hooks=names, model=m)
+    hooks = ablation(heads=[(1, 2)], neurons=[(1, 4)], kind="mean", reference=s, model=m)
+    after = m.trace(PROMPT, hooks=hooks)
+    by_prompts = ablation(heads=[(1, 2)], neurons=[(1, 4)], kind="mean", reference=corpus, model=m)
+    expected = m.trace(PROMPT, hooks=by_prompts)
+    for name in names:  # a scan's mean over every token is the prompts' mean
+        torch.testing.assert_close(after[name], expected[name], rtol=0, atol=1e-6)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import numpy as np
 import pytest
@@ -122,3 +123,16 @@ def test_pairs_parse_as_layer_dot_index():
     assert parse_pairs("", "heads") == []
     with pytest.raises(ValueError, match="layer.index"):
         parse_pairs("3", "heads")
+
+
+def test_a_running_sweep_can_be_cancelled_and_the_next_request_is_served(client):
+    job = client.submit(EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_ANSWER, EXAMPLE_WRONG, "pattern", "denoise", "exact",
+                        api_name="/patch_sweep")
+    while not job.outputs():  # the first partial heatmap: the sweep is running
+        assert not job.done(), job.exception()
+        time.sleep(0.2)
+    job.cancel()
+    start = time.monotonic()
+    assert tuple(client.predict(EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, api_name="/patch_suggest")) == (" Mary", " John")
+    assert time.monotonic() - start < 60
+    assert "Done in" not in job.outputs()[-1][1]
