@@ -430,28 +430,23 @@ def _shared_prefix(model: Any, target: Any, layer: int, n: int, batch: int) -> A
 
 def patched_trace(model: Any, target_ids: torch.Tensor, source_ids: torch.Tensor, site: str, layer: int,
                   position: int | None = None, head: int | None = None, variant: VariantLike = None):
-    """Trace the target prompt with one cell of `site` replaced by the source prompt's value there."""
+    """Trace the target prompt with one cell of `site` replaced by the source prompt's value there.
+
+    `head` is a query head for z/q/pattern/heads and a KV head for k/v; `position` is unused by `heads`.
+    """
     s = site_of(site)
     if not 0 <= int(layer) < model.cfg.n_layers:
         raise ValueError(f"layer must be in 0..{model.cfg.n_layers - 1}, got {layer!r}")
-    cell = tuple(int(c) for c, axis in ((position, "position"), (head, "head")) if _uses(s, axis, c))
+    given = {"position": position, "head": head, "kv_head": head}
     sizes = axis_sizes(s, model.cfg, target_ids.numel())[1:]
-    if len(cell) != len(s.axes) or any(not 0 <= c < n for c, n in zip(cell, sizes, strict=True)):
+    if any(given[a] is None or not 0 <= int(given[a]) < n for a, n in zip(s.axes, sizes, strict=True)):
         want = ", ".join(f"{a} in 0..{n - 1}" for a, n in zip(s.axes, sizes, strict=True))
         raise ValueError(f"site {site!r} takes a cell ({want}); got position={position!r}, head={head!r}")
+    cell = tuple(int(given[a]) for a in s.axes)
     name = site_hook_name(s, int(layer))
     v = resolve_variant(variant)
     source = model.trace(source_ids, variant=v, names=[name])
     return model.trace(target_ids, variant=v, names=[], hooks={name: _writer(source[name], s.index(cell))})
-
-
-def _uses(site: Site, axis: str, value: int | None) -> bool:
-    """Whether `patched_trace`'s position/head argument belongs to this site's cell (head means h or g)."""
-    axes = {"kv_head" if a == "kv_head" else a for a in site.axes}
-    wanted = axis in axes or (axis == "head" and "kv_head" in axes)
-    if wanted and value is None:
-        raise ValueError(f"site needs {axis}= for a cell (its axes: {site.axes})")
-    return wanted
 
 
 Prompt = str | Sequence[int] | torch.Tensor

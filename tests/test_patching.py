@@ -209,3 +209,12 @@ def test_a_partial_sweep_draws_blank_cells_and_says_how_far_it_got(m):
     second = next(steps)
     assert second.done == 1
     assert "Computing: 1/16 cells" in second.plot().layout.title.subtitle.text
+
+
+def test_a_single_patched_run_names_the_cell_it_needs(m):
+    ids, src = torch.tensor(CORRUPTED), torch.tensor(CLEAN)
+    with pytest.raises(ValueError, match=r"takes a cell \(position in 0..7, kv_head in 0..1\)"):
+        patched_trace(m, ids, src, "k", 0, 3, 2)
+    with pytest.raises(ValueError, match=r"takes a cell \(head in 0..3\)"):
+        patched_trace(m, ids, src, "heads", 0)
+    assert patched_trace(m, ids, src, "heads", 1, head=3).logits.shape == (len(CLEAN), m.cfg.vocab_size)
