@@ -218,3 +218,13 @@ def test_a_single_patched_run_names_the_cell_it_needs(m):
     with pytest.raises(ValueError, match=r"takes a cell \(head in 0..3\)"):
         patched_trace(m, ids, src, "heads", 0)
     assert patched_trace(m, ids, src, "heads", 1, head=3).logits.shape == (len(CLEAN), m.cfg.vocab_size)
+
+
+def test_the_figures_do_not_import_the_modules_that_produce_them():
+    """One-way flow (issue 11, item 8): results may offer .plot(), but patch_plots never imports them back."""
+    import ast
+    from pathlib import Path
+
+    source = Path(slmviz.__file__).parent / "patch_plots.py"
+    imported = {node.module for node in ast.walk(ast.parse(source.read_text())) if isinstance(node, ast.ImportFrom)}
+    assert not imported & {"patching", "attribution_patching", "logit_attribution", "ablation", "model_api"}
