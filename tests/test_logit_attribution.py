@@ -101,3 +101,13 @@ def test_the_bar_charts_add_up_to_the_logit_difference(tiny_model):
     assert sum(sum(bar.y) for bar in fig.data) == pytest.approx(frame.attrs["logit_diff"], rel=REL, abs=1e-6)
     by_head = logit_attribution_bars(t.logit_attribution(20, 21, by="head"), top=3)
     assert len(by_head.data[0].x) == 3 and by_head.data[-1].x == ("remainder",)
+
+
+@pytest.mark.slow
+def test_rows_sum_to_the_logit_difference_on_gemma_3_with_its_post_norms():
+    """Gemma 3 270M: sandwich norms with (1 + w) weights; the split into heads and neurons freezes the post-norm
+    scales inside each branch too. (Loads the bundled Gemma, prepared by the other slow tests.)"""
+    gemma = slmviz.load("gemma-3-270m")
+    t = gemma.trace("When Mary and John went to the store, John gave a drink to")
+    for by in ("layer", "head", "neuron"):
+        _check_sums(t, " Mary", " John", by)
