@@ -8,9 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from slmviz.model import params
 from slmviz.model.attention import attention_mask, eager_attention, fused_attention, kv_head_index
 from slmviz.model.kv_cache import KVCache
 from slmviz.model.params import _MIN_SPLIT, linear
+
+
+@pytest.fixture(autouse=True)
+def row_split(monkeypatch):
+    """Exercise the row-split kernel whichever kernel this CPU's measurement picked (params.row_split_wins)."""
+    monkeypatch.setattr(params, "_row_split_wins", True)
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -83,6 +90,18 @@ def test_one_query_attention_takes_a_query_transposed_from_pos_major():
     k, v = torch.randn(1, g, n_k, dh), torch.randn(1, g, n_k, dh)
     expected = _reference_attention(q, k, v, None, dh**-0.5, kv_head_index(h, g))
     assert torch.allclose(fused_attention(q, k, v, None, dh**-0.5), expected, atol=1e-6)
+
+
+def test_the_one_row_kernel_is_measured_once_or_forced(monkeypatch):
+    monkeypatch.setattr(params, "_row_split_wins", None)
+    monkeypatch.setenv(params.ONE_ROW_KERNEL_ENV, "linear")
+    assert params.row_split_wins() is False and params._row_blocks(torch.randn(1, 576), torch.randn(1536, 576)) == 1
+    monkeypatch.setattr(params, "_row_split_wins", None)
+    monkeypatch.setenv(params.ONE_ROW_KERNEL_ENV, "split")
+    assert params.row_split_wins() is True and params._row_blocks(torch.randn(1, 576), torch.randn(1536, 576)) > 1
+    monkeypatch.setattr(params, "_row_split_wins", None)
+    monkeypatch.delenv(params.ONE_ROW_KERNEL_ENV)
+    assert params.row_split_wins() in (True, False)  # measured: either kernel, the same numbers
 
 
 def test_kv_cache_appends_in_place_and_grows():

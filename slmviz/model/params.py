@@ -1,10 +1,10 @@
 """The decoder's parameters, stored the way the kernels read them fastest.
 
 Matrices keep nn.Linear's layout, [out, in] and contiguous. A decoding step is a matrix-vector product
-bound by reading the weights, and MKL runs a single one on one core however many threads torch has;
-`linear` splits one-row products into one row block per thread, which streams the weights at the
-machine's read bandwidth (bench/decode_floor.py times every layout: on 2 cores this is the fastest pass
-over SmolLM2's weights, the "weight-read floor"). Prompts (many rows) go through the same GEMM as
+bound by reading the weights. On some CPUs MKL runs a single one on one core however many threads torch
+has; there `linear` splits one-row products into one row block per thread, which streams the weights at
+the machine's read bandwidth. On others MKL's own matrix-vector product is faster, and `linear` uses it:
+which one wins is measured once per process (`row_split_wins`). Prompts (many rows) go through the same GEMM as
 transformers. q/k/v and gate/up are fused into one matrix each, so a decoding step makes 4 matmuls per
 layer instead of 7. Only slmviz/weights.py knows how HF names map onto these fields.
 """
@@ -49,13 +49,14 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     """x @ w.T (+ b) for [out, in] weights, like F.linear. x: [..., pos, in] -> [..., pos, out].
 
     Several rows are one GEMM (F.linear, as in transformers). One row (a decoding step) is a
-    matrix-vector product bound by reading w, and MKL runs it on one core however many threads torch
-    has. So w is split into one block of rows per thread and multiplied as one batched matmul, which
-    torch spreads over its threads: each thread streams its own contiguous half of the weights (over
-    SmolLM2's weights on 2 cores, 16-19 ms per pass against 44-48 ms for one F.linear per matrix in
-    bench/decode_floor.py's runs). Every output is still the dot product of a weight row with x, summed in
-    another order than F.linear's: on SmolLM2's matrices they differ by up to ~6e-7 relative, the size of
-    fp32 rounding, which tests/test_conventions.py::test_cached_decoding_matches_one_full_forward bounds.
+    matrix-vector product bound by reading w, and on CPUs where MKL runs it on one core however many
+    threads torch has (`row_split_wins`), w is split into one block of rows per thread and multiplied as
+    one batched matmul, which torch spreads over its threads: each thread streams its own contiguous half
+    of the weights (over SmolLM2's weights on 2 AMD cores, 16-19 ms per pass against 44-48 ms for one
+    F.linear per matrix in bench/decode_floor.py's runs). Every output is still the dot product of a weight
+    row with x, summed in another order than F.linear's: on SmolLM2's matrices they differ by up to ~6e-7
+    relative, the size of fp32 rounding, which
+    tests/test_conventions.py::test_cached_decoding_matches_one_full_forward bounds.
     """
     blocks = _row_blocks(x, w)
     if blocks == 1:
@@ -77,6 +78,53 @@ def _row_blocks(x: torch.Tensor, w: torch.Tensor) -> int:
     """How many row blocks `linear` splits a one-row product into: one per thread, 1 = no split."""
     if x.numel() != x.shape[-1] or not w.is_contiguous() or w.numel() < _MIN_SPLIT or w.device.type != "cpu":
         return 1
+    if not row_split_wins():
+        return 1
     threads = torch.get_num_threads()
     n_out = w.shape[0]
     return next((k for k in range(threads, 1, -1) if n_out % k == 0), 1)
+
+
+_row_split_wins: bool | None = None  # measured on first use; tests set it to exercise one kernel
+ONE_ROW_KERNEL_ENV = "SLMVIZ_ONE_ROW_KERNEL"  # "split" or "linear": skip the measurement
+
+
+def row_split_wins() -> bool:
+    """True if a one-row product is faster split into row blocks (bmm) than through F.linear, on this CPU.
+
+    Measured, not assumed: on the AMD EPYC machines of earlier sessions MKL ran F.linear's matrix-vector
+    product on one core and the split streamed SmolLM2's weights 2.5x faster (bench/decode_floor.py);
+    on an Intel Xeon of this kind F.linear used both cores and the split was 2.5x *slower* on Gemma's
+    [262144, 640] unembedding (135 vs 53 ms a pass, timed by hand; bench/gemma.py's evidence row shows the
+    unembedding's share of a step). Both give the same numbers to fp32 rounding. Timed once per process on
+    an [8192 · threads, 1024] matrix (64 MB on 2 threads; min of 3 alternating runs, ~0.15 s);
+    $SLMVIZ_ONE_ROW_KERNEL=split|linear decides instead.
+    """
+    global _row_split_wins
+    if _row_split_wins is None:
+        import os
+        import time
+
+        forced = os.environ.get(ONE_ROW_KERNEL_ENV)
+        if forced in ("split", "linear"):
+            _row_split_wins = forced == "split"
+        else:
+            threads = torch.get_num_threads()
+            if threads < 2:
+                _row_split_wins = False
+            else:
+                w = torch.randn(8192 * threads, 1024)
+                x = torch.randn(1, 1024)
+                rows = w.view(threads, -1, 1024)
+                column = x.t().expand(threads, -1, 1)
+                split, plain = [], []
+                with torch.inference_mode():
+                    for _ in range(3):
+                        start = time.perf_counter()
+                        torch.bmm(rows, column)
+                        split.append(time.perf_counter() - start)
+                        start = time.perf_counter()
+                        F.linear(x, w)
+                        plain.append(time.perf_counter() - start)
+                _row_split_wins = min(split) < min(plain)
+    return _row_split_wins
