@@ -405,8 +405,7 @@ def _batched(model: Any, site: Site, cells: list[tuple[int, ...]], source: dict[
             x = start[prefix:].expand(len(chunk), n_pos - prefix, start.shape[-1])  # [b, pos - prefix, d_model]
             if prefix:
                 cache = _shared_prefix(model, target, layer, prefix, len(chunk))
-                with torch.inference_mode():
-                    logits = decoder._run(x, layer, ctx, conventions, cache, True)  # [b, 1, vocab]
+                logits = decoder.forward_from(x, layer, ctx, variant, last_only=True, cache=cache)  # [b, 1, vocab]
             else:
                 logits = decoder.forward_from(x, layer, ctx, variant, last_only=default_metric)  # [b, pos, vocab]
             # the built-in metric reads a batch at once ([b]); a user's fn sees one run's logits [pos, vocab]
