@@ -205,3 +205,19 @@ def test_slmviz_check_passes_on_gemma(capsys):
 
     assert main(["check", "--model", "gemma-3-270m", "--prompt", GEMMA_PROMPTS["short"]]) == 0
     assert "OK: slmviz matches transformers" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("arch", ["llama_gqa", *FAMILIES])
+def test_tiny_models_on_cuda_match_transformers(tiny_dirs, arch):
+    """The same decoder on a GPU (F.linear instead of the CPU row split) against transformers on the CPU:
+    fp32 on both, so only the kernels' summation order differs. Skipped here: this machine has no GPU."""
+    m = slmviz.load(tiny_dirs[arch], device="cuda")
+    ref = run_reference(load_reference(tiny_dirs[arch]), IDS)
+    ours = m.trace(IDS)
+    assert relative_error(ref.logits, ours.logits.cpu()) <= 1e-4
+    assert m.generate_ids(IDS, 6, stop_at_eos=False) == family_reference_ids(tiny_dirs[arch])
+
+
+def family_reference_ids(folder) -> list[int]:
+    return reference_generate(load_reference(folder), IDS, 6)[:6]
