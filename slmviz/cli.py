@@ -15,8 +15,12 @@ RESID_TOL = 1e-5
 PATTERN_TOL = 1e-5
 
 
-def check(model_path: str | None, prompts: list[str], out=sys.stdout) -> bool:
-    """Run slmviz and transformers side by side; print per-layer max differences; True if all match."""
+def check(model_path: str | None, prompts: list[str], out=None) -> bool:
+    """Run slmviz and transformers side by side; print per-layer max differences; True if all match.
+
+    `out` defaults to sys.stdout as it is when called (a default bound at import would keep printing to
+    whatever stdout was then, e.g. a test's closed capture)."""
+    out = out or sys.stdout
     import slmviz
     from slmviz.reference import load_reference, relative_error, run_reference
 
@@ -46,9 +50,10 @@ def check(model_path: str | None, prompts: list[str], out=sys.stdout) -> bool:
     return ok
 
 
-def prepare(names: list[str] | None, force: bool = False, out=sys.stdout) -> int:
+def prepare(names: list[str] | None, force: bool = False, out=None) -> int:
     """Prepare each bundled model (all by default), one progress line per step, so a first `make model`
     says what its minute of dequantizing is spent on."""
+    out = out or sys.stdout
     from slmviz.bundled import bundled_models, is_prepared, model_dir
     from slmviz.bundled import prepare as prepare_one
 

@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=1, help="Ray actors (--engine ray)")
 
 
-def run(args: argparse.Namespace, out=sys.stdout) -> int:
+def run(args: argparse.Namespace, out=None) -> int:
+    out = out or sys.stdout  # resolved per call: a test's capture replaces sys.stdout after import
     import slmviz
     from slmviz.corpus import bundled_corpus_path
     from slmviz.scan import DEFAULT_WINDOW
