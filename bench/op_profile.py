@@ -8,7 +8,7 @@ Two profiles, each printed as torch.profiler's table of the ops with the most se
 - the 128-token full trace and transformers' eager forward with attentions and hidden states (the trace
   row): the share of each in matrix multiplications (the self time of aten::mm / bmm / baddbmm / addmm);
 - 16 cached decoding steps of greedy generation (the floor rows): how many ATen ops one step dispatches, and
-  the share of the step's op time spent outside the weight matmuls (the row-split bmm of params.linear).
+  the share of the step's op time spent outside the weight matmuls (params.linear: F.linear or row-split bmm).
 
 The profiler adds its own cost to every op, so the shares are what to read, not the absolute times
 (bench/forward.py and bench/generate.py time the same work without it).
@@ -79,14 +79,15 @@ def run(args: argparse.Namespace) -> list[Row]:
     print(ops.table(sort_by="self_cpu_time_total", row_limit=20))
     n_layers = model.cfg.n_layers
     step_total = self_ms(ops) / DECODE_STEPS
-    step_matmul = self_ms(ops, {"aten::bmm", "aten::baddbmm"}) / DECODE_STEPS
+    # The weight matmuls are bmm (row split) or mm/addmm (F.linear), whichever params.row_split_wins picked.
+    step_matmul = self_ms(ops, MATMUL_OPS) / DECODE_STEPS
     per_step = sum(op.count for op in ops) / DECODE_STEPS
     rows.append(Row(
         "(profile) one decoding step: ATen ops dispatched, and the op time outside the matmuls",
         f"{per_step:.0f} ops/step ({per_step / n_layers:.0f} per layer)",
         "", (step_total - step_matmul) / step_total, "(evidence)", None,
-        "ratio = share of the step's op time (torch.profiler self CPU) outside the bmm/baddbmm calls (the "
-        "weight matmuls and attention's two small products); ops counted with the ones they call inside "
+        "ratio = share of the step's op time (torch.profiler self CPU) outside the mm/addmm/bmm/baddbmm calls "
+        "(the weight matmuls and attention's two small products); ops counted with the ones they call inside "
         "(rms_norm and its pow, mean, ...), views included",
     ))
     return rows
