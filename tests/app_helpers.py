@@ -18,6 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `app` is a folder of the repo, not an installed package
     sys.path.insert(0, str(REPO))
 STARTUP_TIMEOUT_S = 240
+# Debian's Chromium, driven by Playwright (Playwright's own browser download does not work here); the flags
+# keep it from reaching for Google's hosts on a machine with no network.
+CHROMIUM = Path(os.environ.get("SLMVIZ_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+NO_CHROMIUM = f"Chromium not found at {CHROMIUM}: apt-get install -y chromium (or set SLMVIZ_CHROMIUM)"
 
 
 def free_port() -> int:

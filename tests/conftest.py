@@ -112,6 +112,18 @@ def hf_model(model):
     return load_reference(model.path)
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium for one browser test module (each skips itself when Chromium is missing)."""
+    from app_helpers import CHROMIUM, CHROMIUM_ARGS
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
 def pytest_report_header(config):
     cache = os.environ.get("SLMVIZ_CACHE", "~/.cache/slmviz")
     return f"torch {torch.__version__}, threads {torch.get_num_threads()}, SLMVIZ_CACHE={cache}"

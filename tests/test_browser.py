@@ -7,44 +7,28 @@ analytics). Saves the screenshots README uses into assets/. Does not check plot 
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from app_helpers import REPO, app_server
+from app_helpers import CHROMIUM, NO_CHROMIUM, REPO, app_server
 
 from slmviz.variants import PRESETS
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path(os.environ.get("SLMVIZ_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
 ASSETS = REPO / "assets"
 PLOT_TIMEOUT_MS = 180_000
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 
 if not CHROMIUM.exists():
-    pytest.skip(f"Chromium not found at {CHROMIUM}: apt-get install -y chromium (or set SLMVIZ_CHROMIUM)",
-                allow_module_level=True)
+    pytest.skip(NO_CHROMIUM, allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def server():
     with app_server() as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture()

@@ -10,24 +10,19 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 import pytest
-from app_helpers import REPO, app_server
+from app_helpers import CHROMIUM, NO_CHROMIUM, REPO, app_server
 
 from app.corpus_tab import corpus_docs
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path(os.environ.get("SLMVIZ_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
 TIMEOUT_MS = 240_000
 DOCS = 24
 
 if not CHROMIUM.exists():
-    pytest.skip(f"Chromium not found at {CHROMIUM}: apt-get install -y chromium (or set SLMVIZ_CHROMIUM)",
-                allow_module_level=True)
+    pytest.skip(NO_CHROMIUM, allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
@@ -45,16 +40,6 @@ def server(scan_cache):
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def _open_corpus_tab(browser, server):

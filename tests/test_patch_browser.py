@@ -10,29 +10,19 @@ from __future__ import annotations
 import re
 
 import pytest
-from app_helpers import app_server
-from test_browser import ASSETS, CHROMIUM, CHROMIUM_ARGS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server, _origin
+from app_helpers import CHROMIUM, NO_CHROMIUM, app_server
+from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server, _origin
 
 pytestmark = pytest.mark.browser
 
 if not CHROMIUM.exists():
-    pytest.skip(f"Chromium not found at {CHROMIUM}", allow_module_level=True)
+    pytest.skip(NO_CHROMIUM, allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def server():
     with app_server() as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture()
