@@ -284,9 +284,7 @@ class Block:
         if hook.edits("attn.hook_result"):
             # Someone may edit per-head writes: build them (each head's z_h @ W_o[h]) and sum the result. Read
             # without an edit, hook_result is derived from hook_z on demand (Trace), never materialised here.
-            w_o = p.w_o.t().view(h, dh, cfg.d_model)  # [d_model, h * dh] -> [h, dh, d_model]: head i's columns
-            result = torch.matmul(z.transpose(1, 2), w_o).transpose(1, 2)  # [b, h, pos, d] -> [b, pos, h, d]
-            hooked = hook("attn.hook_result", result)
+            hooked = hook("attn.hook_result", per_head_result(z, p.w_o, cfg))  # [b, pos, h, d_model]
             out = hooked.sum(2)  # [b, pos, d_model]
             return out + p.b_o if p.b_o is not None else out
         if hook.wants("attn.hook_result"):
