@@ -267,3 +267,32 @@ def test_windows_are_made_from_tokenized_documents_in_order(tiny_model):
     ws = list(iter_windows(tiny_model.tokenizer, ["w3 w4 w5", "", "w6"], window=2))
     assert [(w.doc, w.offset, len(w.ids)) for w in ws] == [(0, 0, 2), (0, 2, 1), (2, 0, 1)]
     assert ScanSpec((MLP,), 3).context == 17
+
+
+def test_batches_stop_before_a_much_shorter_window_once_they_are_big_enough():
+    from slmviz.scan_batches import MAX_PAD_FRACTION, MIN_BATCH_TOKENS
+
+    windows = [Window(i, 0, tuple(range(10 + (i * 37) % 57))) for i in range(96)]  # 10..66 tokens, like verses
+    batches = list(plan_batches(windows, batch_tokens=1024))
+    for b in batches[:-1]:
+        lengths = [len(w.ids) for w in b.windows]
+        padded, real = len(lengths) * max(lengths), sum(lengths)
+        assert real < MIN_BATCH_TOKENS + max(lengths) or min(lengths) >= (1 - MAX_PAD_FRACTION) * max(lengths)
+        assert padded <= 1024
+    real = sum(b.n_tokens for b in batches)
+    padded = sum(len(b.windows) * max(len(w.ids) for w in b.windows) for b in batches)
+    assert 1 - real / padded < 0.08  # filling each batch to the budget instead pads 13 % of these
+
+
+def test_top_rows_equals_a_stable_sort_with_ties_nans_and_infinities():
+    from slmviz.scan_reduce import _rankable, top_rows
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(120):
+        n, f = int(torch.randint(1, 50, (), generator=gen)), int(torch.randint(1, 7, (), generator=gen))
+        x = torch.randint(-3, 4, (n, f), generator=gen).float() if trial % 2 else torch.randn(n, f, generator=gen)
+        x[torch.rand(n, f, generator=gen) < 0.1] = float("nan")
+        x[torch.rand(n, f, generator=gen) < 0.05] = float("-inf")
+        k = int(torch.randint(1, n + 1, (), generator=gen))
+        expected = torch.sort(_rankable(x), dim=0, descending=True, stable=True).indices[:k].T
+        assert torch.equal(top_rows(x, k), expected)
