@@ -1,13 +1,15 @@
 """The Corpus tab: what a neuron or head responds to across the bundled corpus.
 
-The tab reads ONE scan of the bundled corpus (verses of the King James Bible, slmviz.corpus) by the startup
-model, computed by the first visitor who opens the tab (with a progress bar), saved under
-$SLMVIZ_SCAN_CACHE (default $SLMVIZ_CACHE/scans) and from then on read from disk or memory, never
+The tab shows a scan of the bundled corpus (verses of the King James Bible, slmviz.corpus) by the session's
+model. Each model's scan is computed once per server, by a background job the first visitor starts (others
+wait for the same job, with its progress bar; Cancel leaves it, and it stops once no one waits), saved
+under $SLMVIZ_SCAN_CACHE (default $SLMVIZ_CACHE/scans), and from then on read from disk or memory, never
 recomputed per visitor. Its size (SLMVIZ_CORPUS_DOCS, default APP_CORPUS_DOCS verses, every k-th verse
 of the whole book so all of it is represented) keeps the first scan to a few minutes on 2 cores (README,
 "Corpus scans"). Pick a hook and a feature; the strips are its top activating contexts, coloured by the
-feature's activation; clicking one loads its verse as the prompt. No torch code here: slmviz.scan and
-slmviz.scan_plots do the work.
+feature's activation; clicking one loads its verse as the prompt. The Patch tab's mean ablation takes its
+means from the same verses (`CorpusScans.means`). No torch code here: slmviz.scan and slmviz.scan_plots do
+the work.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import os
 import re
 import shutil
 import tempfile
-import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from app.handlers import readable_errors
+from app.scan_jobs import Job, JobCancelled, Jobs, wait
 from slmviz.bundled import cache_dir
 from slmviz.corpus import bundled_corpus
 from slmviz.scan import FORMAT_VERSION, Scan, scan
@@ -32,6 +35,7 @@ from slmviz.scan_plots import STRIP_CLASS, examples_html, histogram
 
 APP_CORPUS_DOCS = 1000
 HOOK_KINDS = ("mlp.hook_post", "attn.hook_z", "attn.hook_pattern")
+TOP_K = 10  # contexts kept per feature by the tab's scan
 CLICK_JS = (f"element.addEventListener('click', (e) => {{ const s = e.target.closest('.{STRIP_CLASS}'); "
             "if (s) trigger('click', {rank: Number(s.dataset.rank), doc: Number(s.dataset.doc)}); });")
 
@@ -54,34 +58,61 @@ def corpus_docs(n: int) -> list[str]:
     return verses[::step][:n]
 
 
-def scan_folder(model: Any, n: int, hooks: list[str]) -> Path:
+def scan_folder(model: Any, n: int, hooks: list[str], top_k: int = TOP_K) -> Path:
     root = Path(os.environ.get("SLMVIZ_SCAN_CACHE") or cache_dir() / "scans")
-    key = hashlib.sha1(json.dumps([model.name, str(model.path), hooks, n, FORMAT_VERSION]).encode()).hexdigest()
+    what = [model.name, str(model.path), hooks, n, FORMAT_VERSION] + ([top_k] if top_k != TOP_K else [])
+    key = hashlib.sha1(json.dumps(what).encode()).hexdigest()
     return root / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', model.name)}-kjv{n}-{key[:10]}"
 
 
 class CorpusScans:
-    """The one scan this server shows, shared by every session: in memory, else on disk, else computed once."""
+    """Scans of the bundled corpus, shared by every session: in memory, else on disk, else computed once.
+
+    Each scan is a background job (app/scan_jobs.py) keyed by its cache folder: the first visitor to ask
+    starts it, later visitors wait for the same job, and it holds no queue slot while it runs. `tab_scan`
+    is the Corpus tab's (scan_hooks, TOP_K contexts); `means` serves the Patch tab's mean ablation, from the
+    tab's scan when it covers the hooks, else from a scan of just those hooks over the same verses.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._scans: dict[Path, tuple[Scan, list[str]]] = {}
+        self.jobs = Jobs()
 
-    def get(self, model: Any, progress: Any = None) -> tuple[Scan, list[str]]:
-        n, hooks = corpus_size(), scan_hooks(model)
-        folder = scan_folder(model, n, hooks)
-        with self._lock:  # a second visitor during the first scan waits for it instead of starting another
-            if folder not in self._scans:
-                docs = corpus_docs(n)
-                if (folder / "scan.safetensors").is_file():
-                    s = Scan.load(folder)
-                else:
-                    report = (lambda done, total: progress(done / max(total or n, 1), desc=f"scanning {total} verses")
-                              ) if progress else False
-                    s = scan(docs, hooks=hooks, top_k=10, model=model, progress=report)
-                    _save_atomically(s, folder)
-                self._scans[folder] = (s, docs)
-            return self._scans[folder]
+    def join(self, model: Any, hooks: list[str], who: str, top_k: int = TOP_K) -> Job:
+        n = corpus_size()
+        folder = scan_folder(model, n, hooks, top_k)
+
+        def work(report: Callable[[float, str], None]) -> tuple[Scan, list[str]]:
+            docs = corpus_docs(n)
+            if (folder / "scan.safetensors").is_file():
+                report(0.5, "reading the cached scan")
+                return Scan.load(folder), docs
+            what = f"Scanning {len(docs)} verses with {model.name} ({', '.join(hooks)})"
+            report(0.0, what)
+            s = scan(docs, hooks=hooks, top_k=top_k, model=model,
+                     progress=lambda done, total: report(done / max(total or n, 1), what))
+            _save_atomically(s, folder)
+            return s, docs
+
+        return self.jobs.join(folder, work, who)
+
+    def finished(self, model: Any, hooks: list[str], top_k: int = TOP_K) -> tuple[Scan, list[str]] | None:
+        return self.jobs.finished(scan_folder(model, corpus_size(), hooks, top_k))
+
+    def tab_scan(self, model: Any, who: str) -> Job:
+        return self.join(model, scan_hooks(model), who)
+
+    def means(self, model: Any, hooks: list[str], who: str) -> Job:
+        """A job whose Scan has the value mean of every hook in `hooks` (the tab's scan, if it has them)."""
+        tab = scan_hooks(model)
+        if set(hooks) <= set(tab) and (self.finished(model, tab) or scan_folder(model, corpus_size(), tab).is_dir()):
+            return self.join(model, tab, who)
+        return self.join(model, sorted(hooks), who, top_k=1)
+
+    def finished_means(self, model: Any, hooks: list[str]) -> tuple[Scan, list[str]] | None:
+        """The finished scan `means(model, hooks)` waits for, else None."""
+        tab = scan_hooks(model)
+        found = self.finished(model, tab) if set(hooks) <= set(tab) else None
+        return found or self.finished(model, sorted(hooks), top_k=1)
 
 
 def _save_atomically(s: Scan, folder: Path) -> None:
@@ -98,24 +129,34 @@ def _save_atomically(s: Scan, folder: Path) -> None:
 SCANS = CorpusScans()
 
 
+def session(request: gr.Request | None) -> str:
+    """Who waits for a scan: the Gradio session (one browser tab, or one gradio_client)."""
+    return getattr(request, "session_hash", None) or "anonymous"
+
+
 def strongest(s: Scan, hook: str, k: int = 8) -> list[int]:
     return [int(i) for i in s.max(hook).nan_to_num(float("-inf")).topk(min(k, s.max(hook).numel())).indices]
 
 
-def build_corpus_tab(handlers: Any, prompt: gr.Textbox, model_kw: dict, light_kw: dict) -> None:
-    """The "Corpus" tab, built inside the page's gr.Tabs; `prompt` is the page's prompt box (clicks fill it)."""
+def build_corpus_tab(handlers: Any, prompt: gr.Textbox, source: gr.State, model_kw: dict, light_kw: dict,
+                     scan_kw: dict) -> None:
+    """The "Corpus" tab, built inside the page's gr.Tabs; `prompt` is the page's prompt box (clicks fill it),
+    `source` the session's model. Waiting for a scan runs in its own queue (`scan_kw`): the scan itself is a
+    background job, so neither holds up other visitors' model requests."""
     model = handlers.store.get()
     hooks = scan_hooks(model)
     with gr.Tab("Corpus", id="tab-corpus") as tab:
         gr.Markdown(
             f"Top activating contexts of one feature across {corpus_size()} verses of the King James Bible "
-            f"(every k-th verse), scanned once by **{model.name}** and cached. A feature is an MLP neuron, "
-            "a head's ‖z‖, or a head's strongest attention to an earlier token (not the first). "
+            "(every k-th verse), scanned once per model and cached; the first visit computes it. A feature is "
+            "an MLP neuron, a head's ‖z‖, or a head's strongest attention to an earlier token (not the first). "
             "Click a strip to load its verse as the prompt.")
         with gr.Row():
             hook = gr.Dropdown(hooks, value=hooks[0], label="hook", elem_id="corpus-hook", scale=3)
             feature = gr.Number(value=0, precision=0, minimum=0, label="feature", elem_id="corpus-feature", scale=1)
             show_btn = gr.Button("Show", elem_id="corpus-show", scale=1)
+            load_btn = gr.Button("Load the scan", elem_id="corpus-load", scale=1)
+            cancel_btn = gr.Button("Cancel", elem_id="corpus-cancel", scale=1)
         status = gr.Markdown("Open this tab to load the scan (the first visit computes it).", elem_id="corpus-status")
         with gr.Row():
             with gr.Column(scale=3):
@@ -124,32 +165,73 @@ def build_corpus_tab(handlers: Any, prompt: gr.Textbox, model_kw: dict, light_kw
                 hist = gr.Plot(show_label=False, elem_id="corpus-histogram")
 
     @readable_errors
-    def load(hook_name: str, progress=gr.Progress()):  # noqa: B008 - gradio reads this default
-        s, docs = SCANS.get(handlers.store.get(), progress)
+    def load(hook_name: str, source_name: str | None, request: gr.Request,
+             progress=gr.Progress()):  # noqa: B008 - gradio reads this default
+        m = handlers.model(source_name)
+        s, docs = yield from wait_for_scan(lambda who: SCANS.tab_scan(m, who), session(request), progress, 5)
+        names = scan_hooks(m)
+        hook_name = hook_name if hook_name in names else names[0]
         best = strongest(s, hook_name)
-        return (_status(s, hook_name, best), best[0], examples_html(s, hook_name, best[0], docs),
-                histogram(s, hook_name, best[0]))
+        yield (_status(s, hook_name, best), gr.Dropdown(choices=names, value=hook_name), best[0],
+               examples_html(s, hook_name, best[0], docs), histogram(s, hook_name, best[0]))
 
     @readable_errors
-    def show(hook_name: str, index: float | None):
-        s, docs = SCANS.get(handlers.store.get())
+    def show(hook_name: str, index: float | None, source_name: str | None):
+        s, docs = _tab_scan(handlers.model(source_name))
         i = _index(s, hook_name, index)
         return _status(s, hook_name, strongest(s, hook_name)), examples_html(s, hook_name, i, docs), \
             histogram(s, hook_name, i)
 
     @readable_errors
-    def pick(evt: gr.EventData):
-        _, docs = SCANS.get(handlers.store.get())
+    def pick(evt: gr.EventData, source_name: str | None):
+        _, docs = _tab_scan(handlers.model(source_name))
         doc = int(getattr(evt, "doc", -1))
         if not 0 <= doc < len(docs):
             raise gr.Error("Click a strip to load its verse")
         return docs[doc]
 
-    tab.select(load, [hook], [status, feature, strips, hist], api_name="corpus_load", **model_kw)
-    hook.input(load, [hook], [status, feature, strips, hist], api_name="corpus_hook", **model_kw)
-    gr.on([show_btn.click, feature.submit], show, [hook, feature], [status, strips, hist], api_name="corpus_show",
-          **light_kw)
-    strips.click(pick, None, prompt, api_name="corpus_pick", **light_kw)
+    def cancel(request: gr.Request) -> str:
+        SCANS.jobs.leave(session(request))
+        return "Cancelled. The scan stops unless another visitor is waiting for it; press **Load the scan** to " \
+               "start again."
+
+    def model_changed(source_name: str | None):
+        names = scan_hooks(handlers.model(source_name))
+        return (gr.Dropdown(choices=names, value=names[0]), "Model changed: press **Load the scan** to see its "
+                "corpus scan (the first visit computes it).", "", None)
+
+    outputs = [status, hook, feature, strips, hist]
+    opened = [tab.select(load, [hook, source], outputs, api_name="corpus_load", **scan_kw),
+              hook.input(load, [hook, source], outputs, api_name="corpus_hook", **scan_kw),
+              load_btn.click(load, [hook, source], outputs, api_name="corpus_reload", **scan_kw)]
+    cancel_btn.click(cancel, None, status, cancels=opened, api_name="corpus_cancel", **light_kw)
+    source.change(model_changed, source, [hook, status, strips, hist], api_visibility="private", **light_kw)
+    gr.on([show_btn.click, feature.submit], show, [hook, feature, source], [status, strips, hist],
+          api_name="corpus_show", **light_kw)
+    strips.click(pick, source, prompt, api_name="corpus_pick", **light_kw)
+
+
+def wait_for_scan(start: Callable[[str], Job], who: str, progress: Any, n_outputs: int) -> Iterator[Any]:
+    """Join (or start) a scan job and wait for it, yielding no-op updates of the n outputs meanwhile; return its
+    (Scan, docs)."""
+    job = start(who)
+    try:
+        yield from _no_updates(wait(job, who, progress), n_outputs)
+    except JobCancelled:
+        raise gr.Error("The scan was cancelled; press Load the scan to start it again") from None
+    return job.result
+
+
+def _no_updates(ticks: Iterator[None], n: int) -> Iterator[Any]:
+    for _ in ticks:
+        yield gr.skip() if n == 1 else tuple(gr.skip() for _ in range(n))
+
+
+def _tab_scan(model: Any) -> tuple[Scan, list[str]]:
+    found = SCANS.finished(model, scan_hooks(model))
+    if found is None:
+        raise gr.Error(f"The corpus scan of {model.name} is not loaded yet: press Load the scan")
+    return found
 
 
 def _index(s: Scan, hook: str, index: float | None) -> int:

@@ -49,6 +49,8 @@ EXAMPLES_FILE = ASSETS / "examples.json"
 DEFAULT_PORT = 7860
 MODEL_CONCURRENCY = 1  # one forward pass at a time: two cores, one shared model
 LOAD_CONCURRENCY = 1  # one model load at a time, in its own queue: a minute-long first load never holds "model"
+# Waiting for a corpus scan (a background job, app/scan_jobs.py) holds a "scan" slot, never a "model" one.
+SCAN_WAITERS = 8
 LIGHT_CONCURRENCY = 4  # re-plotting a stored trace and filling presets never run the model
 
 THEME = gr.themes.Default(
@@ -83,6 +85,7 @@ def build(handlers: Handlers) -> gr.Blocks:
     model_kw = {"concurrency_limit": MODEL_CONCURRENCY, "concurrency_id": "model"}
     light_kw = {"concurrency_limit": LIGHT_CONCURRENCY, "concurrency_id": "light"}
     load_kw = {"concurrency_limit": LOAD_CONCURRENCY, "concurrency_id": "load"}
+    scan_kw = {"concurrency_limit": SCAN_WAITERS, "concurrency_id": "scan"}
     with gr.Blocks(title="slmviz", analytics_enabled=False, delete_cache=(1800, 3600)) as demo:
         source = gr.State("")  # this session's model ("" = the startup model)
         trace = gr.State(None, time_to_live=3600)  # the last Run's trace, re-plotted without re-running
@@ -177,7 +180,7 @@ def build(handlers: Handlers) -> gr.Blocks:
                     gen_faithful = gr.Textbox(label="faithful", lines=10, interactive=False,
                                               elem_id="generate-faithful")
                     gen_broken = gr.Textbox(label="variant", lines=10, interactive=False, elem_id="generate-variant")
-            build_patch_tab(handlers, source, model_kw, light_kw)
+            build_patch_tab(handlers, source, model_kw, light_kw, scan_kw)
             with gr.Tab("Model", id="tab-model"):
                 allowed = "a hub id (owner/name)" + (" or a local folder" if handlers.store.allow_local else "")
                 gr.Markdown(f"Load another model ({allowed}), or pick a bundled one above; leave empty for the "
@@ -188,7 +191,7 @@ def build(handlers: Handlers) -> gr.Blocks:
                                            elem_id="model-source", scale=4)
                     load_btn = gr.Button("Load", elem_id="load-model", scale=1)
             from app.corpus_tab import build_corpus_tab
-            build_corpus_tab(handlers, prompt, model_kw, light_kw)
+            build_corpus_tab(handlers, prompt, source, model_kw, light_kw, scan_kw)
 
         # --- events ---
         examples.input(handlers.example, [examples], [prompt, chat], api_name="example", **light_kw)

@@ -20,6 +20,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from app.corpus_tab import SCANS, session, wait_for_scan
 from app.handlers import Handlers, display_frame, readable_errors, to_plot
 from slmviz import plots
 from slmviz.ablation import ablation
@@ -155,12 +156,31 @@ class PatchHandlers:
         return to_plot(heads.plot()), to_plot(logit_attribution_bars(by_layer)), to_plot(fig_heads)
 
     @readable_errors
+    def ablation_means(self, heads: str, neurons: str, kind: str, source: str | None, request: gr.Request,
+                       progress: gr.Progress = gr.Progress()) -> Iterator[str]:  # noqa: B008
+        """Mean ablation's means: scanned over the Corpus tab's verses once per model and hook (a background
+        job, waited for here in the "scan" queue, so the model queue stays free meanwhile)."""
+        hooks = ablated_hooks(heads, neurons)
+        if kind != "mean" or not hooks:  # nothing to scan (ablate() says what is missing)
+            yield "Ablating..."
+            return
+        model = self.h.model(source)
+        s, docs = yield from wait_for_scan(lambda who: SCANS.means(model, hooks, who), session(request), progress, 1)
+        yield f"Means of {', '.join(hooks)} over {len(docs)} verses of the bundled corpus: ready. Ablating..."
+
+    @readable_errors
     def ablate(self, prompt: str, heads: str, neurons: str, kind: str, source: str | None,
                progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008
         model = self.h.model(source, progress)
         prompt = self.h.checked_prompt(prompt, model)
         head_pairs, neuron_pairs = parse_pairs(heads, "heads"), parse_pairs(neurons, "neurons")
-        reference = [e.prompt for e in self.h.examples] if kind == "mean" else None
+        reference, n_docs = None, 0
+        if kind == "mean" and ablated_hooks(heads, neurons):
+            found = SCANS.finished_means(model, ablated_hooks(heads, neurons))
+            if found is None:
+                raise ValueError("The corpus means for this ablation are not computed yet: press Ablate (over the "
+                                 "API, call /patch_ablate_means with the same heads, neurons and kind first)")
+            reference, n_docs = found[0], len(found[1])
         progress(0.2, desc="Building the ablation hooks")
         hooks = ablation(heads=head_pairs, neurons=neuron_pairs, kind=kind, reference=reference, model=model)
         progress(0.4, desc="Tracing with and without the ablation")
@@ -170,9 +190,15 @@ class PatchHandlers:
         text_after = model.generate(prompt, ABLATION_TOKENS, hooks=hooks)
         what = ", ".join([f"head {L}.{h}" for L, h in head_pairs] + [f"neuron {L}.{n}" for L, n in neuron_pairs])
         status = (f"{kind.capitalize()}-ablated {what}"
-                  + (" (means over the app's example prompts)" if kind == "mean" else "") + ".")
+                  + (f" (means over {n_docs} verses of the bundled corpus)" if kind == "mean" else "") + ".")
         return (display_frame(plots.next_token_table(before, 10)), display_frame(plots.next_token_table(after, 10)),
                 text_before, text_after, status)
+
+
+def ablated_hooks(heads: str | None, neurons: str | None) -> list[str]:
+    """The hooks an ablation of these heads (z) and neurons (MLP post) replaces, sorted."""
+    return sorted({f"blocks.{layer}.attn.hook_z" for layer, _ in parse_pairs(heads, "heads")}
+                  | {f"blocks.{layer}.mlp.hook_post" for layer, _ in parse_pairs(neurons, "neurons")})
 
 
 def parse_pairs(text: str | None, what: str) -> list[tuple[int, int]]:
@@ -187,7 +213,8 @@ def parse_pairs(text: str | None, what: str) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in pairs]
 
 
-def build_patch_tab(handlers: Handlers, source: gr.State, model_kw: dict, light_kw: dict | None = None) -> None:
+def build_patch_tab(handlers: Handlers, source: gr.State, model_kw: dict, light_kw: dict | None = None,
+                    scan_kw: dict | None = None) -> None:
     """The Patch tab, inside the page's `with gr.Tabs():`. Model work shares the page's model queue."""
     ph = PatchHandlers(handlers)
     with gr.Tab("Patch", id="tab-patch"):
@@ -229,7 +256,8 @@ def build_patch_tab(handlers: Handlers, source: gr.State, model_kw: dict, light_
                                           placeholder="e.g. 14.3, 20.1")
                 ablate_neurons = gr.Textbox(label="MLP neurons (layer.neuron, ...)", value="",
                                             elem_id="patch-ablate-neurons", placeholder="e.g. 5.77")
-                kind = gr.Radio(["zero", "mean"], value="zero", label="replace with", elem_id="patch-ablate-kind")
+                kind = gr.Radio(["zero", "mean"], value="zero", label="replace with", elem_id="patch-ablate-kind",
+                                info="mean: the unit's mean over the Corpus tab's verses (scanned once per layer)")
                 ablate_btn = gr.Button("Ablate", elem_id="patch-ablate")
             ablate_status = gr.Markdown(elem_id="patch-ablate-status")
             with gr.Row():
@@ -250,6 +278,8 @@ def build_patch_tab(handlers: Handlers, source: gr.State, model_kw: dict, light_
     patch_plot.change(None, None, None, js=CLICK_JS)
     gr.on([cell_btn.click, cell.submit], ph.cell, [result, cell], [cell_top, cell_text], api_name="patch_cell",
           **model_kw)
-    ablate_btn.click(ph.ablate, [clean, ablate_heads, ablate_neurons, kind, source],
-                     [before_top, after_top, before_text, after_text, ablate_status], api_name="patch_ablate",
-                     **model_kw)
+    means = ablate_btn.click(ph.ablation_means, [ablate_heads, ablate_neurons, kind, source], ablate_status,
+                             api_name="patch_ablate_means", **(scan_kw or model_kw))
+    means.success(ph.ablate, [clean, ablate_heads, ablate_neurons, kind, source],
+                  [before_top, after_top, before_text, after_text, ablate_status], api_name="patch_ablate",
+                  **model_kw)

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `app` is a folder of the repo, not an installed package
     sys.path.insert(0, str(REPO))
 STARTUP_TIMEOUT_S = 240
+TEST_CORPUS_DOCS = 48
 # Debian's Chromium, driven by Playwright (Playwright's own browser download does not work here); the flags
 # keep it from reaching for Google's hosts on a machine with no network.
 CHROMIUM = Path(os.environ.get("SLMVIZ_CHROMIUM", "/usr/bin/chromium"))
@@ -43,7 +44,12 @@ def app_server(**launch_kwargs) -> Iterator[str]:
     kwargs = ", ".join([f"port={port}"] + [f"{k}={v!r}" for k, v in launch_kwargs.items()])
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
     env.pop("SPACE_ID", None)
-    with tempfile.NamedTemporaryFile(prefix="slmviz-app-", suffix=".log") as log:
+    # Corpus scans (Corpus tab, mean ablation) go to a temporary folder and cover a few verses, unless a test
+    # says otherwise: tests never write into the user's cache, nor wait for the app's 1000-verse scan.
+    env.setdefault("SLMVIZ_CORPUS_DOCS", str(TEST_CORPUS_DOCS))
+    with tempfile.NamedTemporaryFile(prefix="slmviz-app-", suffix=".log") as log, \
+            tempfile.TemporaryDirectory(prefix="slmviz-scans-") as scans:
+        env.setdefault("SLMVIZ_SCAN_CACHE", scans)
         proc = subprocess.Popen(
             [sys.executable, "-c", f"from app.main import launch; launch({kwargs})"],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,

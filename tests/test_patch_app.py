@@ -13,12 +13,15 @@ import time
 
 import numpy as np
 import pytest
-from app_helpers import app_server
+from app_helpers import TEST_CORPUS_DOCS, app_server
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import slmviz
+from app.corpus_tab import corpus_docs
 from app.patch_tab import EXAMPLE_ANSWER, EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_WRONG, parse_pairs
+from slmviz import plots
+from slmviz.ablation import ablation
 
 pytestmark = pytest.mark.app
 
@@ -102,8 +105,19 @@ def test_ablation_changes_the_next_tokens_and_the_continuation(client):
         EXAMPLE_CLEAN, "", "0.0, 0.1, 0.2, 0.3", "zero", api_name="/patch_ablate")
     assert "neuron 0.3" in status and before["data"] != after["data"]
     assert text_before and text_after
+    with pytest.raises(AppError, match="not computed yet"):  # the Ablate button computes them first
+        client.predict(EXAMPLE_CLEAN, "3.1", "", "mean", api_name="/patch_ablate")
+    ready = client.predict("3.1", "", "mean", api_name="/patch_ablate_means")
+    assert "blocks.3.attn.hook_z" in ready and f"over {TEST_CORPUS_DOCS} verses" in ready
     *_, status = client.predict(EXAMPLE_CLEAN, "3.1", "", "mean", api_name="/patch_ablate")
-    assert "head 3.1" in status and "means over" in status
+    assert "head 3.1" in status and f"means over {TEST_CORPUS_DOCS} verses of the bundled corpus" in status
+    model = slmviz.load()
+    corpus_mean = slmviz.scan(corpus_docs(TEST_CORPUS_DOCS), hooks=["blocks.3.attn.hook_z"], top_k=1, model=model,
+                              progress=False)
+    hooks = ablation(heads=[(3, 1)], kind="mean", reference=corpus_mean, model=model)
+    expected = plots.next_token_table(model.trace(EXAMPLE_CLEAN, names=[], hooks=hooks), 10)
+    after = client.predict(EXAMPLE_CLEAN, "3.1", "", "mean", api_name="/patch_ablate")[1]
+    assert [row[1] for row in after["data"]] == list(expected.iloc[:, 1])  # the same next tokens as the library
 
 
 def test_bad_input_is_a_readable_error_and_the_server_keeps_serving(client):

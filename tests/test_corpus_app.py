@@ -1,0 +1,57 @@
+"""The Corpus tab's scan over HTTP (gradio_client against a real server): it runs as a background job that
+holds up no one else's requests, it can be cancelled, and a cancelled scan is not cached.
+
+Does not cover: the page (tests/test_corpus_browser.py), the job rules in detail (tests/test_scan_jobs.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from app_helpers import app_server
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+pytestmark = pytest.mark.app
+
+STAGES = ["pre", "mid", "post"]
+
+
+@pytest.fixture(scope="module")
+def scan_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("scans")
+
+
+@pytest.fixture(scope="module")
+def server(scan_cache):
+    saved = {k: os.environ.get(k) for k in ("SLMVIZ_SCAN_CACHE", "SLMVIZ_CORPUS_DOCS")}
+    # 3000 verses: a first scan of over a minute, long enough to overlap with other requests and cancel
+    os.environ["SLMVIZ_SCAN_CACHE"], os.environ["SLMVIZ_CORPUS_DOCS"] = str(scan_cache), "3000"
+    try:
+        with app_server() as url:
+            yield url
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def test_a_running_scan_holds_up_no_other_request_and_cancel_stops_it(server, scan_cache):
+    alice, bob = Client(server, verbose=False), Client(server, verbose=False)
+    scanning = alice.submit("blocks.7.mlp.hook_post", api_name="/corpus_load")
+    time.sleep(3)  # the job has started scanning
+    assert not scanning.done()
+
+    tokens, *_ = bob.predict("The capital of France is", False, 1, "all", STAGES, False, False, True, api_name="/run")
+    assert "France" in tokens and not scanning.done()  # bob's run finished while alice's scan still ran
+
+    assert "Cancelled" in alice.predict(api_name="/corpus_cancel")
+    deadline = time.monotonic() + 60
+    while not scanning.done() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert scanning.done(), scanning.status()
+    with pytest.raises(AppError, match="not loaded yet"):
+        bob.predict("blocks.7.mlp.hook_post", 0, api_name="/corpus_show")
+    time.sleep(2)  # the job stops at its next progress report: nothing half-scanned is cached
+    assert not [p for p in scan_cache.iterdir() if (p / "scan.safetensors").is_file()]
