@@ -124,8 +124,8 @@ class Jobs:
 
 def wait(job: Job, who: str, progress: Callable[..., Any] | None = None) -> Iterator[None]:
     """Yield every POLL_S until `job` is done (renewing `who`'s watch and showing its progress), then return;
-    re-raise the job's error (JobCancelled if every watcher left, or `who` did). Use as `yield from` in a generator handler,
-    then read job.result."""
+    re-raise the job's error (JobCancelled if every watcher left, or `who` did). Use as `yield from` in a
+    generator handler, then read job.result."""
     while not job.done.wait(POLL_S):
         if not job.renew(who):
             raise JobCancelled(f"{job.key}: you stopped waiting for it")
