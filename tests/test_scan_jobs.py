@@ -68,9 +68,7 @@ def test_waiting_renews_the_watch_reports_progress_and_re_raises_errors(monkeypa
     monkeypatch.setattr(scan_jobs, "POLL_S", 0.02)
     gate, seen = threading.Event(), []
     job = Jobs().join("k", blocking_work(gate, []), "alice")
-    ticks = 0
-    for _ in wait(job, "alice", lambda fraction, desc: seen.append(desc)):
-        ticks += 1
+    for ticks, _ in enumerate(wait(job, "alice", lambda fraction, desc: seen.append(desc)), start=1):
         if ticks == 30:  # 0.6 s of waiting: twice the lapse time, so only renewals kept the job alive
             gate.set()
     assert job.result == 42 and seen and seen[-1].startswith("step")
