@@ -8,6 +8,7 @@ Rows:
   norm and unembedding, whose logits it does not need) against `decoder.forward` with capture off, one
   verse at a time, full logits: what a loop of plain forwards costs. Alternating rounds, medians.
 - the same scan of a layer-15 hook: the forward stops after the last scanned hook (evidence row).
+- the scan's forward in tokens/s by batch size (evidence for slmviz.scan's 1024-token batches).
 - peak RSS during the scan of N verses (layer-3 hooks) in a fresh process that loaded the model, for each N:
   bounded memory means the largest N needs no more than the smallest (target ≤ 1.10×).
 - --app: the app's Corpus tab scan as it runs on first use (app/corpus_tab.py: its size and hooks).
@@ -35,6 +36,8 @@ def sample_verses(n: int) -> list[str]:
 def throughput_rows(args) -> list[Row]:
     import slmviz
     from slmviz.hooks import build_context
+    from slmviz.scan import DEFAULT_BATCH_TOKENS, DEFAULT_WINDOW
+    from slmviz.scan_batches import iter_windows, plan_batches
     from slmviz.variants import resolve_variant
 
     model = slmviz.load()
@@ -56,7 +59,10 @@ def throughput_rows(args) -> list[Row]:
     times = interleaved({"forward": one_at_a_time, "scan": scan(deep), "scan15": scan(mid)},
                         warmup=1, repeats=min(args.repeats, 3))  # each round scans every verse 3 ways
     base, deep_s, mid_s = median(times["forward"]), median(times["scan"]), median(times["scan15"])
-    what = f"{len(docs)} verses, {n_tokens} tokens ({n_tokens / len(docs):.0f} per verse)"
+    batches = list(plan_batches(iter_windows(model.tokenizer, docs, DEFAULT_WINDOW), DEFAULT_BATCH_TOKENS))
+    padded = sum(len(b.windows) * max(len(w.ids) for w in b.windows) for b in batches)
+    what = (f"{len(docs)} verses, {n_tokens} tokens ({n_tokens / len(docs):.0f} per verse) in {len(batches)} "
+            f"batches, {1 - n_tokens / padded:.0%} of what they ran padding")
     return [
         Row(f"scan throughput, last-layer hooks (mlp post, z, pattern), batched ÷ forward one verse at a time; {what}",
             f"{n_tokens / deep_s:.0f} tokens/s", f"{n_tokens / base:.0f} tokens/s", base / deep_s, "≥ 2.0",
@@ -65,6 +71,31 @@ def throughput_rows(args) -> list[Row]:
             f"{n_tokens / mid_s:.0f} tokens/s", f"{n_tokens / base:.0f} tokens/s", base / mid_s, "—", None,
             f"scan {spread(times['scan15'])}"),
     ]
+
+
+def batch_size_rows(args) -> list[Row]:
+    """Evidence for DEFAULT_BATCH_TOKENS and MIN_BATCH_TOKENS: the scan's forward (last-layer hooks) in tokens/s
+    for batches of 32-token rows, from one row to 2048 tokens. Alternating rounds, medians."""
+    import torch
+
+    import slmviz
+    from slmviz.scan_batches import _forward
+
+    model = slmviz.load()
+    last = model.cfg.n_layers - 1
+    hooks = [f"blocks.{last}.{k}" for k in LAST_LAYER_HOOKS]
+    sizes = (1, 8, 32, 64)  # rows of 32 tokens: 32, 256, 1024, 2048 tokens
+    gen = torch.Generator().manual_seed(0)
+    batches = {b: torch.randint(100, model.cfg.vocab_size, (b, 32), generator=gen) for b in sizes}
+
+    def run(ids):
+        return lambda: _forward(model, ids, torch.full((ids.shape[0],), 32), hooks, False)
+
+    times = interleaved({b: run(ids) for b, ids in batches.items()}, warmup=1, repeats=min(args.repeats, 3))
+    rate = {b: b * 32 / median(times[b]) for b in sizes}
+    note = "; ".join(f"{b * 32} tokens: {rate[b]:.0f} tokens/s" for b in sizes)
+    return [Row("scan forward (last-layer hooks), tokens/s of a 1024-token batch ÷ one 32-token row", f"{rate[32]:.0f}"
+                " tokens/s", f"{rate[1]:.0f} tokens/s", rate[32] / rate[1], "—", None, note)]
 
 
 def child_memory(n: int) -> None:
@@ -131,7 +162,7 @@ def run(args) -> list[Row]:
     if args.child_memory:
         child_memory(args.child_memory)
         sys.exit(0)
-    rows = throughput_rows(args) + memory_rows(args)
+    rows = throughput_rows(args) + batch_size_rows(args) + memory_rows(args)
     if args.app:
         rows += app_rows()
     return rows

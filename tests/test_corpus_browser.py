@@ -2,7 +2,8 @@
 
 Opening the tab computes the scan once (cached in a temporary $SLMVIZ_SCAN_CACHE), shows coloured strips
 and a histogram; changing the feature redraws them; clicking a strip puts its verse in the prompt box;
-a second page load reads the cached scan instead of scanning again. Does not check the numbers (the
+a second page load reads the cached scan instead of scanning again; picking Gemma makes the tab show
+Gemma's hooks and scan. Does not check the numbers (the
 scan tests do) nor the default 1000-verse size (README, "Corpus scans").
 """
 
@@ -80,4 +81,25 @@ def test_corpus_tab_shows_coloured_top_contexts_and_a_histogram_and_a_click_load
 
     context, page = _open_corpus_tab(browser, server)  # a second visitor: the cached scan, at once
     assert len(list(scan_cache.iterdir())) == 1
+    context.close()
+
+
+def test_the_corpus_tab_follows_the_session_model(browser, server):
+    """Pick Gemma: the tab offers Gemma's hooks (18 layers: blocks 4 and 9) and Load the scan shows Gemma's own
+    scan of the same verses, while the page's first model keeps its cached scan."""
+    context, page = _open_corpus_tab(browser, server)
+    page.click("#model-picker input")
+    page.get_by_role("option", name=re.compile("gemma-3-270m")).click()
+    page.wait_for_function(
+        "document.querySelector('#model-status').innerText.includes('Model: gemma-3-270m (gemma3_text')",
+        timeout=TIMEOUT_MS)
+    page.wait_for_function("document.querySelector('#corpus-status').innerText.includes('Model changed')",
+                           timeout=60_000)
+    page.click("#corpus-load")
+    page.wait_for_function("document.querySelector('#corpus-status').innerText.includes('blocks.4.mlp.hook_post')",
+                           timeout=TIMEOUT_MS)
+    page.wait_for_selector("#corpus-examples .slmviz-corpus-strip", timeout=60_000)
+    assert page.locator("#corpus-examples .slmviz-corpus-strip").count() == 10
+    assert page.locator("#corpus-hook input").input_value() == "blocks.4.mlp.hook_post"
+    assert page.locator(".toast-body.error").count() == 0
     context.close()
