@@ -12,6 +12,7 @@ through the installed distribution's file list, never by importing the package.
 from __future__ import annotations
 
 import importlib.metadata
+import io
 import itertools
 import json
 import os
@@ -62,6 +63,55 @@ def count_documents(corpus: Corpus, limit: int | None = None) -> int | None:
     return n if limit is None or n is None else min(n, limit)
 
 
+def shard_sources(corpus: Corpus, limit: int | None, size: int) -> list[dict]:
+    """Where each shard of `size` documents comes from, small enough to send to a Ray actor that reads it
+    itself (`read_shard`): a file's shards are (path, byte offset or row, count), found in one pass over the
+    file's lines without parsing them; a list's shards carry their texts (the list is in memory anyway)."""
+    if isinstance(corpus, str | os.PathLike):
+        path = Path(corpus)
+        _iter_file(path)  # the same errors as a local scan: missing file, unsupported suffix
+        total = count_documents(path, limit)
+        if path.suffix == ".parquet":
+            return [{"path": str(path), "row": start, "count": min(size, total - start), "first_doc": start}
+                    for start in range(0, total, size)]
+        return [{"path": str(path), "offset": offset, "line": line, "count": min(size, total - first),
+                 "first_doc": first} for first, (offset, line) in zip(range(0, total, size),
+                                                                      _shard_offsets(path, size), strict=False)]
+    docs = list(iter_documents(corpus, limit))
+    return [{"texts": docs[start:start + size], "first_doc": start} for start in range(0, len(docs), size)]
+
+
+def read_shard(source: dict) -> list[str]:
+    """The documents of one shard from `shard_sources`, exactly as iter_documents reads them."""
+    if "texts" in source:
+        return list(source["texts"])
+    path, count = Path(source["path"]), int(source["count"])
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path, columns=["text"]).slice(int(source["row"]), count)  # memory-mapped columns
+        return [text or "" for text in table.column(0).to_pylist()]
+    with path.open("rb") as raw:
+        raw.seek(int(source["offset"]))
+        lines = io.TextIOWrapper(raw, encoding="utf-8")  # the same decoding and newlines as iter_documents
+        reader = _txt_documents if path.suffix == ".txt" else _jsonl_documents
+        return list(itertools.islice(reader(lines, path, int(source["line"])), count))
+
+
+def _shard_offsets(path: Path, size: int) -> Iterator[tuple[int, int]]:
+    """(byte offset, line number from 1) of the line that starts each shard of `size` documents; in a .jsonl
+    a blank line is no document, so it never starts a shard and is not counted."""
+    jsonl = path.suffix == ".jsonl"
+    docs, offset = 0, 0
+    with path.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            if not (jsonl and not line.strip()):
+                if docs % size == 0:
+                    yield offset, number
+                docs += 1
+            offset += len(line)
+
+
 def _count_lines(path: Path) -> int:
     lines, last = 0, b"\n"
     with path.open("rb") as f:
@@ -101,22 +151,30 @@ def _iter_file(path: Path) -> Iterator[str]:
 
 def _iter_txt(path: Path) -> Iterator[str]:
     with path.open(encoding="utf-8") as f:
-        for line in f:
-            yield line.rstrip("\n").rstrip("\r")
+        yield from _txt_documents(f, path, 1)
+
+
+def _txt_documents(lines: Iterable[str], path: Path, first_line: int) -> Iterator[str]:
+    for line in lines:
+        yield line.rstrip("\n").rstrip("\r")
 
 
 def _iter_jsonl(path: Path) -> Iterator[str]:
     with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                raise CorpusError(f"{path}:{number} is not valid JSON: {e}") from e
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise CorpusError(f"{path}:{number} has no string field 'text' (each line must be {{\"text\": ...}})")
-            yield row["text"]
+        yield from _jsonl_documents(f, path, 1)
+
+
+def _jsonl_documents(lines: Iterable[str], path: Path, first_line: int) -> Iterator[str]:
+    for number, line in enumerate(lines, first_line):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise CorpusError(f"{path}:{number} is not valid JSON: {e}") from e
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise CorpusError(f"{path}:{number} has no string field 'text' (each line must be {{\"text\": ...}})")
+        yield row["text"]
 
 
 def _iter_parquet(path: Path) -> Iterator[str]:

@@ -5,10 +5,11 @@
     s.mean("blocks.6.mlp.hook_post")                  # [d_mlp] mean over every token of the corpus
     s.save("scan/"); slmviz.Scan.load("scan/")
 
-A scan is a map over batches of documents (scan_batches.run_batch) and an in-order reduce
-(scan_reduce): memory holds one batch's activations and the running statistics, never the corpus's.
-`engine="local"` runs the batches in this process; `engine="ray"` on a Ray Data actor pool
-(scan_ray.py) with the same batches and the same reduce, so the two give identical results.
+A scan is a map over shards of documents (scan_shards.run_shard: each shard's padded batches through
+scan_batches.run_batch, reduced in order) and an in-order reduce of the shards (scan_reduce): memory holds
+one batch's activations and the running statistics, never the corpus's. `engine="local"` runs the shards
+in this process; `engine="ray"` on a Ray Data actor pool (scan_ray.py) whose actors read their own shards,
+with the same code and the same reduce, so the two give identical results.
 What each hook's features are (a neuron, a head's norm, a head's strongest look back) is in features.py.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
-from .corpus import Corpus, count_documents, iter_documents
+from .corpus import Corpus, count_documents, iter_documents, shard_sources
 from .features import feature_of
-from .scan_batches import Batch, BatchResult, ScanSpec, iter_windows, plan_batches, run_batch
+from .scan_batches import Batch, ScanSpec
 from .scan_reduce import EDGES, EMPTY_KEY, POSITION_BITS, DamageTotals, HookPartial, key_doc, key_position
+from .scan_shards import SHARD_DOCS, ShardResult, empty_partials, iter_shards, run_shard
 from .variants import VariantLike, resolve_variant
 
 if TYPE_CHECKING:
@@ -91,45 +93,47 @@ def scan(
         from .scan_ray import import_ray, run_on_ray
 
         import_ray()  # a missing extra fails before any work, with the install line
-    spec = ScanSpec(tuple(features), top_k, resolved, names, context_before=context[0], context_after=context[1])
-
+    if window < 1:
+        raise ValueError(f"window must be >= 1 token, got {window}")
     window = min(window, model.cfg.context_length)  # a window is one forward: never past the context
+    spec = ScanSpec(tuple(features), top_k, resolved, names, context_before=context[0], context_after=context[1],
+                    window=window, batch_tokens=batch_tokens)
     total = count_documents(corpus, limit)
-    counter = _Counter(iter_documents(corpus, limit))
-    batches = plan_batches(iter_windows(model.tokenizer, counter, window), batch_tokens)
-    acc = {h: HookPartial.empty(f.n, top_k, spec.context, _value_shape(model, h, f)) for h, f in features.items()}
+    acc = empty_partials(model, spec, features)
     damage = DamageTotals(len(resolved))
-    tally = {"windows": 0, "tokens": 0, "batches": 0}
-
-    def absorb(result: BatchResult, batch: Batch) -> None:
-        for h, part in result.hooks.items():
-            acc[h] = acc[h].merge(part)
-        if result.damage is not None:
-            damage.add(result.damage)
-        tally["windows"] += len(batch.windows)
-        tally["tokens"] += batch.n_tokens
-        tally["batches"] += 1
+    tally = {"documents": 0, "windows": 0, "tokens": 0, "batches": 0}
 
     start = time.perf_counter()
     with _progress_bar(progress, total, engine) as report:
-        def absorb_and_report(result: BatchResult, batch: Batch) -> None:
-            absorb(result, batch)
-            tally["docs_done"] = max(tally.get("docs_done", 0), 1 + max(w.doc for w in batch.windows))
-            report(tally["docs_done"])
+        def absorb(result: ShardResult) -> None:
+            """Merge one shard's result (called in shard order by both engines)."""
+            for h, part in result.hooks.items():
+                acc[h] = acc[h].merge(part)
+            if result.damage is not None:
+                damage.add(result.damage)
+            for k, v in (("documents", result.n_docs), ("windows", result.windows), ("tokens", result.tokens),
+                         ("batches", result.batches)):
+                tally[k] += v
+            report(tally["documents"])
 
         if engine == "local":
-            for batch in batches:
-                absorb_and_report(run_batch(model, batch, spec, features), batch)
+            for shard in iter_shards(iter_documents(corpus, limit), SHARD_DOCS):
+                seen = [shard.first_doc]
+
+                def batch_done(batch: Batch, seen: list[int] = seen) -> None:  # progress within a shard
+                    seen[0] = max(seen[0], 1 + max(w.doc for w in batch.windows))
+                    report(seen[0])
+
+                absorb(run_shard(model, shard, spec, features, batch_done))
         else:
-            run_on_ray(model, batches, spec, absorb_and_report, workers, lambda: None)
-        report(counter.n)
+            run_on_ray(model, shard_sources(corpus, limit, SHARD_DOCS), spec, absorb, workers)
     seconds = time.perf_counter() - start
 
     used = torch.unique(torch.cat([p.top_ids.flatten() for p in acc.values()]))
     used = used[used >= 0].tolist()
     tokens = dict(zip(used, model.to_strings(used), strict=True))
     info = {
-        "model": model.name, "engine": engine, "documents": counter.n, "windows": tally["windows"],
+        "model": model.name, "engine": engine, "documents": tally["documents"], "windows": tally["windows"],
         "tokens": tally["tokens"], "batches": tally["batches"], "seconds": seconds,
         "tokens_per_s": tally["tokens"] / seconds if seconds > 0 else 0.0, "window": window,
         "batch_tokens": batch_tokens, "top_k": top_k, "context_before": context[0], "context_after": context[1],
@@ -332,24 +336,6 @@ def _variants(variants: Sequence[VariantLike] | str | None) -> tuple[tuple[str, 
     resolved = tuple(resolve_variant(v) for v in items)
     names = tuple(v if isinstance(v, str) else r.label() for v, r in zip(items, resolved, strict=True))
     return names, resolved
-
-
-def _value_shape(model: Any, hook: str, feature: Any) -> tuple[int, ...]:
-    from .hooks import hook_shape
-
-    return hook_shape(hook, model.cfg, 1)[1:] if feature.per_position_value else (0,)
-
-
-class _Counter:
-    """Wraps the document iterator so progress can say how many documents have been read."""
-
-    def __init__(self, docs: Iterator[str]):
-        self.docs, self.n = docs, 0
-
-    def __iter__(self) -> Iterator[str]:
-        for d in self.docs:
-            self.n += 1
-            yield d
 
 
 class _progress_bar:

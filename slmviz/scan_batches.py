@@ -1,7 +1,7 @@
 """The per-batch work of a corpus scan: documents → windows → padded batches → one `BatchResult` each.
 
-Both engines call `run_batch` on the same batches (`plan_batches` is a pure function of the corpus and
-the settings), so they compute identical partial results; only where the call runs differs.
+Both engines call `run_batch` on the same batches (`plan_batches` is a pure function of a shard's documents
+and the settings; scan_shards.py), so they compute identical partial results; only where the call runs differs.
 
 Windows: a document longer than `window` tokens is cut into consecutive, non-overlapping windows, each
 run on its own (a token late in a window sees the earlier tokens of its window only). Positions in the
@@ -62,6 +62,8 @@ class ScanSpec:
     variant_names: tuple[str, ...] = ()
     context_before: int = 12
     context_after: int = 4
+    window: int = 256  # tokens: longer documents are cut into windows of this many
+    batch_tokens: int = 1024  # padded tokens per forward at most
     threads: int = field(default_factory=torch.get_num_threads)
 
     @property
@@ -89,12 +91,13 @@ class BatchResult:
                    DamagePartial.from_tensors(tensors))
 
 
-def iter_windows(tokenizer: Any, docs: Iterable[str], window: int, chunk: int = 256) -> Iterator[Window]:
-    """Tokenize documents (in chunks: the fast tokenizer's batch call) and cut them into windows.
-    Documents with no tokens (empty lines) produce no window but keep their number."""
+def iter_windows(tokenizer: Any, docs: Iterable[str], window: int, chunk: int = 256,
+                 first_doc: int = 0) -> Iterator[Window]:
+    """Tokenize documents (in chunks: the fast tokenizer's batch call) and cut them into windows, numbering
+    documents from `first_doc`. Documents with no tokens (empty lines) produce no window but keep their number."""
     if window < 1:
         raise ValueError(f"window must be >= 1 token, got {window}")
-    doc = 0
+    doc = first_doc
     buffer: list[str] = []
     for text in _with_end(docs):
         if text is not None:

@@ -1,14 +1,15 @@
-"""The Ray engine of `slmviz.scan`: the same batches through `run_batch` on a Ray Data actor pool.
+"""The Ray engine of `slmviz.scan`: the same shards through `run_shard` on a Ray Data actor pool.
 
-Each actor loads the model once (from the driver model's folder, which must exist on every node) and
-turns one planned batch into its partial result, serialized with safetensors (no pickled tensors in
-the results). The driver merges partials in batch-index order with the same code as the local engine,
-so `engine="ray"` equals `engine="local"` exactly, provided each actor runs torch with the driver's
-thread count (done here: a GEMM's rounding may depend on how many threads split it).
+Each actor loads the model once (from the driver model's folder, which must exist on every node), then
+per call reads one shard of the corpus itself (corpus.read_shard: a file's byte offset or row and a count,
+or a list's texts), tokenizes and runs it, and returns its merged partial result serialized with
+safetensors (no pickled tensors in the results). The driver merges shard results in shard order with the
+same code as the local engine, so `engine="ray"` equals `engine="local"` exactly, provided each actor runs
+torch with the driver's thread count (done here: a GEMM's rounding may depend on how many threads split it).
 
 Ray pitfalls measured on this machine (DESIGN.md, Ray 2.60):
 - output order is not preserved by default: `preserve_order` is switched on AND every result carries its
-  batch index, and the driver re-orders with a small buffer, so order never depends on Ray's settings;
+  shard index, and the driver re-orders with a small buffer, so order never depends on Ray's settings;
 - an unreachable `RAY_ADDRESS` makes `ray.init` retry forever: the address is probed first with a TCP
   connect bounded by `CONNECT_TIMEOUT_S`;
 - `write_parquet` appends to an existing folder by default: the engine never writes through Ray (the
@@ -16,7 +17,9 @@ Ray pitfalls measured on this machine (DESIGN.md, Ray 2.60):
   written with Ray Data from a scan's output should pass `mode="overwrite"`.
 - `compute=ActorPoolStrategy(size=n)`, not the deprecated `concurrency=`.
 
-Memory: the driver holds the token ids of the planned batches (4-8 bytes a token), not activations.
+Memory: for a corpus file the driver holds one small source per shard (found in one pass over the file's
+lines) and the shard results waiting to be merged, never the corpus's text, tokens or activations; a list
+corpus is in the driver's memory already, and its shards carry their texts.
 Untested here (no GPU, no cluster): a CUDA model asks each actor for one GPU (`num_gpus=1`) and loads
 the model there; a remote cluster needs slmviz installed on its nodes and the model folder at the same path.
 """
@@ -24,16 +27,19 @@ the model there; a remote cluster needs slmviz installed on its nodes and the mo
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 import torch
 
-from .scan_batches import Batch, BatchResult, ScanSpec, Window, run_batch
+from .corpus import read_shard
+from .scan_batches import ScanSpec
+from .scan_shards import Shard, ShardResult, run_shard
 
 CONNECT_TIMEOUT_S = 10.0
 INSTALL_HINT = 'pip install "slmviz[ray]"  (or: pip install "ray[data]==2.60.0")'
@@ -48,21 +54,20 @@ def import_ray() -> Any:
     return ray
 
 
-def run_on_ray(model: Any, batches: Iterable[Batch], spec: ScanSpec,
-               absorb: Callable[[BatchResult, Batch], None], workers: int, report: Callable[[], None]) -> None:
-    """Run every batch on an actor pool of `workers` actors and `absorb` the results in batch order."""
+def run_on_ray(model: Any, sources: list[dict], spec: ScanSpec, absorb: Callable[[ShardResult], None],
+               workers: int) -> None:
+    """Run every shard on an actor pool of `workers` actors and `absorb` the results in shard order.
+    sources: corpus.shard_sources (each actor reads its own shard's documents)."""
     ray = import_ray()
     if model.path is None:
         raise ValueError("engine='ray' loads the model in each actor from its folder; this model has no folder")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    if not sources:
+        return
     started_here = connect(ray, workers)
     try:
-        planned = list(batches)
-        if not planned:
-            return
-        by_index = {b.index: b for b in planned}
-        items = [encode_batch(b) for b in planned]
+        items = [{"index": i, "source": json.dumps(source)} for i, source in enumerate(sources)]
         data = ray.data.DataContext.get_current()
         data.execution_options.preserve_order = True
         data.enable_progress_bars = False  # slmviz shows its own bar
@@ -73,16 +78,15 @@ def run_on_ray(model: Any, batches: Iterable[Batch], spec: ScanSpec,
             num_cpus=1, num_gpus=1 if on_gpu else None,
         )
         pending: dict[int, bytes] = {}
-        next_index = planned[0].index
+        next_index = 0
         for row in results.iter_rows():
             pending[int(row["index"])] = row["result"]
-            while next_index in pending:  # merge strictly in batch order, whatever order rows arrive in
-                absorb(decode_result(pending.pop(next_index), spec), by_index[next_index])
+            while next_index in pending:  # merge strictly in shard order, whatever order rows arrive in
+                absorb(ShardResult.from_tensors(load_tensors(pending.pop(next_index)), spec.hooks))
                 next_index += 1
-                report()
-        if pending or next_index != planned[-1].index + 1:
-            raise RuntimeError(f"Ray returned an incomplete scan: {len(pending)} batches out of order, "
-                               f"next expected {next_index}")
+        if pending or next_index != len(sources):
+            raise RuntimeError(f"Ray returned an incomplete scan: {len(pending)} shards out of order, "
+                               f"next expected {next_index} of {len(sources)}")
     finally:
         if started_here:
             ray.shutdown()
@@ -119,41 +123,20 @@ def probe(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
         ) from e
 
 
-def encode_batch(batch: Batch) -> dict[str, Any]:
-    """A batch as one Arrow-friendly row: flat ids plus per-window length, document and offset."""
-    return {
-        "index": batch.index,
-        "ids": [i for w in batch.windows for i in w.ids],
-        "lengths": [len(w.ids) for w in batch.windows],
-        "docs": [w.doc for w in batch.windows],
-        "offsets": [w.offset for w in batch.windows],
-    }
-
-
-def decode_batch(row: dict[str, Any]) -> Batch:
-    ids = np.asarray(row["ids"]).tolist()
-    windows, start = [], 0
-    for n, doc, offset in zip(np.asarray(row["lengths"]).tolist(), np.asarray(row["docs"]).tolist(),
-                              np.asarray(row["offsets"]).tolist(), strict=True):
-        windows.append(Window(doc, offset, tuple(ids[start:start + n])))
-        start += n
-    return Batch(int(row["index"]), tuple(windows))
-
-
-def encode_result(result: BatchResult) -> bytes:
+def save_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
     from safetensors.torch import save
 
-    return save(result.to_tensors())
+    return save(tensors)
 
 
-def decode_result(data: bytes, spec: ScanSpec) -> BatchResult:
+def load_tensors(data: bytes) -> dict[str, torch.Tensor]:
     from safetensors.torch import load
 
-    return BatchResult.from_tensors(load(bytes(data)), spec.hooks)
+    return load(bytes(data))
 
 
 class ScanActor:
-    """One Ray actor: loads the model once, then runs `run_batch` on one planned batch per call."""
+    """One Ray actor: loads the model once, then reads and runs one shard per call (`run_shard`)."""
 
     def __init__(self, model_path: str, spec: ScanSpec, on_gpu: bool = False):
         import slmviz
@@ -167,8 +150,10 @@ class ScanActor:
 
     def __call__(self, rows: dict[str, np.ndarray]) -> dict[str, list]:
         out_index, out_result = [], []
-        for i in range(len(rows["index"])):
-            batch = decode_batch({k: v[i] for k, v in rows.items()})
-            out_index.append(batch.index)
-            out_result.append(encode_result(run_batch(self.model, batch, self.spec, self.features)))
+        for index, source in zip(rows["index"].tolist(), rows["source"].tolist(), strict=True):
+            spec = json.loads(source)
+            shard = Shard(int(index), int(spec["first_doc"]), tuple(read_shard(spec)))
+            result = run_shard(self.model, shard, self.spec, self.features)
+            out_index.append(int(index))
+            out_result.append(save_tensors(result.to_tensors()))
         return {"index": np.array(out_index), "result": np.array(out_result, dtype=object)}

@@ -179,6 +179,13 @@ class DamagePartial:
         return {f"damage/{f.name}": getattr(self, f.name).contiguous() for f in fields(self)}
 
     @classmethod
+    def concat(cls, parts: list[DamagePartial]) -> DamagePartial | None:
+        """The windows of several batches, in order (None for none)."""
+        if not parts:
+            return None
+        return cls(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(cls)})
+
+    @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> DamagePartial | None:
         if "damage/doc" not in tensors:
             return None

@@ -296,3 +296,42 @@ def test_top_rows_equals_a_stable_sort_with_ties_nans_and_infinities():
         k = int(torch.randint(1, n + 1, (), generator=gen))
         expected = torch.sort(_rankable(x), dim=0, descending=True, stable=True).indices[:k].T
         assert torch.equal(top_rows(x, k), expected)
+
+
+def test_a_shard_read_from_its_source_is_what_a_local_scan_reads(tmp_path):
+    """corpus.shard_sources + read_shard (what a Ray actor reads) give the documents of iter_documents, shard by
+    shard, for every corpus kind: blank jsonl lines are no document, CRLF lines, a last line without newline."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slmviz.corpus import read_shard, shard_sources
+    from slmviz.scan_shards import iter_shards
+
+    texts = [f"line {i} é" if i % 4 else "" for i in range(23)]
+    txt = tmp_path / "c.txt"
+    txt.write_bytes(("\r\n".join(texts)).encode())  # CRLF, no final newline
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + ("\n\n" if i % 5 == 0 else "\n") for i, t in enumerate(texts)),
+                     encoding="utf-8")
+    parquet = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"text": texts}), parquet, row_group_size=4)
+    for corpus in (texts, str(txt), jsonl, parquet):
+        for limit in (None, 17):
+            local = list(iter_shards(iter_documents(corpus, limit), 5))
+            sources = shard_sources(corpus, limit, 5)
+            assert [s["first_doc"] for s in sources] == [s.first_doc for s in local]
+            assert [tuple(read_shard(json.loads(json.dumps(s)))) for s in sources] == [s.texts for s in local]
+
+
+def test_shard_size_changes_no_top_example_and_no_mean_beyond_rounding(tiny_model, docs, small_scan, monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("slmviz.scan"), "SHARD_DOCS", 7)  # 30 documents: 5 shards
+    sharded = slmviz.scan(docs, hooks=[MLP, Z, PATTERN], top_k=5, model=tiny_model, batch_tokens=200, progress=False)
+    assert sharded.info["documents"] == small_scan.info["documents"] and sharded.info["tokens"] == small_scan.info[
+        "tokens"]
+    for h in (MLP, Z, PATTERN):
+        a, b = small_scan.stats[h], sharded.stats[h]
+        assert torch.equal(a.top_key, b.top_key) and torch.equal(a.top_ids, b.top_ids) and torch.equal(a.hist, b.hist)
+        torch.testing.assert_close(a.top_val, b.top_val, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a.mean, b.mean, rtol=1e-9, atol=1e-9)

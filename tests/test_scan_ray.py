@@ -29,14 +29,22 @@ def ray_node():
     ray.shutdown()
 
 
-def test_ray_engine_equals_the_local_engine_exactly(ray_node, tiny_model):
+def test_ray_engine_equals_the_local_engine_exactly(ray_node, tiny_model, tmp_path, monkeypatch):
+    """A jsonl corpus file in shards of 6 documents: each actor reads its own shards from the file (by byte
+    offset), results arrive in any order and merge in shard order, exactly as the local engine merges them."""
+    import importlib
+    import json
+
     from test_scan import random_docs
 
+    monkeypatch.setattr(importlib.import_module("slmviz.scan"), "SHARD_DOCS", 6)
     docs = random_docs(40, 50, seed=5)
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
     kw = dict(hooks=HOOKS, top_k=4, model=tiny_model, batch_tokens=96, variants=["rope_interleaved"], progress=False)
-    local = slmviz.scan(docs, engine="local", **kw)
-    remote = slmviz.scan(docs, engine="ray", workers=2, **kw)
-    assert local.info["batches"] > 10  # enough batches for two actors to finish out of order
+    local = slmviz.scan(corpus, engine="local", **kw)
+    remote = slmviz.scan(corpus, engine="ray", workers=2, **kw)
+    assert local.info["batches"] > 10  # 7 shards of several batches each, for two actors
     for h in HOOKS:
         a, b = local.stats[h].to_tensors(h), remote.stats[h].to_tensors(h)
         for name in a:
@@ -44,6 +52,10 @@ def test_ray_engine_equals_the_local_engine_exactly(ray_node, tiny_model):
     assert local.tokens == remote.tokens
     assert local.damage.equals(remote.damage)
     assert remote.info["engine"] == "ray" and remote.info["documents"] == 40
+    assert {k: remote.info[k] for k in ("windows", "tokens", "batches")} == {
+        k: local.info[k] for k in ("windows", "tokens", "batches")}
+    in_memory = slmviz.scan(docs, engine="ray", workers=2, **kw)  # a list's shards carry their texts
+    assert torch.equal(in_memory.stats[HOOKS[0]].mean, local.stats[HOOKS[0]].mean)
 
 
 def test_an_unreachable_ray_address_fails_within_the_connect_timeout():
