@@ -86,7 +86,7 @@ class CorpusScans:
             if (folder / "scan.safetensors").is_file():
                 report(0.5, "reading the cached scan")
                 return Scan.load(folder), docs
-            what = f"Scanning {len(docs)} verses with {model.name} ({', '.join(hooks)})"
+            what = f"Scanning {len(docs)} verses with {model.name} ({_layers(hooks)})"
             report(0.0, what)
             s = scan(docs, hooks=hooks, top_k=top_k, model=model,
                      progress=lambda done, total: report(done / max(total or n, 1), what))
@@ -113,6 +113,14 @@ class CorpusScans:
         tab = scan_hooks(model)
         found = self.finished(model, tab) if set(hooks) <= set(tab) else None
         return found or self.finished(model, sorted(hooks), top_k=1)
+
+
+def _layers(hooks: list[str]) -> str:
+    """'layers 7 and 15' for the progress line (the hook names are in the tab's dropdown)."""
+    layers = sorted({int(h.split(".")[1]) for h in hooks if h.startswith("blocks.")})
+    if not layers:
+        return ", ".join(hooks)
+    return ("layer " if len(layers) == 1 else "layers ") + " and ".join(map(str, layers))
 
 
 def _save_atomically(s: Scan, folder: Path) -> None:
@@ -168,7 +176,9 @@ def build_corpus_tab(handlers: Any, prompt: gr.Textbox, source: gr.State, model_
     def load(hook_name: str, source_name: str | None, request: gr.Request,
              progress=gr.Progress()):  # noqa: B008 - gradio reads this default
         m = handlers.model(source_name)
-        s, docs = yield from wait_for_scan(lambda who: SCANS.tab_scan(m, who), session(request), progress, 5)
+        running = ("Scanning the corpus (its first visit computes the scan; everyone else's requests go on). "
+                   "**Cancel** stops waiting.", gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        s, docs = yield from wait_for_scan(lambda who: SCANS.tab_scan(m, who), session(request), progress, 5, running)
         names = scan_hooks(m)
         hook_name = hook_name if hook_name in names else names[0]
         best = strongest(s, hook_name)
@@ -201,9 +211,10 @@ def build_corpus_tab(handlers: Any, prompt: gr.Textbox, source: gr.State, model_
                 "corpus scan (the first visit computes it).", "", None)
 
     outputs = [status, hook, feature, strips, hist]
-    opened = [tab.select(load, [hook, source], outputs, api_name="corpus_load", **scan_kw),
-              hook.input(load, [hook, source], outputs, api_name="corpus_hook", **scan_kw),
-              load_btn.click(load, [hook, source], outputs, api_name="corpus_reload", **scan_kw)]
+    shown = {"show_progress_on": strips}  # one progress bar, where the strips will appear
+    opened = [tab.select(load, [hook, source], outputs, api_name="corpus_load", **shown, **scan_kw),
+              hook.input(load, [hook, source], outputs, api_name="corpus_hook", **shown, **scan_kw),
+              load_btn.click(load, [hook, source], outputs, api_name="corpus_reload", **shown, **scan_kw)]
     cancel_btn.click(cancel, None, status, cancels=opened, api_name="corpus_cancel", **light_kw)
     source.change(model_changed, source, [hook, status, strips, hist], api_visibility="private", **light_kw)
     gr.on([show_btn.click, feature.submit], show, [hook, feature, source], [status, strips, hist],
@@ -211,10 +222,13 @@ def build_corpus_tab(handlers: Any, prompt: gr.Textbox, source: gr.State, model_
     strips.click(pick, source, prompt, api_name="corpus_pick", **light_kw)
 
 
-def wait_for_scan(start: Callable[[str], Job], who: str, progress: Any, n_outputs: int) -> Iterator[Any]:
-    """Join (or start) a scan job and wait for it, yielding no-op updates of the n outputs meanwhile; return its
-    (Scan, docs)."""
+def wait_for_scan(start: Callable[[str], Job], who: str, progress: Any, n_outputs: int,
+                  running: Any = None) -> Iterator[Any]:
+    """Join (or start) a scan job and wait for it, yielding `running` first if it is not done yet (e.g. a status
+    line) and no-op updates of the n outputs meanwhile; return its (Scan, docs)."""
     job = start(who)
+    if running is not None and not job.done.is_set():
+        yield running
     try:
         yield from _no_updates(wait(job, who, progress), n_outputs)
     except JobCancelled:

@@ -28,9 +28,9 @@ import torch
 
 from .corpus import Corpus, count_documents, iter_documents, shard_sources
 from .features import feature_of
-from .scan_batches import Batch, ScanSpec
+from .scan_batches import ScanSpec
 from .scan_reduce import EDGES, EMPTY_KEY, POSITION_BITS, DamageTotals, HookPartial, key_doc, key_position
-from .scan_shards import SHARD_DOCS, ShardResult, empty_partials, iter_shards, run_shard
+from .scan_shards import SHARD_DOCS, Shard, ShardResult, empty_partials, iter_shards, run_shard
 from .variants import VariantLike, resolve_variant
 
 if TYPE_CHECKING:
@@ -118,11 +118,8 @@ def scan(
 
         if engine == "local":
             for shard in iter_shards(iter_documents(corpus, limit), SHARD_DOCS):
-                seen = [shard.first_doc]
-
-                def batch_done(batch: Batch, seen: list[int] = seen) -> None:  # progress within a shard
-                    seen[0] = max(seen[0], 1 + max(w.doc for w in batch.windows))
-                    report(seen[0])
+                def batch_done(fraction: float, shard: Shard = shard) -> None:  # progress within a shard
+                    report(shard.first_doc + int(fraction * len(shard.texts)))
 
                 absorb(run_shard(model, shard, spec, features, batch_done))
         else:

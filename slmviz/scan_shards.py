@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .features import Feature
-from .scan_batches import Batch, ScanSpec, iter_windows, plan_batches, run_batch
+from .scan_batches import ScanSpec, iter_windows, plan_batches, run_batch
 from .scan_reduce import DamagePartial, HookPartial
 
 SHARD_DOCS = 1024  # documents per shard: ~30 s of verses on 2 cores, enough to keep a Ray actor busy
@@ -83,10 +83,11 @@ def empty_partials(model: Any, spec: ScanSpec, features: dict[str, Feature]) -> 
 
 
 def run_shard(model: Any, shard: Shard, spec: ScanSpec, features: dict[str, Feature],
-              on_batch: Callable[[Batch], None] | None = None) -> ShardResult:
-    """Every batch of one shard, merged in batch order. on_batch(batch) is called after each batch (progress,
-    and the app's Cancel)."""
-    windows = iter_windows(model.tokenizer, shard.texts, spec.window, first_doc=shard.first_doc)
+              on_batch: Callable[[float], None] | None = None) -> ShardResult:
+    """Every batch of one shard, merged in batch order. on_batch(fraction of the shard's tokens done) is called
+    after each batch (progress, and the app's Cancel)."""
+    windows = list(iter_windows(model.tokenizer, shard.texts, spec.window, first_doc=shard.first_doc))
+    total = max(1, sum(len(w.ids) for w in windows))  # batches run longest first: count tokens, not documents
     merged = empty_partials(model, spec, features)
     damage: list[DamagePartial] = []
     n_windows = n_tokens = n_batches = 0
@@ -98,6 +99,6 @@ def run_shard(model: Any, shard: Shard, spec: ScanSpec, features: dict[str, Feat
             damage.append(result.damage)
         n_windows, n_tokens, n_batches = n_windows + len(batch.windows), n_tokens + batch.n_tokens, n_batches + 1
         if on_batch is not None:
-            on_batch(batch)
+            on_batch(n_tokens / total)
     return ShardResult(shard.index, len(shard.texts), merged, DamagePartial.concat(damage), n_windows, n_tokens,
                        n_batches)

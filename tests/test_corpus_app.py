@@ -10,7 +10,7 @@ import os
 import time
 
 import pytest
-from app_helpers import app_server
+from app_helpers import CHROMIUM, NO_CHROMIUM, app_server
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
@@ -55,3 +55,27 @@ def test_a_running_scan_holds_up_no_other_request_and_cancel_stops_it(server, sc
         bob.predict("blocks.7.mlp.hook_post", 0, api_name="/corpus_show")
     time.sleep(2)  # the job stops at its next progress report: nothing half-scanned is cached
     assert not [p for p in scan_cache.iterdir() if (p / "scan.safetensors").is_file()]
+
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
+def test_cancel_in_the_page_stops_the_first_scan_and_says_so(browser, server, scan_cache):
+    """As a visitor meets it: opening the tab starts the scan with a progress bar; Cancel ends the wait with a
+    message (no error toast); the page keeps working; nothing half-scanned is cached."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.goto(server)
+    page.wait_for_selector("#prompt textarea")
+    page.get_by_role("tab", name="Corpus").click()
+    page.wait_for_function("document.body.innerText.includes('Scanning 3000 verses')", timeout=120_000)
+    page.click("#corpus-cancel")
+    page.wait_for_function("document.querySelector('#corpus-status').innerText.includes('Cancelled')",
+                           timeout=30_000)
+    page.wait_for_function("!document.body.innerText.includes('Scanning 3000 verses')", timeout=30_000)
+    assert page.locator(".toast-body.error").count() == 0
+    page.click("#run")  # the page still serves
+    page.wait_for_selector("#tokens .token, #tokens span", timeout=120_000)
+    time.sleep(2)
+    assert not [p for p in scan_cache.iterdir() if (p / "scan.safetensors").is_file()]
+    context.close()
