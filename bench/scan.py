@@ -1,7 +1,7 @@
 """Corpus scans: batched local-engine throughput vs the capture-off forward one document at a time, and peak
 memory vs corpus size (each size in a fresh process), on verses of the bundled King James Bible.
 
-    .venv/bin/python bench/scan.py [--docs 96] [--sizes 100,400,1600] [--app]
+    .venv/bin/python bench/scan.py [--docs 96] [--sizes 100,400,1600] [--app] [--ray]
 
 Rows:
 - throughput: `slmviz.scan` (hooks of the LAST layer, so every block runs; the scan skips only the final
@@ -12,6 +12,8 @@ Rows:
 - peak RSS during the scan of N verses (layer-3 hooks) in a fresh process that loaded the model, for each N:
   bounded memory means the largest N needs no more than the smallest (target ≤ 1.10×).
 - --app: the app's Corpus tab scan as it runs on first use (app/corpus_tab.py: its size and hooks).
+- --ray: the Ray engine's driver peak RSS for the last two --sizes, from a jsonl file on a local node with two
+  actors (each reads its own shards; the driver should not grow with the corpus).
 """
 
 from __future__ import annotations
@@ -128,6 +130,56 @@ def child_memory(n: int) -> None:
     print(json.dumps({"n": n, "tokens": s.info["tokens"], "loaded": loaded, "peak": peak[0], "seconds": seconds}))
 
 
+def child_ray_memory(n: int) -> None:
+    """In a fresh process: scan n verses from a jsonl file on a local Ray node (2 actors) and print the DRIVER's
+    peak RSS during the scan (the actors are other processes) as JSON."""
+    import json as json_
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    import psutil
+
+    import slmviz
+
+    model = slmviz.load()
+    folder = Path(tempfile.mkdtemp())
+    corpus = folder / "verses.jsonl"
+    corpus.write_text("".join(json_.dumps({"text": v}) + "\n" for v in sample_verses(n)), encoding="utf-8")
+    proc = psutil.Process()
+    loaded = proc.memory_info().rss
+    peak = [loaded]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], proc.memory_info().rss)
+
+    threading.Thread(target=sample, daemon=True).start()
+    start = time.perf_counter()
+    s = slmviz.scan(corpus, hooks=[f"blocks.3.{k}" for k in LAST_LAYER_HOOKS], top_k=20, model=model, engine="ray",
+                    workers=2, progress=False)
+    seconds = time.perf_counter() - start
+    done.set()
+    print(json.dumps({"n": n, "tokens": s.info["tokens"], "loaded": loaded, "peak": peak[0], "seconds": seconds}))
+
+
+def ray_rows(args) -> list[Row]:
+    results = []
+    for n in [int(x) for x in args.sizes.split(",")][-2:]:
+        out = subprocess.run([sys.executable, str(BENCH_DIR / "scan.py"), "--child-ray-memory", str(n)],
+                             capture_output=True, text=True, check=True).stdout
+        results.append(json.loads(out.strip().splitlines()[-1]))
+        print(results[-1], flush=True)
+    small, large = results
+    gb = 1024**3
+    note = "; ".join(f"{r['n']} verses ({r['tokens']} tokens): driver peak {r['peak'] / gb:.3f} GB, after load "
+                     f"{r['loaded'] / gb:.3f} GB, {r['seconds']:.0f} s with Ray's start-up" for r in results)
+    ratio = large["peak"] / small["peak"]
+    return [Row(f"Ray engine (jsonl file, 2 actors): driver peak RSS, {large['n']} verses ÷ {small['n']} verses",
+                f"{large['peak'] / gb:.3f} GB", f"{small['peak'] / gb:.3f} GB", ratio, "≤ 1.10", ratio <= 1.10, note)]
+
+
 def memory_rows(args) -> list[Row]:
     results = []
     for n in [int(x) for x in args.sizes.split(",")]:
@@ -162,7 +214,12 @@ def run(args) -> list[Row]:
     if args.child_memory:
         child_memory(args.child_memory)
         sys.exit(0)
+    if args.child_ray_memory:
+        child_ray_memory(args.child_ray_memory)
+        sys.exit(0)
     rows = throughput_rows(args) + batch_size_rows(args) + memory_rows(args)
+    if args.ray:
+        rows += ray_rows(args)
     if args.app:
         rows += app_rows()
     return rows
@@ -172,7 +229,9 @@ def add_args(parser) -> None:
     parser.add_argument("--docs", type=int, default=96, help="verses in the throughput comparison")
     parser.add_argument("--sizes", default="100,400,1600", help="corpus sizes (verses) of the memory rows")
     parser.add_argument("--app", action="store_true", help="also time the app's first Corpus-tab scan")
+    parser.add_argument("--ray", action="store_true", help="also measure the Ray driver's peak RSS (last two --sizes)")
     parser.add_argument("--child-memory", type=int, default=0, help=argparse_hidden())
+    parser.add_argument("--child-ray-memory", type=int, default=0, help=argparse_hidden())
 
 
 def argparse_hidden() -> str:
