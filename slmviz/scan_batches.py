@@ -77,19 +77,6 @@ class BatchResult:
     hooks: dict[str, HookPartial]
     damage: DamagePartial | None
 
-    def to_tensors(self) -> dict[str, torch.Tensor]:
-        out = {"index": torch.tensor(self.index)}
-        for name, part in self.hooks.items():
-            out.update(part.to_tensors(name))
-        if self.damage is not None:
-            out.update(self.damage.to_tensors())
-        return out
-
-    @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor], hooks: Sequence[str]) -> BatchResult:
-        return cls(int(tensors["index"]), {h: HookPartial.from_tensors(tensors, h) for h in hooks},
-                   DamagePartial.from_tensors(tensors))
-
 
 def iter_windows(tokenizer: Any, docs: Iterable[str], window: int, chunk: int = 256,
                  first_doc: int = 0) -> Iterator[Window]:
