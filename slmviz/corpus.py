@@ -70,17 +70,17 @@ def count_documents(corpus: Corpus, limit: int | None = None) -> int | None:
 def shard_sources(corpus: Corpus, limit: int | None, size: int) -> list[dict]:
     """Where each shard of `size` documents comes from, small enough to send to a Ray actor that reads it
     itself (`read_shard`): a file's shards are (path, byte offset or row, count), found in one pass over the
-    file's lines without parsing them; a list's shards carry their texts (the list is in memory anyway)."""
+    file's lines (a parquet file's from its footer); a list's shards carry their texts (the list is in memory
+    anyway). The documents and their numbers are iter_documents'."""
     if isinstance(corpus, str | os.PathLike):
         path = Path(corpus)
         _iter_file(path)  # the same errors as a local scan: missing file, unsupported suffix
-        total = count_documents(path, limit)
-        if path.suffix == ".parquet":
-            return [{"path": str(path), "row": start, "count": min(size, total - start), "first_doc": start}
-                    for start in range(0, total, size)]
-        return [{"path": str(path), "offset": offset, "line": line, "count": min(size, total - first),
-                 "first_doc": first} for first, (offset, line) in zip(range(0, total, size),
-                                                                      _shard_offsets(path, size), strict=False)]
+        if path.suffix != ".parquet":
+            return _line_shards(path, size, limit)
+        total = _parquet_file(path).metadata.num_rows
+        total = total if limit is None else min(total, limit)
+        return [{"path": str(path), "row": start, "count": min(size, total - start), "first_doc": start}
+                for start in range(0, total, size)]
     docs = list(iter_documents(corpus, limit))
     return [{"texts": docs[start:start + size], "first_doc": start} for start in range(0, len(docs), size)]
 
@@ -91,10 +91,7 @@ def read_shard(source: dict) -> list[str]:
         return list(source["texts"])
     path, count = Path(source["path"]), int(source["count"])
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(path, columns=["text"]).slice(int(source["row"]), count)  # memory-mapped columns
-        return [text or "" for text in table.column(0).to_pylist()]
+        return _parquet_rows(path, int(source["row"]), count)
     with path.open("rb") as raw:
         raw.seek(int(source["offset"]))
         lines = io.TextIOWrapper(raw, encoding="utf-8", newline=LINE_END)  # exactly as iter_documents reads
@@ -102,18 +99,40 @@ def read_shard(source: dict) -> list[str]:
         return list(itertools.islice(reader(lines, path, int(source["line"])), count))
 
 
-def _shard_offsets(path: Path, size: int) -> Iterator[tuple[int, int]]:
-    """(byte offset, line number from 1) of the line that starts each shard of `size` documents; in a .jsonl
-    a blank line is no document, so it never starts a shard and is not counted."""
+def _line_shards(path: Path, size: int, limit: int | None) -> list[dict]:
+    """The shards of a .txt or .jsonl file: byte offset and line number (from 1) of each shard's first document
+    and how many it has. In a .jsonl a blank line is no document: it never starts a shard and is not counted."""
     jsonl = path.suffix == ".jsonl"
-    docs, offset = 0, 0
+    shards: list[dict] = []
+    docs = offset = 0
     with path.open("rb") as f:
         for number, line in enumerate(f, 1):
-            if not (jsonl and not line.strip()):
+            if docs == limit:
+                break
+            if not (jsonl and not line.decode("utf-8").strip()):  # str.strip, as _jsonl_documents decides
                 if docs % size == 0:
-                    yield offset, number
+                    shards.append({"path": str(path), "offset": offset, "line": number, "count": 0,
+                                   "first_doc": docs})
+                shards[-1]["count"] += 1
                 docs += 1
             offset += len(line)
+    return shards
+
+
+def _parquet_rows(path: Path, row: int, count: int) -> list[str]:
+    """Rows row..row+count-1 of the text column, reading only the row groups that hold them."""
+    f = _parquet_file(path)
+    groups, first, at = [], None, 0
+    for g in range(f.num_row_groups):
+        n = f.metadata.row_group(g).num_rows
+        if at < row + count and at + n > row:
+            groups.append(g)
+            first = at if first is None else first
+        at += n
+    if not groups:
+        return []
+    table = f.read_row_groups(groups, columns=["text"]).slice(row - first, count)
+    return [text or "" for text in table.column(0).to_pylist()]
 
 
 def _count_lines(path: Path) -> int:
@@ -181,12 +200,18 @@ def _jsonl_documents(lines: Iterable[str], path: Path, first_line: int) -> Itera
         yield row["text"]
 
 
-def _iter_parquet(path: Path) -> Iterator[str]:
+def _parquet_file(path: Path):
+    """The opened parquet file, with a clear error if it has no `text` column."""
     import pyarrow.parquet as pq
 
     f = pq.ParquetFile(path)
     if "text" not in f.schema_arrow.names:
         raise CorpusError(f"{path} has no 'text' column (columns: {f.schema_arrow.names})")
+    return f
+
+
+def _iter_parquet(path: Path) -> Iterator[str]:
+    f = _parquet_file(path)
     for batch in f.iter_batches(columns=["text"], batch_size=1024):
         for text in batch.column(0).to_pylist():
             yield text or ""

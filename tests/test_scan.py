@@ -321,6 +321,10 @@ def test_a_shard_read_from_its_source_is_what_a_local_scan_reads(tmp_path):
             sources = shard_sources(corpus, limit, 5)
             assert [s["first_doc"] for s in sources] == [s.first_doc for s in local]
             assert [tuple(read_shard(json.loads(json.dumps(s)))) for s in sources] == [s.texts for s in local]
+    no_text = tmp_path / "no_text.parquet"
+    pq.write_table(pa.table({"body": texts}), no_text)
+    with pytest.raises(CorpusError, match="no 'text' column"):  # on the driver, before any actor starts
+        shard_sources(no_text, None, 5)
     from_txt = list(iter_documents(txt))
     assert len(from_txt) == count_documents(txt) == 24 and from_txt[-2].endswith("é\rnot a line end")  # "\n" only
 
