@@ -100,20 +100,16 @@ def batch_size_rows(args) -> list[Row]:
                 " tokens/s", f"{rate[1]:.0f} tokens/s", rate[32] / rate[1], "—", None, note)]
 
 
-def child_memory(n: int) -> None:
-    """In a fresh process: load, scan n verses, print the peak RSS DURING the scan (sampled every 5 ms by a
-    thread; the process's lifetime peak is the model load's, which would hide the scan) as JSON."""
+def peak_rss_during(run):
+    """run() in this process, with its RSS sampled every 5 ms by a thread: (result, RSS before, peak, seconds).
+    The peak is DURING run (the process's lifetime peak is the model load's, which would hide the scan)."""
     import threading
 
     import psutil
 
-    import slmviz
-
-    model = slmviz.load()
-    docs = sample_verses(n)
     proc = psutil.Process()
-    loaded = proc.memory_info().rss
-    peak = [loaded]
+    before = proc.memory_info().rss
+    peak = [before]
     done = threading.Event()
 
     def sample() -> None:
@@ -123,54 +119,54 @@ def child_memory(n: int) -> None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     start = time.perf_counter()
-    s = slmviz.scan(docs, hooks=[f"blocks.3.{k}" for k in LAST_LAYER_HOOKS], top_k=20, model=model, progress=False)
+    result = run()
     seconds = time.perf_counter() - start
     done.set()
     sampler.join()
-    print(json.dumps({"n": n, "tokens": s.info["tokens"], "loaded": loaded, "peak": peak[0], "seconds": seconds}))
+    return result, before, peak[0], seconds
+
+
+def child_memory(n: int) -> None:
+    """In a fresh process: load, scan n verses, print the peak RSS during the scan as JSON."""
+    import slmviz
+
+    model = slmviz.load()
+    docs = sample_verses(n)
+    s, loaded, peak, seconds = peak_rss_during(lambda: slmviz.scan(
+        docs, hooks=[f"blocks.3.{k}" for k in LAST_LAYER_HOOKS], top_k=20, model=model, progress=False))
+    print(json.dumps({"n": n, "tokens": s.info["tokens"], "loaded": loaded, "peak": peak, "seconds": seconds}))
 
 
 def child_ray_memory(n: int) -> None:
     """In a fresh process: scan n verses from a jsonl file on a local Ray node (2 actors) and print the DRIVER's
     peak RSS during the scan (the actors are other processes) as JSON."""
-    import json as json_
     import tempfile
-    import threading
     from pathlib import Path
-
-    import psutil
 
     import slmviz
 
     model = slmviz.load()
-    folder = Path(tempfile.mkdtemp())
-    corpus = folder / "verses.jsonl"
-    corpus.write_text("".join(json_.dumps({"text": v}) + "\n" for v in sample_verses(n)), encoding="utf-8")
-    proc = psutil.Process()
-    loaded = proc.memory_info().rss
-    peak = [loaded]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.005):
-            peak[0] = max(peak[0], proc.memory_info().rss)
-
-    threading.Thread(target=sample, daemon=True).start()
-    start = time.perf_counter()
-    s = slmviz.scan(corpus, hooks=[f"blocks.3.{k}" for k in LAST_LAYER_HOOKS], top_k=20, model=model, engine="ray",
-                    workers=2, progress=False)
-    seconds = time.perf_counter() - start
-    done.set()
-    print(json.dumps({"n": n, "tokens": s.info["tokens"], "loaded": loaded, "peak": peak[0], "seconds": seconds}))
+    corpus = Path(tempfile.mkdtemp()) / "verses.jsonl"
+    corpus.write_text("".join(json.dumps({"text": v}) + "\n" for v in sample_verses(n)), encoding="utf-8")
+    s, loaded, peak, seconds = peak_rss_during(lambda: slmviz.scan(
+        corpus, hooks=[f"blocks.3.{k}" for k in LAST_LAYER_HOOKS], top_k=20, model=model, engine="ray", workers=2,
+        progress=False))
+    print(json.dumps({"n": n, "tokens": s.info["tokens"], "loaded": loaded, "peak": peak, "seconds": seconds}))
 
 
-def ray_rows(args) -> list[Row]:
+def in_fresh_processes(flag: str, sizes: list[int]) -> list[dict]:
+    """Run this script with `flag N` in a fresh process per size; each prints one JSON line of results."""
     results = []
-    for n in [int(x) for x in args.sizes.split(",")][-2:]:
-        out = subprocess.run([sys.executable, str(BENCH_DIR / "scan.py"), "--child-ray-memory", str(n)],
+    for n in sizes:
+        out = subprocess.run([sys.executable, str(BENCH_DIR / "scan.py"), flag, str(n)],
                              capture_output=True, text=True, check=True).stdout
         results.append(json.loads(out.strip().splitlines()[-1]))
         print(results[-1], flush=True)
+    return results
+
+
+def ray_rows(args) -> list[Row]:
+    results = in_fresh_processes("--child-ray-memory", [int(x) for x in args.sizes.split(",")][-2:])
     small, large = results
     gb = 1024**3
     note = "; ".join(f"{r['n']} verses ({r['tokens']} tokens): driver peak {r['peak'] / gb:.3f} GB, after load "
@@ -181,12 +177,7 @@ def ray_rows(args) -> list[Row]:
 
 
 def memory_rows(args) -> list[Row]:
-    results = []
-    for n in [int(x) for x in args.sizes.split(",")]:
-        out = subprocess.run([sys.executable, str(BENCH_DIR / "scan.py"), "--child-memory", str(n)],
-                             capture_output=True, text=True, check=True).stdout
-        results.append(json.loads(out.strip().splitlines()[-1]))
-        print(results[-1], flush=True)
+    results = in_fresh_processes("--child-memory", [int(x) for x in args.sizes.split(",")])
     small, large = results[0], results[-1]
     ratio = large["peak"] / small["peak"]
     gb = 1024**3
