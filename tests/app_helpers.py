@@ -34,25 +34,25 @@ def free_port() -> int:
 
 
 @contextmanager
-def app_server(**launch_kwargs) -> Iterator[str]:
+def app_server(env: dict[str, str] | None = None, **launch_kwargs) -> Iterator[str]:
     """Serve app.main.launch(port=<free>, **launch_kwargs) from a subprocess; yield its URL.
 
+    `env`: variables set for the server on top of this process's environment. Corpus scans (Corpus tab, mean
+    ablation) go to a temporary folder and cover TEST_CORPUS_DOCS verses unless `env` says otherwise: tests
+    never write into the user's cache, nor wait for the app's 1000-verse scan.
     The server's output goes to a log file that is shown if it fails to start. The process is
     terminated (then killed) on exit, whatever the tests did.
     """
     port = free_port()
     kwargs = ", ".join([f"port={port}"] + [f"{k}={v!r}" for k, v in launch_kwargs.items()])
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
-    env.pop("SPACE_ID", None)
-    # Corpus scans (Corpus tab, mean ablation) go to a temporary folder and cover a few verses, unless a test
-    # says otherwise: tests never write into the user's cache, nor wait for the app's 1000-verse scan.
-    env.setdefault("SLMVIZ_CORPUS_DOCS", str(TEST_CORPUS_DOCS))
     with tempfile.NamedTemporaryFile(prefix="slmviz-app-", suffix=".log") as log, \
             tempfile.TemporaryDirectory(prefix="slmviz-scans-") as scans:
-        env.setdefault("SLMVIZ_SCAN_CACHE", scans)
+        server_env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1",
+                      "SLMVIZ_CORPUS_DOCS": str(TEST_CORPUS_DOCS), "SLMVIZ_SCAN_CACHE": scans, **(env or {})}
+        server_env.pop("SPACE_ID", None)
         proc = subprocess.Popen(
             [sys.executable, "-c", f"from app.main import launch; launch({kwargs})"],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=server_env,
         )
         url = f"http://127.0.0.1:{port}"
         try:

@@ -6,7 +6,6 @@ Does not cover: the page (tests/test_corpus_browser.py), the job rules in detail
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -26,15 +25,9 @@ def scan_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(scan_cache):
-    saved = {k: os.environ.get(k) for k in ("SLMVIZ_SCAN_CACHE", "SLMVIZ_CORPUS_DOCS")}
     # 3000 verses: a first scan of over a minute, long enough to overlap with other requests and cancel
-    os.environ["SLMVIZ_SCAN_CACHE"], os.environ["SLMVIZ_CORPUS_DOCS"] = str(scan_cache), "3000"
-    try:
-        with app_server() as url:
-            yield url
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    with app_server(env={"SLMVIZ_SCAN_CACHE": str(scan_cache), "SLMVIZ_CORPUS_DOCS": "3000"}) as url:
+        yield url
 
 
 def test_a_running_scan_holds_up_no_other_request_and_cancel_stops_it(server, scan_cache):

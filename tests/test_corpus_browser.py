@@ -9,7 +9,6 @@ scan tests do) nor the default 1000-verse size (README, "Corpus scans").
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -33,14 +32,8 @@ def scan_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(scan_cache):
-    saved = {k: os.environ.get(k) for k in ("SLMVIZ_SCAN_CACHE", "SLMVIZ_CORPUS_DOCS")}
-    os.environ["SLMVIZ_SCAN_CACHE"], os.environ["SLMVIZ_CORPUS_DOCS"] = str(scan_cache), str(DOCS)
-    try:
-        with app_server() as url:
-            yield url
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    with app_server(env={"SLMVIZ_SCAN_CACHE": str(scan_cache), "SLMVIZ_CORPUS_DOCS": str(DOCS)}) as url:
+        yield url
 
 
 def _open_corpus_tab(browser, server):
