@@ -83,7 +83,7 @@ class CorpusScans:
 
         def work(report: Callable[[float, str], None]) -> tuple[Scan, list[str]]:
             docs = corpus_docs(n)
-            if (folder / "scan.safetensors").is_file():
+            if _on_disk(folder):
                 report(0.5, "reading the cached scan")
                 return Scan.load(folder), docs
             what = f"Scanning {len(docs)} verses with {model.name} ({_layers(hooks)})"
@@ -104,7 +104,7 @@ class CorpusScans:
     def means(self, model: Any, hooks: list[str], who: str) -> Job:
         """A job whose Scan has the value mean of every hook in `hooks` (the tab's scan, if it has them)."""
         tab = scan_hooks(model)
-        if set(hooks) <= set(tab) and (self.finished(model, tab) or scan_folder(model, corpus_size(), tab).is_dir()):
+        if set(hooks) <= set(tab) and (self.finished(model, tab) or _on_disk(scan_folder(model, corpus_size(), tab))):
             return self.join(model, tab, who)
         return self.join(model, sorted(hooks), who, top_k=1)
 
@@ -113,6 +113,11 @@ class CorpusScans:
         tab = scan_hooks(model)
         found = self.finished(model, tab) if set(hooks) <= set(tab) else None
         return found or self.finished(model, sorted(hooks), top_k=1)
+
+
+def _on_disk(folder: Path) -> bool:
+    """A finished scan is saved there (_save_atomically renames a folder only once it is complete)."""
+    return (folder / "scan.safetensors").is_file()
 
 
 def _layers(hooks: list[str]) -> str:
