@@ -1,6 +1,6 @@
 """The Corpus tab: what a neuron or head responds to across the bundled corpus.
 
-The tab shows a scan of the bundled corpus (verses of the King James Bible, slmviz.corpus) by the session's
+The tab shows a scan of the bundled corpus (verses of the King James Bible, slmviz.scans.corpus) by the session's
 model. Each model's scan is computed once per server, by a background job the first visitor starts (others
 wait for the same job, with its progress bar; Cancel leaves it, and it stops once no one waits), saved
 under $SLMVIZ_SCAN_CACHE (default $SLMVIZ_CACHE/scans), and from then on read from disk or memory, never
@@ -8,7 +8,7 @@ recomputed per visitor. Its size (SLMVIZ_CORPUS_DOCS, default APP_CORPUS_DOCS ve
 of the whole book so all of it is represented) keeps the first scan to a few minutes on 2 cores (README,
 "Corpus scans"). Pick a hook and a feature; the strips are its top activating contexts, coloured by the
 feature's activation; clicking one loads its verse as the prompt. The Patch tab's mean ablation takes its
-means from the same verses (`CorpusScans.means`). No torch code here: slmviz.scan and slmviz.scan_plots do
+means from the same verses (`CorpusScans.means`). No torch code here: slmviz.scan and slmviz.plots.scan do
 the work.
 """
 
@@ -28,10 +28,10 @@ import gradio as gr
 
 from app.handlers import readable_errors
 from app.scan_jobs import Job, JobCancelled, Jobs, wait
-from slmviz.bundled import cache_dir
-from slmviz.corpus import bundled_corpus
-from slmviz.scan import FORMAT_VERSION, Scan, scan
-from slmviz.scan_plots import STRIP_CLASS, examples_html, histogram
+from slmviz.loading.bundled import cache_dir
+from slmviz.plots.scan import STRIP_CLASS, examples_html, histogram
+from slmviz.scans.corpus import bundled_corpus
+from slmviz.scans.scan import FORMAT_VERSION, Scan, scan
 
 APP_CORPUS_DOCS = 1000
 HOOK_KINDS = ("mlp.hook_post", "attn.hook_z", "attn.hook_pattern")

@@ -30,11 +30,11 @@ from gradio.components.plot import PlotData
 
 import slmviz
 from slmviz import plots
-from slmviz.bundled import DEFAULT_MODEL_NAME, bundled_models, is_prepared, model_dir
-from slmviz.bundled import prepare as prepare_bundled
-from slmviz.compare import compare as compare_variants
-from slmviz.default_model import HUB_ID
 from slmviz.hooks import LAYER_HOOKS
+from slmviz.interventions.compare import compare as compare_variants
+from slmviz.loading.bundled import DEFAULT_MODEL_NAME, bundled_models, is_prepared, model_dir
+from slmviz.loading.bundled import prepare as prepare_bundled
+from slmviz.loading.default_model import HUB_ID
 from slmviz.model_api import HUB_ID_PATTERN, Model, download_from_hub, load_folder
 from slmviz.trace import RESIDUAL_STAGES, Trace
 from slmviz.variants import (
@@ -635,7 +635,7 @@ class Handlers:
 
     @staticmethod
     def prepare(name: str, progress: gr.Progress) -> None:
-        """Dequantize a bundled model on first use, each step of slmviz.bundled.prepare shown as progress."""
+        """Dequantize a bundled model on first use, each step of slmviz.loading.bundled.prepare shown as progress."""
         steps = iter((0.05, 0.15, 0.75, 0.85))
         progress(0.02, desc=f"Preparing {name} once (dequantizing its GGUF, about a minute)")
         prepare_bundled(name, log=lambda line: progress(next(steps, 0.85), desc=f"{name}: {line}"))

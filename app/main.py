@@ -41,7 +41,7 @@ from app.handlers import (  # noqa: E402
 )
 from app.patch_tab import build_patch_tab  # noqa: E402
 from slmviz.model_api import Model  # noqa: E402
-from slmviz.plots import NEXT_TOKEN_COLUMNS, STAGE_NAMES  # noqa: E402
+from slmviz.plots.trace import NEXT_TOKEN_COLUMNS, STAGE_NAMES  # noqa: E402
 from slmviz.variants import BASE  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"

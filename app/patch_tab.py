@@ -23,10 +23,12 @@ import pandas as pd
 from app.corpus_tab import SCANS, session, wait_for_scan
 from app.handlers import Handlers, display_frame, readable_errors, to_plot
 from slmviz import plots
-from slmviz.ablation import ablation
-from slmviz.attribution_patching import exact_correlation
-from slmviz.patch_plots import logit_attribution_bars
-from slmviz.patching import DIRECTIONS, SITES, PatchResult, patch, patch_steps, suggest_answers
+from slmviz.interventions.ablation import ablation
+from slmviz.interventions.attribution import exact_correlation
+from slmviz.interventions.patching import DIRECTIONS, patch, patch_steps, suggest_answers
+from slmviz.interventions.result import PatchResult
+from slmviz.interventions.sites import SITES
+from slmviz.plots.patch import logit_attribution_bars
 
 EXAMPLE_CLEAN = "When Mary and John went to the store, John gave a drink to"
 EXAMPLE_CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"

@@ -140,7 +140,7 @@ def load_models(*attn_implementations: str, name: str | None = None):
     """slmviz's bundled model (`name`: another bundled one, e.g. "gemma-3-270m") and transformers models of
     the same folder, fp32, one per attention kernel."""
     import slmviz
-    from slmviz.reference import load_reference
+    from slmviz.loading.reference import load_reference
 
     model = slmviz.load(name)
     refs = {impl: load_reference(model.path, attn_implementation=impl) for impl in attn_implementations}

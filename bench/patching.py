@@ -67,8 +67,9 @@ def per_cell_sample(model, pair, site: str, fast) -> tuple[float, float]:
     """(seconds per cell of one hooked forward each, max |difference| to the batched sweep) on sampled cells."""
     from slmviz import Variant
     from slmviz.hooks import build_context
-    from slmviz.patching import SITES as ALL_SITES
-    from slmviz.patching import _writer, site_hook_name
+    from slmviz.interventions.result import _writer
+    from slmviz.interventions.sites import SITES as ALL_SITES
+    from slmviz.interventions.sites import site_hook_name
 
     s = ALL_SITES[site]
     clean_ids, corrupted_ids = model.encode(pair[0]), model.encode(pair[1])
@@ -153,7 +154,7 @@ def site_rows(model, rounds: int) -> list[Row]:
 
 
 def attribution_rows(model) -> list[Row]:
-    from slmviz.attribution_patching import exact_correlation
+    from slmviz.interventions.attribution import exact_correlation
 
     rows = []
     for site in ATTRIBUTION_SITES:

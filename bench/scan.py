@@ -29,7 +29,7 @@ LAST_LAYER_HOOKS = ("mlp.hook_post", "attn.hook_z", "attn.hook_pattern")
 
 
 def sample_verses(n: int) -> list[str]:
-    from slmviz.corpus import bundled_corpus
+    from slmviz.scans.corpus import bundled_corpus
 
     verses = bundled_corpus()
     return verses[:: max(1, len(verses) // n)][:n]
@@ -38,8 +38,8 @@ def sample_verses(n: int) -> list[str]:
 def throughput_rows(args) -> list[Row]:
     import slmviz
     from slmviz.hooks import build_context
-    from slmviz.scan import DEFAULT_BATCH_TOKENS, DEFAULT_WINDOW
-    from slmviz.scan_batches import iter_windows, plan_batches
+    from slmviz.scans.batches import iter_windows, plan_batches
+    from slmviz.scans.scan import DEFAULT_BATCH_TOKENS, DEFAULT_WINDOW
     from slmviz.variants import resolve_variant
 
     model = slmviz.load()
@@ -81,7 +81,7 @@ def batch_size_rows(args) -> list[Row]:
     import torch
 
     import slmviz
-    from slmviz.scan_batches import _forward
+    from slmviz.scans.batches import _forward
 
     model = slmviz.load()
     last = model.cfg.n_layers - 1

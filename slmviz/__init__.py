@@ -12,20 +12,26 @@ from collections.abc import Sequence
 
 import torch
 
-from .ablation import ablation
-from .bundled import bundled_models
-from .compare import compare
+from . import _moved
 from .config import ArchConfig, UnsupportedModelError
 from .hooks import HookError, HookNameError, hook_names
+from .interventions.ablation import ablation
+from .interventions.compare import compare
+from .interventions.patching import patch
+from .interventions.result import PatchResult
+from .loading.bundled import bundled_models
+from .loading.weights import WeightsError
 from .model_api import GenerationStep, Model, load
-from .patching import PatchResult, patch
-from .scan import Scan, scan
+from .scans.scan import Scan, scan
 from .tokens import PromptError
 from .trace import Trace, TraceFormatError
 from .variants import PRESETS, Variant, describe, resolve_variant, variants
-from .weights import WeightsError
+
+__version__ = "0.2.0"
+_moved.install()
 
 __all__ = [
+    "__version__",
     "ArchConfig", "GenerationStep", "HookError", "HookNameError", "Model", "PRESETS", "PatchResult", "PromptError",
     "Trace", "ablation", "patch",
     "TraceFormatError", "UnsupportedModelError", "Variant", "WeightsError", "bundled_models", "compare", "describe",

@@ -22,7 +22,8 @@ def check(model_path: str | None, prompts: list[str], out=None) -> bool:
     whatever stdout was then, e.g. a test's closed capture)."""
     out = out or sys.stdout
     import slmviz
-    from slmviz.reference import load_reference, relative_error, run_reference
+
+    from .loading.reference import load_reference, relative_error, run_reference
 
     model = slmviz.load(model_path)
     hf = load_reference(model.path)
@@ -54,8 +55,8 @@ def prepare(names: list[str] | None, force: bool = False, out=None) -> int:
     """Prepare each bundled model (all by default), one progress line per step, so a first `make model`
     says what its minute of dequantizing is spent on."""
     out = out or sys.stdout
-    from slmviz.bundled import bundled_models, is_prepared, model_dir
-    from slmviz.bundled import prepare as prepare_one
+    from .loading.bundled import bundled_models, is_prepared, model_dir
+    from .loading.bundled import prepare as prepare_one
 
     names = names or bundled_models()
     for i, name in enumerate(names, 1):
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p_app.add_argument("--model", default=None, help="hub id (or a local folder with --allow-local-models)")
     p_app.add_argument("--allow-local-models", action="store_true", help="let the app load local folders")
 
-    from slmviz import scan_cli
+    from .scans import cli as scan_cli
 
     scan_cli.add_parser(sub)
     args = parser.parse_args(argv)

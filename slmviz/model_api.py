@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from .bundled import DEFAULT_MODEL_NAME, bundled_models
 from .config import SUPPORTED_ARCHITECTURES, ArchConfig, UnsupportedModelError, check_sizes, config_from_hf
 from .hooks import DERIVED_HOOKS, HookFn, NameFilter, build_context
+from .loading.bundled import DEFAULT_MODEL_NAME, bundled_models
+from .loading.weights import WeightsError, load_params
 from .model.decoder import Decoder
 from .tokens import PromptError, check_ids, decode, encode, eos_id, token_strings
 from .trace import Trace
 from .variants import VariantLike, resolve_variant
-from .weights import WeightsError, load_params
 
 # owner/name as the hub allows it: ASCII letters, digits, "_", "-", "."; each part starts and ends with a
 # letter, digit or "_"; no ".." or "--"; at most 96 characters a part. Anything else ("../x", "a/b/c",
@@ -223,7 +223,7 @@ def _load_bundled(name: str, tokenizer: TokenizerLike, device: Device) -> Model:
 
     The lock is per name, so loading Gemma for the first time does not hold up a thread asking for SmolLM2.
     """
-    from .bundled import prepare
+    from .loading.bundled import prepare
 
     if tokenizer is not None:
         return load_folder(prepare(name), name=name, tokenizer=tokenizer, device=device)

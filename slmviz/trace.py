@@ -15,6 +15,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from .analysis.diff import trace_diff
+from .analysis.lens import logit_lens
+from .analysis.logit_attribution import logit_attribution
 from .config import ArchConfig
 from .hooks import RESIDUAL_STAGES, check_names, hook_names
 from .variants import BASE, Variant
@@ -157,35 +160,31 @@ class Trace:
 
     def logit_lens(self, k: int = 5, start: int = 0) -> pd.DataFrame:
         """Top-k tokens read from each layer's resid_post through the final norm and unembedding
-        (positions `start` onwards); see slmviz.lens.logit_lens for the columns."""
-        from .lens import logit_lens
-
+        (positions `start` onwards); see slmviz.analysis.lens.logit_lens for the columns."""
         return logit_lens(self, k, start)
 
     def diff(self, other: Trace) -> pd.DataFrame:
-        """Per-layer, per-position divergence of `other` from this trace (see slmviz.compare.trace_diff)."""
-        from .compare import trace_diff
-
+        """Per-layer, per-position divergence of `other` from this trace (see slmviz.analysis.diff.trace_diff)."""
         return trace_diff(self, other)
 
     # --- plots (same figures as the app) ----------------------------------------------------------
     def plot_attention(self, layer: int, head: int | None = None):
-        from . import plots
+        from .plots import trace as plots
 
         return plots.attention(self, layer, head)
 
     def plot_residual_norms(self, **kwargs):
-        from . import plots
+        from .plots import trace as plots
 
         return plots.residual_norms(self, **kwargs)
 
     def plot_logit_lens(self, **kwargs):
-        from . import plots
+        from .plots import trace as plots
 
         return plots.logit_lens(self, **kwargs)
 
     def _repr_html_(self) -> str:
-        from . import plots
+        from .plots import trace as plots
 
         return plots.trace_html(self)
 
@@ -274,9 +273,7 @@ class Trace:
     def logit_attribution(self, answer: str | int, wrong: str | int | None = None, by: str = "layer",
                           position: int = -1) -> pd.DataFrame:
         """Direct logit attribution: each component's share of logit(answer) - logit(wrong); the rows sum to
-        it (see slmviz.logit_attribution)."""
-        from .logit_attribution import logit_attribution
-
+        it (see slmviz.analysis.logit_attribution)."""
         return logit_attribution(self, answer, wrong, by, position)
 
 

@@ -107,7 +107,7 @@ def model():
 
 @pytest.fixture(scope="session")
 def hf_model(model):
-    from slmviz.reference import load_reference
+    from slmviz.loading.reference import load_reference
 
     return load_reference(model.path)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slmviz.ablation import ablation
+from slmviz.interventions.ablation import ablation
 
 PROMPT = [3, 10, 11, 12, 13, 14]
 REFERENCE = [[3, 20, 21, 22], [3, 30, 31, 32, 33]]

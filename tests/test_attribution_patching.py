@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import slmviz
-from slmviz.attribution_patching import exact_correlation
 from slmviz.hooks import build_context
-from slmviz.patching import SITES, patch, site_hook_name
+from slmviz.interventions.attribution import exact_correlation
+from slmviz.interventions.patching import patch
+from slmviz.interventions.sites import SITES, site_hook_name
 
 CLEAN = [3, 10, 11, 12, 13, 14, 15, 16]
 CORRUPTED = [3, 10, 11, 12, 40, 14, 15, 16]

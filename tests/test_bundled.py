@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import slmviz
-from slmviz import bundled, cli, default_model
+from slmviz import cli
+from slmviz.loading import bundled, default_model
 
 GEMMA = "gemma-3-270m"
 PARIS = "The capital of France is"

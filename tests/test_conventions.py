@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 import slmviz
-from slmviz import weights
 from slmviz.hooks import build_context
+from slmviz.loading import weights
+from slmviz.loading.reference import load_reference, relative_error, run_reference
 from slmviz.model import attention, block, decoder, mlp, norm, rope
-from slmviz.reference import load_reference, relative_error, run_reference
 from slmviz.variants import BASE
 
 

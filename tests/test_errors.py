@@ -20,9 +20,9 @@ from safetensors.torch import load_file, save_file
 import slmviz
 from slmviz.config import SUPPORTED_ARCHITECTURES, UnsupportedModelError
 from slmviz.hooks import HookError, HookNameError
+from slmviz.loading.weights import WeightsError
 from slmviz.tokens import PromptError
 from slmviz.variants import PRESETS
-from slmviz.weights import WeightsError
 
 ATTN_Q = "model.layers.0.self_attn.q_proj.weight"
 

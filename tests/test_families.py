@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import slmviz
-from slmviz.compare import kl_per_position
+from slmviz.analysis.diff import kl_per_position
 from slmviz.hooks import hook_shape
-from slmviz.reference import load_reference, reference_generate, relative_error, run_reference
+from slmviz.loading.reference import load_reference, reference_generate, relative_error, run_reference
 from slmviz.variants import PRESETS, VariantError, applies
 
 FAMILIES = ["gemma3", "qwen3", "olmo2"]

@@ -1,65 +1,181 @@
-"""The one-way flow of DESIGN.md / STYLE.md, checked on the source: text → decoder → Trace/result → pandas/plots
-→ app. A module may import what sits upstream of it at module level; downstream modules only lazily, inside
-the method that hands a result on (`Trace.plot_attention` imports plots when called). Does not check what
-the code does at run time, only where its imports point."""
+"""The package's parts and the one-way flow between them (DESIGN.md, "Packaging and layout"), checked on the source.
+
+Every top-level module or subpackage of slmviz is one *part*, and `PARTS` orders them: a part may import the
+parts listed before it, never one listed after it or beside it in the same row. This holds for every import
+in the code, module-level and function-level alike; only `if TYPE_CHECKING:` blocks are exempt (they never
+run). The one kind of upward import allowed is a result's figure method importing its plotting module when
+called (`Trace.plot_attention` -> `slmviz.plots.trace`), and `UPWARD` names each of them. Inside a part,
+modules may import each other, but no chain of imports (function-level ones included) may come back round.
+"""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "slmviz"
-# module -> modules it must never import at module level (the ones downstream of it, or beside it)
-FORBIDDEN = {
-    "model": {"trace", "plots", "patch_plots", "compare", "lens", "model_api", "pandas", "plotly", "gradio"},
-    "hooks": {"trace", "plots", "model", "model_api"},
-    "variants": {"trace", "plots", "model", "model_api"},
-    "trace": {"plots", "patch_plots", "compare", "lens", "model_api", "plotly"},
-    "plots": {"trace", "model_api", "patching", "scan"},
-    "patch_plots": {"trace", "model_api", "patching"},
-    "compare": {"trace", "plots"},
-    "lens": {"trace", "plots"},
+
+PARTS: list[set[str]] = [  # lowest first
+    {"config", "tokens", "hooks", "variants"},  # the contracts every part reads
+    {"metrics", "model"},  # metrics on logits; the decoder
+    {"loading"},  # weights, bundled models, the transformers reference
+    {"analysis"},  # read-outs of finished traces (lens, logit attribution, diffs)
+    {"trace"},  # the Trace result
+    {"model_api"},  # Model and load: trace / generate / stream
+    {"interventions", "scans"},  # patching, ablation, compare; corpus scans
+    {"features"},  # SAEs and transcoders: splice into traces, scans and patches
+    {"circuits"},  # edges and attribution graphs, built on interventions and features
+    {"plots"},  # figures of every result
+    {"cli", "__init__", "_moved"},  # the entry points
+]
+RANK = {part: i for i, row in enumerate(PARTS) for part in row}
+
+# (module, function or method that imports, part it imports): figure methods of result types.
+UPWARD = {
+    ("slmviz.trace", "Trace.plot_attention", "plots"),
+    ("slmviz.trace", "Trace.plot_residual_norms", "plots"),
+    ("slmviz.trace", "Trace.plot_logit_lens", "plots"),
+    ("slmviz.trace", "Trace._repr_html_", "plots"),  # the notebook card is a figure too
+    ("slmviz.interventions.result", "PatchResult.plot", "plots"),
+    ("slmviz.scans.scan", "Scan.plot_histogram", "plots"),
+    ("slmviz.scans.scan", "Scan.examples_html", "plots"),
 }
 
 
-def module_level_imports(path: Path) -> set[str]:
-    """Top-level slmviz modules (and third-party roots) imported outside functions and TYPE_CHECKING blocks."""
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def part_of(module: str) -> str:
+    """slmviz.scans.batches -> scans; slmviz -> __init__."""
+    rest = module.split(".")[1:]
+    return rest[0] if rest else "__init__"
+
+
+def imports(path: Path) -> Iterator[tuple[str, str]]:
+    """(slmviz module imported, the def/class path that imports it, "" at module level), TYPE_CHECKING skipped."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+
+    def absolute(node: ast.ImportFrom) -> list[str]:
+        if node.level:
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            root = ".".join(base + ([node.module] if node.module else []))
+        else:
+            root = node.module or ""
+        # `from . import plots` imports a module; `from .x import name` the module x
+        return [f"{root}.{a.name}" if node.module is None else root for a in node.names]
+
+    def walk(node: ast.AST, where: list[str]) -> Iterator[tuple[str, str]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.ImportFrom):
+                for target in absolute(child):
+                    yield target, ".".join(where)
+            elif isinstance(child, ast.Import):
+                for alias in child.names:
+                    yield alias.name, ".".join(where)
+            inner = [*where, child.name] if isinstance(child, ast.FunctionDef | ast.ClassDef) else where
+            yield from walk(child, inner)
+
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    found: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+    for target, where in walk(tree, []):
+        if target == "slmviz" or target.startswith("slmviz."):
+            yield target, where
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_part_has_a_place():
+    parts = {part_of(module_name(p)) for p in SOURCES}
+    assert parts <= set(RANK), f"place these in PARTS: {sorted(parts - set(RANK))}"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_down(path):
+    module = module_name(path)
+    if part_of(module) in ("__init__", "cli", "_moved"):
+        return  # the entry points import everything
+    mine = part_of(module)
+    for target, where in imports(path):
+        theirs = part_of(target)
+        if theirs == mine or theirs == "__init__" and target == "slmviz" and where:
+            continue  # inside one part (cycles are checked below); `import slmviz` at call time is the public API
+        if RANK[theirs] < RANK[mine]:
             continue
-        for sub in ast.walk(node) if not isinstance(node, ast.FunctionDef | ast.ClassDef) else []:
-            if isinstance(sub, ast.ImportFrom):
-                module = sub.module or ""
-                if sub.level:  # relative: .trace, ..hooks, .model.block
-                    found.add(module.split(".")[0] if module else "")
-                else:
-                    found.add(module.split(".")[0])
-            elif isinstance(sub, ast.Import):
-                found |= {alias.name.split(".")[0] for alias in sub.names}
-    return found
+        assert (module, where, theirs) in UPWARD, (
+            f"{module} ({where or 'module level'}) imports {target}: part {theirs!r} is not below {mine!r} in PARTS")
 
 
-def _files(name: str) -> list[Path]:
-    folder = PACKAGE / name
-    return sorted(folder.glob("*.py")) if folder.is_dir() else [PACKAGE / f"{name}.py"]
+def test_named_upward_imports_exist():
+    """UPWARD lists only what the code does: a removed figure method must leave the list too."""
+    found = {(module_name(p), where, part_of(t)) for p in SOURCES for t, where in imports(p)}
+    assert found >= UPWARD, sorted(UPWARD - found)
 
 
-@pytest.mark.parametrize("name", list(FORBIDDEN))
-def test_modules_import_only_upstream_at_module_level(name):
-    for path in _files(name):
-        bad = module_level_imports(path) & FORBIDDEN[name]
-        assert not bad, f"{path.relative_to(PACKAGE.parent)} imports {sorted(bad)} at module level"
+def test_no_import_cycles():
+    """Among modules, function-level imports included, except the named figure methods."""
+    graph: dict[str, set[str]] = {}
+    modules = {module_name(p) for p in SOURCES}
+    for p in SOURCES:
+        src = module_name(p)
+        if part_of(src) in ("__init__", "cli", "_moved"):
+            continue
+        for target, where in imports(p):
+            if (src, where, part_of(target)) in UPWARD:
+                continue
+            while target not in modules and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target != src and target in modules and part_of(target) not in ("__init__",):
+                graph.setdefault(src, set()).add(target)
+
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
 
 
 def test_the_library_never_imports_gradio():
     """Not even lazily: the app turns library results into components, never the other way round."""
-    for path in PACKAGE.rglob("*.py"):
+    for path in SOURCES:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.split(".")[0] in ("gradio", "gradio_client") for n in names), path
+
+
+def test_old_module_paths_still_import_with_a_warning():
+    """Notebooks written against 0.1's flat layout keep working for a release (slmviz/_moved.py)."""
+    import importlib
+
+    import slmviz
+    from slmviz._moved import MOVED, SPLIT
+
+    for old, new in MOVED.items():
+        module = importlib.import_module(old)
+        name = next(n for n in vars(importlib.import_module(new)) if not n.startswith("_"))
+        with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
+            module._warned = False
+            getattr(module, name)
+    for old, names in SPLIT.items():
+        for name, new in names.items():
+            assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)
+    assert callable(slmviz.scan) and callable(slmviz.compare)  # the functions, not the old module paths

@@ -12,7 +12,7 @@ import torch
 from conftest import TINY_ARCHS
 
 import slmviz
-from slmviz.logit_attribution import logit_attribution
+from slmviz.analysis.logit_attribution import logit_attribution
 
 REL = 1e-4
 
@@ -93,7 +93,7 @@ def test_the_last_position_is_the_default_and_others_can_be_read(tiny_model):
 
 
 def test_the_bar_charts_add_up_to_the_logit_difference(tiny_model):
-    from slmviz.patch_plots import logit_attribution_bars
+    from slmviz.plots.patch import logit_attribution_bars
 
     t = tiny_model.trace([3, 10, 11, 12, 13])
     frame = t.logit_attribution(20, 21)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import slmviz
-from slmviz.reference import load_reference, reference_generate, relative_error, run_reference
+from slmviz.loading.reference import load_reference, reference_generate, relative_error, run_reference
 
 PROMPTS = [
     "The capital of France is",

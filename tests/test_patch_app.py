@@ -21,7 +21,7 @@ import slmviz
 from app.corpus_tab import corpus_docs
 from app.patch_tab import EXAMPLE_ANSWER, EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_WRONG, parse_pairs
 from slmviz import plots
-from slmviz.ablation import ablation
+from slmviz.interventions.ablation import ablation
 
 pytestmark = pytest.mark.app
 

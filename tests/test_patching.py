@@ -13,9 +13,11 @@ import torch
 from conftest import TINY_ARCHS
 
 import slmviz
-from slmviz import patching
 from slmviz.hooks import build_context
-from slmviz.patching import SITES, _writer, patch, patched_trace
+from slmviz.interventions import patching
+from slmviz.interventions.patching import patch
+from slmviz.interventions.result import _writer, patched_trace
+from slmviz.interventions.sites import SITES
 
 CLEAN = [3, 10, 11, 12, 13, 14, 15, 16]
 CORRUPTED = [3, 10, 11, 12, 40, 14, 15, 16]  # differs at position 4 only
@@ -201,7 +203,7 @@ def test_the_heatmap_is_diverging_centred_at_zero_with_layers_by_tokens(m):
 
 
 def test_a_partial_sweep_draws_blank_cells_and_says_how_far_it_got(m):
-    from slmviz.patching import patch_steps
+    from slmviz.interventions.patching import patch_steps
 
     steps = patch_steps(CLEAN, CORRUPTED, ANSWER, WRONG, site="resid_pre", model=m, engine="per_cell")
     first = next(steps)
@@ -219,12 +221,3 @@ def test_a_single_patched_run_names_the_cell_it_needs(m):
         patched_trace(m, ids, src, "heads", 0)
     assert patched_trace(m, ids, src, "heads", 1, head=3).logits.shape == (len(CLEAN), m.cfg.vocab_size)
 
-
-def test_the_figures_do_not_import_the_modules_that_produce_them():
-    """One-way flow (issue 11, item 8): results may offer .plot(), but patch_plots never imports them back."""
-    import ast
-    from pathlib import Path
-
-    source = Path(slmviz.__file__).parent / "patch_plots.py"
-    imported = {node.module for node in ast.walk(ast.parse(source.read_text())) if isinstance(node, ast.ImportFrom)}
-    assert not imported & {"patching", "attribution_patching", "logit_attribution", "ablation", "model_api"}

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import pytest
 
 from slmviz import plots
-from slmviz.compare import kl_per_position
+from slmviz.analysis.diff import kl_per_position
 from slmviz.model.attention import kv_head_of
 
 PROMPT = "The cat sat on the mat. The cat sat on the"

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import slmviz
-from slmviz.compare import kl_per_position
-from slmviz.corpus import CorpusError, bundled_corpus_path, count_documents, iter_documents
-from slmviz.scan_batches import Batch, ScanSpec, Window, _forward, iter_windows, plan_batches
+from slmviz.analysis.diff import kl_per_position
+from slmviz.scans.batches import Batch, ScanSpec, Window, _forward, iter_windows, plan_batches
+from slmviz.scans.corpus import CorpusError, bundled_corpus_path, count_documents, iter_documents
 
 MLP = "blocks.1.mlp.hook_post"
 Z = "blocks.0.attn.hook_z"
@@ -32,7 +32,7 @@ def random_docs(n: int, longest: int, seed: int = 0) -> list[str]:
 
 
 def brute_features(trace: slmviz.Trace) -> dict[str, torch.Tensor]:
-    """Each hook's features [pos, F] written out again from the definitions in slmviz/features.py."""
+    """Each hook's features [pos, F] written out again from the definitions in slmviz/scans/units.py."""
     p = trace[PATTERN]  # [h, q, k]
     q = p.shape[1]
     look_back = torch.zeros(q, p.shape[0])
@@ -270,7 +270,7 @@ def test_windows_are_made_from_tokenized_documents_in_order(tiny_model):
 
 
 def test_batches_stop_before_a_much_shorter_window_once_they_are_big_enough():
-    from slmviz.scan_batches import MAX_PAD_FRACTION, MIN_BATCH_TOKENS
+    from slmviz.scans.batches import MAX_PAD_FRACTION, MIN_BATCH_TOKENS
 
     windows = [Window(i, 0, tuple(range(10 + (i * 37) % 57))) for i in range(96)]  # 10..66 tokens, like verses
     batches = list(plan_batches(windows, batch_tokens=1024))
@@ -285,7 +285,7 @@ def test_batches_stop_before_a_much_shorter_window_once_they_are_big_enough():
 
 
 def test_top_rows_equals_a_stable_sort_with_ties_nans_and_infinities():
-    from slmviz.scan_reduce import _rankable, top_rows
+    from slmviz.scans.reduce import _rankable, top_rows
 
     gen = torch.Generator().manual_seed(0)
     for trial in range(120):
@@ -304,8 +304,8 @@ def test_a_shard_read_from_its_source_is_what_a_local_scan_reads(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from slmviz.corpus import read_shard, shard_sources
-    from slmviz.scan_shards import iter_shards
+    from slmviz.scans.corpus import read_shard, shard_sources
+    from slmviz.scans.shards import iter_shards
 
     texts = [f"line {i} é" if i % 4 else "" for i in range(23)]
     txt = tmp_path / "c.txt"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import slmviz
-from slmviz.scan_ray import probe
+from slmviz.scans.ray_engine import probe
 
 ray = pytest.importorskip("ray", reason='the Ray engine needs pip install "slmviz[ray]"')
 

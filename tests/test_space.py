@@ -18,8 +18,8 @@ import gradio
 import pytest
 import yaml
 
-from slmviz.bundled import BUNDLED
-from slmviz.default_model import HUB_ID
+from slmviz.loading.bundled import BUNDLED
+from slmviz.loading.default_model import HUB_ID
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"

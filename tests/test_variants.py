@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import slmviz
-from slmviz.compare import first_divergent_hook, kl_per_position
+from slmviz.analysis.diff import first_divergent_hook, kl_per_position
 from slmviz.hooks import hook_shape
-from slmviz.reference import reference_generate, relative_error, run_reference
+from slmviz.loading.reference import reference_generate, relative_error, run_reference
 from slmviz.variants import PRESETS, Variant, VariantError, applies, resolve_variant
 
 # The presets for conventions LLaMA-family models have; the others need Gemma, Qwen3 or OLMo-2

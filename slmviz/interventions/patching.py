@@ -34,164 +34,21 @@ position before the prompts' first differing token) is the identity patch, whose
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import pandas as pd
 import torch
 
-from .hooks import HookFn, build_context
-from .metrics import Metric, as_float, check_same_length, first_difference, logit_diff, single_token_id
-from .variants import Variant, VariantLike, resolve_variant
+from ..hooks import HookFn, build_context
+from ..metrics import Metric, as_float, check_same_length, first_difference, logit_diff, single_token_id
+from ..variants import Variant, VariantLike, resolve_variant
+from .attribution import attribution_sweep
+from .result import PatchResult, _writer
+from .sites import Site, axis_sizes, site_hook_name, site_of
 
 DIRECTIONS = ("denoise", "noise")
 METHODS = ("exact", "attribution")
 ENGINES = ("batched", "per_cell")
 TOKENS_PER_BATCH = 4096  # rows x positions of one batched forward: [4096, 2 * d_mlp] fp32 is ~25 MB on SmolLM2
-
-
-@dataclass(frozen=True)
-class Site:
-    """One kind of activation a sweep patches: the block-local hook and the axes of one cell."""
-
-    hook: str  # block-local hook name, e.g. "attn.hook_z"
-    axes: tuple[str, ...]  # the result's dims after "layer": "position", "head" (h) or "kv_head" (g)
-    description: str
-    head_first: bool = False  # the hook tensor is [h, pos_q, pos_k] (the pattern), not [pos, heads, ...]
-
-    def index(self, cell: tuple[int, ...]) -> tuple:
-        """Where one cell (without its layer) sits in the batch-free hook tensor."""
-        if self.axes == ("position",):
-            return (cell[0],)  # [pos, d_model] -> row p
-        if self.axes == ("head",):
-            return (slice(None), cell[0])  # [pos, h, d_head] -> head h at every position
-        pos, head = cell
-        return (head, pos) if self.head_first else (pos, head)
-
-    def cell_sums(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum a batch-free per-element tensor (e.g. delta · gradient) over each cell: -> the cells' shape."""
-        if self.head_first:
-            return x.sum(-1).transpose(0, 1)  # [h, pos_q, pos_k] -> [pos, h]
-        if self.axes == ("head",):
-            return x.sum((0, -1))  # [pos, h, d_head] -> [h]
-        return x.sum(-1)  # [pos, d_model] -> [pos]; [pos, h|g, d_head] -> [pos, h|g]
-
-
-SITES: dict[str, Site] = {
-    "resid_pre": Site("hook_resid_pre", ("position",), "the residual stream entering block L"),
-    "resid_mid": Site("hook_resid_mid", ("position",), "the residual stream between attention and MLP"),
-    "resid_post": Site("hook_resid_post", ("position",), "the residual stream leaving block L"),
-    "attn_out": Site("hook_attn_out", ("position",), "the attention sub-layer's write into the residual"),
-    "mlp_out": Site("hook_mlp_out", ("position",), "the MLP sub-layer's write into the residual"),
-    "z": Site("attn.hook_z", ("position", "head"), "one head's attention-weighted values at one position"),
-    "q": Site("attn.hook_q", ("position", "head"), "one head's query at one position (before RoPE)"),
-    "pattern": Site("attn.hook_pattern", ("position", "head"),
-                    "one head's attention row for query position p", head_first=True),
-    "k": Site("attn.hook_k", ("position", "kv_head"), "one KV head's key at one position (before RoPE)"),
-    "v": Site("attn.hook_v", ("position", "kv_head"), "one KV head's value at one position"),
-    "heads": Site("attn.hook_z", ("head",), "one head's z at every position at once"),
-}
-
-
-def site_of(name: str) -> Site:
-    if name not in SITES:
-        raise ValueError(f"Unknown patching site {name!r}; sites are: {', '.join(SITES)}")
-    return SITES[name]
-
-
-def axis_sizes(site: Site, cfg: Any, n_pos: int) -> tuple[int, ...]:
-    """The result shape: [n_layers, *site axes]."""
-    size = {"position": n_pos, "head": cfg.n_heads, "kv_head": cfg.n_kv_heads}
-    return (cfg.n_layers, *(size[a] for a in site.axes))
-
-
-def site_hook_name(site: Site, layer: int) -> str:
-    return f"blocks.{layer}.{site.hook}"
-
-
-# --- the result ----------------------------------------------------------------------------------
-@dataclass
-class PatchResult:
-    """A sweep: the metric after each single patch, the two unpatched metrics, and how to read them.
-
-    `values` has the site's shape (see the module table). Partial results (while a sweep runs) hold NaN
-    in the cells not computed yet; `done`/`total` count cells.
-    """
-
-    site: str
-    values: torch.Tensor
-    clean: float
-    corrupted: float
-    tokens: list[str]  # the target run's tokens (the prompt being patched into)
-    source_tokens: list[str]  # the prompt the patched values come from
-    direction: str = "denoise"
-    method: str = "exact"
-    metric_name: str = "metric"
-    done: int = 0
-    total: int = 0
-    correlation: float | None = None  # attribution only: Pearson r with the exact sweep, when measured
-    # What re-runs one cell (run_cell): the model, both prompts' ids, the variant.
-    _run: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def dims(self) -> tuple[str, ...]:
-        return ("layer", *SITES[self.site].axes)
-
-    @property
-    def complete(self) -> bool:
-        return self.done >= self.total
-
-    @property
-    def normalized(self) -> torch.Tensor:
-        """(values - corrupted) / (clean - corrupted): 1 = the clean metric, 0 = the corrupted one.
-
-        The same formula in both directions, so noising reads 1 = no effect and 0 = fully destroyed.
-        NaN everywhere when the two runs have the same metric (nothing to restore).
-        """
-        span = self.clean - self.corrupted
-        if span == 0:
-            return torch.full_like(self.values, float("nan"))
-        return (self.values - self.corrupted) / span
-
-    def frame(self) -> pd.DataFrame:
-        """One row per cell: layer, position, token, head, value, normalized (head or position NA when unused)."""
-        dims = self.dims
-        values, normalized = self.values.reshape(-1).tolist(), self.normalized.reshape(-1).tolist()
-        grid = torch.stack(torch.meshgrid(*[torch.arange(s) for s in self.values.shape], indexing="ij"), -1)
-        grid = grid.reshape(-1, len(dims)).tolist()
-        col = {d: i for i, d in enumerate(dims)}
-        head_dim = "head" if "head" in col else "kv_head" if "kv_head" in col else None
-        rows = {
-            "layer": [g[0] for g in grid],
-            "position": [g[col["position"]] if "position" in col else pd.NA for g in grid],
-            "token": [self.tokens[g[col["position"]]] if "position" in col else "" for g in grid],
-            "head": [g[col[head_dim]] if head_dim else pd.NA for g in grid],
-            "value": values,
-            "normalized": normalized,
-        }
-        frame = pd.DataFrame(rows)
-        frame["position"] = frame["position"].astype("Int64")
-        frame["head"] = frame["head"].astype("Int64")
-        return frame
-
-    def plot(self, **kwargs):
-        """The diverging heatmap (layers x tokens, centred at 0); see slmviz.patch_plots.patch_heatmap."""
-        from .patch_plots import patch_heatmap
-
-        return patch_heatmap(self, **kwargs)
-
-    def run_cell(self, layer: int, position: int | None = None, head: int | None = None):
-        """The patched run of one cell as a full Trace (e.g. `.top_tokens()`): one hooked forward."""
-        if not self._run:
-            raise RuntimeError("This result does not know its model (it was built by hand); call slmviz.patch")
-        r = self._run
-        return patched_trace(r["model"], r["target_ids"], r["source_ids"], self.site, layer, position, head,
-                             r["variant"])
-
-    def __repr__(self) -> str:
-        shape = "x".join(map(str, self.values.shape))
-        return (f"PatchResult({self.site}, {self.method}, {self.direction}, [{shape}], clean={self.clean:.4g}, "
-                f"corrupted={self.corrupted:.4g}, {self.done}/{self.total} cells)")
 
 
 # --- the sweep -----------------------------------------------------------------------------------
@@ -216,7 +73,7 @@ def patch(
     last position. Or pass `metric=fn(logits [pos, vocab]) -> number` (or a callable as `answer`).
     direction: "denoise" runs corrupted and patches in clean (TL's default); "noise" the reverse.
     method: "exact" (one patched run per cell) or "attribution" (a first-order estimate for every cell
-    from one forward and one backward pass; see slmviz.attribution_patching).
+    from one forward and one backward pass; see slmviz.interventions.attribution).
     progress(done, total) is called as cells finish. The prompts must have the same number of tokens.
     """
     result = None
@@ -247,7 +104,7 @@ def patch_steps(
     The first yield has the two unpatched metrics and no cell; the last is the complete sweep.
     """
     if model is None:
-        from .model_api import load
+        from ..model_api import load
 
         model = load()
     s = site_of(site)
@@ -262,8 +119,6 @@ def patch_steps(
     target_ids, source_ids = (corrupted_ids, clean_ids) if direction == "denoise" else (clean_ids, corrupted_ids)
 
     if method == "attribution":
-        from .attribution_patching import attribution_sweep
-
         yield attribution_sweep(model, s, site, clean_ids, corrupted_ids, target_ids, source_ids, fn, name,
                                 direction, v)
         return
@@ -325,17 +180,6 @@ def _cells(shape: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
     grid = torch.meshgrid(*[torch.arange(n) for n in shape], indexing="ij")
     for idx in torch.stack(grid, -1).reshape(-1, len(shape)).tolist():
         yield tuple(idx)
-
-
-def _writer(src: torch.Tensor, index: tuple) -> HookFn:
-    """A hook fn writing src's cell into the run's value (a copy: the run's own tensor is left alone)."""
-
-    def write(x: torch.Tensor, name: str) -> torch.Tensor:
-        out = x.clone()
-        out[index] = src[index]
-        return out
-
-    return write
 
 
 def _batch_writer(src: torch.Tensor, cells: list[tuple[tuple, tuple]]) -> HookFn:
@@ -425,27 +269,6 @@ def _shared_prefix(model: Any, target: Any, layer: int, n: int, batch: int) -> A
         cache.v[later][:, :, :n] = v
     cache.length = n
     return cache
-
-
-def patched_trace(model: Any, target_ids: torch.Tensor, source_ids: torch.Tensor, site: str, layer: int,
-                  position: int | None = None, head: int | None = None, variant: VariantLike = None):
-    """Trace the target prompt with one cell of `site` replaced by the source prompt's value there.
-
-    `head` is a query head for z/q/pattern/heads and a KV head for k/v; `position` is unused by `heads`.
-    """
-    s = site_of(site)
-    if not 0 <= int(layer) < model.cfg.n_layers:
-        raise ValueError(f"layer must be in 0..{model.cfg.n_layers - 1}, got {layer!r}")
-    given = {"position": position, "head": head, "kv_head": head}
-    sizes = axis_sizes(s, model.cfg, target_ids.numel())[1:]
-    if any(given[a] is None or not 0 <= int(given[a]) < n for a, n in zip(s.axes, sizes, strict=True)):
-        want = ", ".join(f"{a} in 0..{n - 1}" for a, n in zip(s.axes, sizes, strict=True))
-        raise ValueError(f"site {site!r} takes a cell ({want}); got position={position!r}, head={head!r}")
-    cell = tuple(int(given[a]) for a in s.axes)
-    name = site_hook_name(s, int(layer))
-    v = resolve_variant(variant)
-    source = model.trace(source_ids, variant=v, names=[name])
-    return model.trace(target_ids, variant=v, names=[], hooks={name: _writer(source[name], s.index(cell))})
 
 
 Prompt = str | Sequence[int] | torch.Tensor

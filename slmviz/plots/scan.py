@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
-from .plots import show_token
+from .trace import show_token
 
 if TYPE_CHECKING:
-    from .scan import Scan
+    from ..scans.scan import Scan
 
 STRIP_CLASS = "slmviz-corpus-strip"
 

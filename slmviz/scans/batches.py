@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from .compare import kl_per_position
-from .features import Feature, identity
-from .hooks import HookError, build_context, hook_dims
-from .scan_reduce import DamagePartial, HookPartial, token_key
-from .variants import resolve_variant
+from ..analysis.diff import kl_per_position
+from ..hooks import HookError, build_context, hook_dims
+from ..variants import resolve_variant
+from .reduce import DamagePartial, HookPartial, token_key
+from .units import Feature, identity
 
 PAD_ID = 0  # any valid id: causal attention keeps real positions from seeing it
 SORT_BUFFER = 1024  # windows sorted by length together, so a batch holds windows of similar length

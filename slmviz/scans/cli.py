@@ -27,8 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout  # resolved per call: a test's capture replaces sys.stdout after import
     import slmviz
-    from slmviz.corpus import bundled_corpus_path
-    from slmviz.scan import DEFAULT_WINDOW
+
+    from .corpus import bundled_corpus_path
+    from .scan import DEFAULT_WINDOW
 
     corpus = bundled_corpus_path() if args.corpus == "bundled" else args.corpus
     try:

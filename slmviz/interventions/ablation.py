@@ -1,6 +1,6 @@
 """Ablation: knock out heads, MLP neurons or whole sub-layers, as a hooks dict for `trace`, `generate`, `stream`.
 
-    hooks = slmviz.ablation(heads=[(3, 1)], neurons=[(5, 77)], kind="zero", model=m)
+    hooks = slmviz.interventions.ablation(heads=[(3, 1)], neurons=[(5, 77)], kind="zero", model=m)
     m.generate("...", hooks=hooks)
 
 A head is ablated through its z (`attn.hook_z[:, h]`), never through the output of o_proj: o_proj mixes the
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .hooks import HookFn
+from ..hooks import HookFn
 
 KINDS = ("zero", "mean", "resample")
 SUBLAYERS = {"attn": "hook_attn_out", "mlp": "hook_mlp_out"}
@@ -53,7 +53,7 @@ def ablation(
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if model is None:
-        from .model_api import load
+        from ..model_api import load
 
         model = load()
     cfg = model.cfg

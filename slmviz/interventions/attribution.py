@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
-from .hooks import build_context
-from .metrics import Metric, as_float
-from .patching import PatchResult, Site, axis_sizes, site_hook_name
-from .variants import Variant
+from ..hooks import build_context
+from ..metrics import Metric, as_float
+from ..variants import Variant
+from .result import PatchResult
+from .sites import Site, axis_sizes, site_hook_name
 
 
 def attribution_sweep(model: Any, site: Site, site_name: str, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor,

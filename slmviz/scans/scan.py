@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
+from ..variants import VariantLike, resolve_variant
+from .batches import ScanSpec
 from .corpus import Corpus, count_documents, iter_documents, shard_sources
-from .features import feature_of
-from .scan_batches import ScanSpec
-from .scan_reduce import EDGES, EMPTY_KEY, POSITION_BITS, DamageTotals, HookPartial, key_doc, key_position
-from .scan_shards import SHARD_DOCS, Shard, ShardResult, empty_partials, iter_shards, run_shard
-from .variants import VariantLike, resolve_variant
+from .reduce import EDGES, EMPTY_KEY, POSITION_BITS, DamageTotals, HookPartial, key_doc, key_position
+from .shards import SHARD_DOCS, Shard, ShardResult, empty_partials, iter_shards, run_shard
+from .units import feature_of
 
 if TYPE_CHECKING:
-    from .model_api import Model
+    from ..model_api import Model
 
 ENGINES = ("local", "ray")
 DEFAULT_WINDOW = 256
@@ -73,7 +73,7 @@ def scan(
     workers: Ray actors (engine="ray"). progress: a tqdm bar (True), none (False), or fn(docs_done, total).
     context: tokens kept before and after each top example.
     """
-    from .model_api import load
+    from ..model_api import load
 
     model = model or load()
     hook_list = [hooks] if isinstance(hooks, str) else list(hooks)
@@ -90,7 +90,7 @@ def scan(
     if batch_tokens < 1:
         raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
     if engine == "ray":
-        from .scan_ray import import_ray, run_on_ray
+        from .ray_engine import import_ray, run_on_ray
 
         import_ray()  # a missing extra fails before any work, with the install line
     if window < 1:
@@ -251,16 +251,16 @@ class Scan:
         return [(self.tokens.get(i, f"<{i}>"), a, c == before) for c, (i, a) in enumerate(zip(ids, acts, strict=True))
                 if i >= 0]
 
-    # --- figures (slmviz.scan_plots; the app's Corpus tab draws the same) -----------------------------
+    # --- figures (slmviz.plots.scan; the app's Corpus tab draws the same) -----------------------------
     def plot_histogram(self, hook: str, index: int):
         """plotly Figure: the feature's activation density over every token of the corpus."""
-        from .scan_plots import histogram
+        from ..plots.scan import histogram
 
         return histogram(self, hook, index)
 
     def examples_html(self, hook: str, index: int) -> str:
         """HTML strips of the top examples, coloured by activation (display with IPython.display.HTML)."""
-        from .scan_plots import examples_html
+        from ..plots.scan import examples_html
 
         return examples_html(self, hook, index)
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from .features import Feature
-from .scan_batches import ScanSpec, iter_windows, plan_batches, run_batch
-from .scan_reduce import DamagePartial, HookPartial
+from .batches import ScanSpec, iter_windows, plan_batches, run_batch
+from .reduce import DamagePartial, HookPartial
+from .units import Feature
 
 SHARD_DOCS = 1024  # documents per shard: ~30 s of verses on 2 cores, enough to keep a Ray actor busy
 
@@ -74,7 +74,7 @@ def iter_shards(docs: Iterable[str], size: int = SHARD_DOCS) -> Iterator[Shard]:
 
 def empty_partials(model: Any, spec: ScanSpec, features: dict[str, Feature]) -> dict[str, HookPartial]:
     """One empty partial per scanned hook: what a reduce starts from."""
-    from .hooks import hook_shape
+    from ..hooks import hook_shape
 
     def value_shape(hook: str, feature: Feature) -> tuple[int, ...]:
         return hook_shape(hook, model.cfg, 1)[1:] if feature.per_position_value else (0,)

@@ -22,13 +22,13 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from .compare import kl_per_position as _kl_per_position
-from .compare import trace_diff
-from .hooks import RESIDUAL_STAGES
-from .model.attention import attention_mask, kv_head_index
+from ..analysis.diff import kl_per_position as _kl_per_position
+from ..analysis.diff import trace_diff
+from ..hooks import RESIDUAL_STAGES
+from ..model.attention import attention_mask, kv_head_index
 
 if TYPE_CHECKING:
-    from .trace import Trace
+    from ..trace import Trace
 
 STAGE_NAMES = {
     "pre": "resid_pre (block input)",

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .hooks import HookNameError, check_names, hook_dims
+from ..hooks import HookNameError, check_names, hook_dims
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from .trace import Trace
+    from ..trace import Trace
 
 ROWS_PER_CHUNK = 2048  # [rows, vocab] fp32 logits per matmul: 2048 × 49152 × 4 B ≈ 400 MB at most
 
