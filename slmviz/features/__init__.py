@@ -1,0 +1,1 @@
+"""Features: sparse autoencoders and transcoders (DESIGN.md "Features"): load, save, splice, steer."""

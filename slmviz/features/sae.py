@@ -1,0 +1,408 @@
+"""The SAE object: sparse autoencoders and transcoders with SAELens's formulas, parameter names and file format.
+
+An SAE reads one hook and reconstructs it; a transcoder reads one hook (the MLP's input, `blocks.L.mlp.hook_in`)
+and predicts another (`blocks.L.hook_mlp_out`). Formulas (SAELens 6.x, DESIGN.md "Features"):
+
+    x' = x - b_dec if apply_b_dec_to_input else x
+    h  = x' @ W_enc + b_enc                                   # hook_sae_acts_pre
+    relu:     f = relu(h)
+    topk:     f = relu(topk_k(h)), every other entry 0
+    jumprelu: f = relu(h) * 1[h > threshold]                  # hook_sae_acts_post
+    x_hat = f @ W_dec + b_dec (+ x @ W_skip.T for a skip / affine transcoder)
+
+Shapes: W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_out], b_dec [d_out], threshold [d_sae],
+W_skip [d_out, d_in] (SAELens's orientation; Gemma Scope 2's `affine_skip_connection` is its transpose).
+
+Files: `save(folder)` writes SAELens 6's `cfg.json` + `sae_weights.safetensors`, which `sae_lens.SAE.load_from_disk`
+reads (bench/sae_lens_roundtrip.py checks it); `load(folder)` reads them back. Safetensors only: a pickle
+(.pt/.pkl/.bin) is refused, because loading one runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+CFG_FILENAME = "cfg.json"  # SAELens's SAE_CFG_FILENAME
+WEIGHTS_FILENAME = "sae_weights.safetensors"  # SAELens's SAE_WEIGHTS_FILENAME
+PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt")
+
+ARCHITECTURES = ("relu", "topk", "jumprelu")
+# SAELens's (and Gemma Scope's) architecture names -> (ours, has W_skip). SAELens writes "standard" for relu SAEs and
+# the *_transcoder names for transcoders; whether a model is a transcoder otherwise follows from its hooks and shapes.
+SAELENS_ARCHITECTURES: dict[str, tuple[str, bool]] = {
+    "standard": ("relu", False),
+    "relu": ("relu", False),
+    "topk": ("topk", False),
+    "jumprelu": ("jumprelu", False),
+    "jump_relu": ("jumprelu", False),  # Gemma Scope 2's config.json spelling
+    "transcoder": ("relu", False),
+    "skip_transcoder": ("relu", True),
+    "jumprelu_transcoder": ("jumprelu", False),
+    "jumprelu_skip_transcoder": ("jumprelu", True),
+}
+NORMALIZATIONS = ("none",)  # SAELens's normalize_activations values that need nothing at run time
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The SAELens version whose cfg.json layout save() writes: load_from_disk treats a file without a version >= 6.0 as a
+# pre-6 config and renames its keys, so the field must be there.
+SAELENS_FORMAT_VERSION = "6.0.0"
+
+
+class SAEError(ValueError):
+    """A bad SAE file, configuration or tensor: the message names what is wrong and what would be right."""
+
+
+def canonical_architecture(name: str) -> tuple[str, bool]:
+    """A SAELens / Gemma Scope architecture name -> (relu | topk | jumprelu, has a skip connection).
+
+    An unknown name is an error listing the supported ones: guessing (e.g. running a gated SAE as relu) runs and
+    silently computes other features."""
+    key = str(name).lower()
+    if key not in SAELENS_ARCHITECTURES:
+        raise SAEError(
+            f"unknown SAE architecture {name!r}; supported: {', '.join(SAELENS_ARCHITECTURES)} "
+            f"(slmviz computes {', '.join(ARCHITECTURES)}, with or without a skip connection)"
+        )
+    return SAELENS_ARCHITECTURES[key]
+
+
+def refuse_pickle(path: str | Path) -> None:
+    """Refuse a pickle-based weights file by name: torch.load / pickle.load run arbitrary code from the file."""
+    if Path(path).suffix.lower() in PICKLE_SUFFIXES:
+        raise SAEError(
+            f"{path}: pickle-based weight files ({', '.join(PICKLE_SUFFIXES)}) are refused, since loading one runs "
+            "arbitrary code; convert it to safetensors (cfg.json + sae_weights.safetensors, or params.safetensors)"
+        )
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a .safetensors file (a pickle file is refused, a missing one is a clear error)."""
+    path = Path(path)
+    refuse_pickle(path)
+    if not path.is_file():
+        raise SAEError(f"{path}: no such weights file")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    except SAEError:
+        raise
+    except Exception as e:  # safetensors raises its own error types for a corrupt header
+        raise SAEError(f"{path}: not a readable safetensors file ({e})") from e
+
+
+def _topk(h: torch.Tensor, k: int) -> torch.Tensor:
+    """relu of the k largest entries of each row, every other entry 0 (SAELens's TopK: topk first, then relu)."""
+    values, indices = torch.topk(h, k=k, dim=-1, sorted=False)
+    return torch.zeros_like(h).scatter_(-1, indices, values.relu())
+
+
+class SAE(torch.nn.Module):
+    """A sparse autoencoder or transcoder: `encode` x [..., d_in] -> f [..., d_sae], `decode` f -> x_hat [..., d_out].
+
+    Parameters carry SAELens's names and shapes, so a state dict moves to and from SAELens key for key.
+    `hook_name` is the slmviz hook it reads and `hook_name_out` the one it writes (equal for an SAE).
+    Computation runs in the SAE's dtype (the input is cast to it) and results come back in the input's dtype.
+
+    Conventions that fail silently when changed:
+    - W_dec is [d_sae, d_out] and x_hat = f @ W_dec; a file holding its transpose loads only because the
+      shape check below refuses d_sae == d_out mixups by naming both shapes.
+    - topk keeps the k largest *pre-activations* and then applies relu (SAELens); relu-then-topk picks the same
+      set except on ties at 0, but topk of |h| would keep negative ones.
+    - jumprelu is relu(h) * 1[h > threshold] with a strict `>`: `>=` turns on every feature whose threshold is 0.
+    - b_dec is subtracted from the input only when `apply_b_dec_to_input` (SAELens's default True for SAEs it trains;
+      Gemma Scope 2 and transcoders False). Getting it wrong shifts every pre-activation by b_dec @ W_enc.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_sae: int,
+        d_out: int | None = None,
+        architecture: str = "relu",
+        k: int | None = None,
+        hook_name: str = "",
+        hook_name_out: str | None = None,
+        apply_b_dec_to_input: bool = False,
+        skip: bool = False,
+        rescale_acts_by_decoder_norm: bool = False,
+        reshape_activations: str = "none",
+        dtype: torch.dtype = torch.float32,
+        metadata: dict[str, Any] | None = None,
+    ):
+        super().__init__()
+        d_out = d_in if d_out is None else d_out
+        arch, arch_skip = canonical_architecture(architecture)
+        skip = skip or arch_skip
+        for what, n in (("d_in", d_in), ("d_sae", d_sae), ("d_out", d_out)):
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise SAEError(f"{what} must be a positive integer, got {n!r}")
+        if arch == "topk":
+            if k is None or not isinstance(k, int) or isinstance(k, bool) or k < 1:
+                raise SAEError(f"a topk SAE needs k, a positive integer (at most d_sae={d_sae}); got k={k!r}")
+            if k > d_sae:
+                raise SAEError(f"k={k} is larger than d_sae={d_sae}: a topk SAE keeps k of its d_sae features")
+        elif k is not None and arch != "jumprelu":  # a BatchTopK SAE saved as jumprelu may remember its k
+            raise SAEError(f"k is only for a topk SAE, not {arch!r}")
+        if apply_b_dec_to_input and d_in != d_out:
+            raise SAEError(
+                f"apply_b_dec_to_input needs d_in == d_out (b_dec is subtracted from the input); got d_in={d_in}, "
+                f"d_out={d_out} (a transcoder: set apply_b_dec_to_input=False, as SAELens requires)"
+            )
+        if reshape_activations not in ("none", "hook_z"):
+            raise SAEError(f"reshape_activations must be 'none' or 'hook_z', got {reshape_activations!r}")
+        self.architecture = arch
+        self.k = k
+        self.hook_name = hook_name
+        self.hook_name_out = hook_name if hook_name_out is None else hook_name_out
+        self.apply_b_dec_to_input = bool(apply_b_dec_to_input)
+        self.rescale_acts_by_decoder_norm = bool(rescale_acts_by_decoder_norm)
+        self.reshape_activations = reshape_activations
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.model = None  # set by load_sae(model=...): logit_effects reads its unembedding
+        p = torch.nn.Parameter
+        self.W_enc = p(torch.zeros(d_in, d_sae, dtype=dtype))
+        self.b_enc = p(torch.zeros(d_sae, dtype=dtype))
+        self.W_dec = p(torch.zeros(d_sae, d_out, dtype=dtype))
+        self.b_dec = p(torch.zeros(d_out, dtype=dtype))
+        self.threshold = p(torch.zeros(d_sae, dtype=dtype)) if arch == "jumprelu" else None
+        self.W_skip = p(torch.zeros(d_out, d_in, dtype=dtype)) if skip else None
+
+    # ---- sizes -------------------------------------------------------------------------------------------------
+    @property
+    def d_in(self) -> int:
+        return self.W_enc.shape[0]
+
+    @property
+    def d_sae(self) -> int:
+        return self.W_enc.shape[1]
+
+    @property
+    def d_out(self) -> int:
+        return self.W_dec.shape[1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.W_enc.dtype
+
+    @property
+    def is_transcoder(self) -> bool:
+        return self.hook_name != self.hook_name_out or self.d_in != self.d_out or self.W_skip is not None
+
+    def __repr__(self) -> str:
+        kind = "transcoder" if self.is_transcoder else "SAE"
+        k = f", k={self.k}" if self.architecture == "topk" else ""
+        hooks = self.hook_name if not self.is_transcoder else f"{self.hook_name} -> {self.hook_name_out}"
+        return f"SAE({self.architecture} {kind}, {hooks}, d_in={self.d_in}, d_sae={self.d_sae}, d_out={self.d_out}{k})"
+
+    # ---- the formulas ------------------------------------------------------------------------------------------
+    def _flat_input(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., d_in] (or [..., h, d_head] for a hook_z SAE, flattened like SAELens's reshape_fn_in)."""
+        hook_z = self.reshape_activations == "hook_z" and x.dim() >= 2
+        if x.shape[-1] != self.d_in and hook_z and x.shape[-2] * x.shape[-1] == self.d_in:
+            x = x.flatten(-2)  # [..., h, d_head] -> [..., h*d_head]
+        if x.shape[-1] != self.d_in:
+            raise SAEError(f"input's last dimension is {x.shape[-1]}, this SAE reads d_in={self.d_in}")
+        return x
+
+    def encode_pre(self, x: torch.Tensor) -> torch.Tensor:
+        """h = x' @ W_enc + b_enc, with x' = x - b_dec when apply_b_dec_to_input: [..., d_in] -> [..., d_sae]."""
+        x = self._flat_input(x).to(self.dtype)
+        if self.apply_b_dec_to_input:
+            x = x - self.b_dec
+        return x @ self.W_enc + self.b_enc  # [..., d_in] -> [..., d_sae]
+
+    def activate(self, h: torch.Tensor) -> torch.Tensor:
+        """The architecture's activation on pre-activations h [..., d_sae] (in the SAE's dtype)."""
+        if self.architecture == "relu":
+            return h.relu()
+        if self.architecture == "topk":
+            if self.rescale_acts_by_decoder_norm:  # SAELens: select on h * |W_dec[f]|, decode divides it back out
+                h = h * self.W_dec.norm(dim=-1)
+            return _topk(h, self.k)
+        return h.relu() * (h > self.threshold).to(h.dtype)  # strict '>', as SAELens and Gemma Scope
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Feature activations f [..., d_sae] of x [..., d_in], in x's dtype."""
+        return self.activate(self.encode_pre(x)).to(x.dtype)
+
+    def decode(self, f: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
+        """x_hat = f @ W_dec + b_dec [..., d_out] (+ x @ W_skip.T when this is a skip transcoder and x is given)."""
+        g = f.to(self.dtype)
+        if self.architecture == "topk" and self.rescale_acts_by_decoder_norm:
+            g = g / self.W_dec.norm(dim=-1)
+        out = g @ self.W_dec + self.b_dec  # [..., d_sae] -> [..., d_out]
+        if self.W_skip is not None and x is not None:
+            out = out + self._flat_input(x).to(self.dtype) @ self.W_skip.T  # [..., d_in] -> [..., d_out]
+        return out.to(f.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The reconstruction x_hat [..., d_out] of x (with the skip connection, if any)."""
+        return self.decode(self.encode(x), x)
+
+    # ---- state -------------------------------------------------------------------------------------------------
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """SAELens's safetensors keys -> tensors (threshold only for jumprelu, W_skip only for skip transcoders)."""
+        out = {"W_enc": self.W_enc, "b_enc": self.b_enc, "W_dec": self.W_dec, "b_dec": self.b_dec}
+        if self.threshold is not None:
+            out["threshold"] = self.threshold
+        if self.W_skip is not None:
+            out["W_skip"] = self.W_skip
+        return {k: v.detach() for k, v in out.items()}
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor], architecture: str = "relu", **kwargs: Any) -> SAE:
+        """An SAE from SAELens-named tensors; shapes and finiteness are checked and each problem named.
+
+        `kwargs` are the constructor's (k, hook_name, hook_name_out, apply_b_dec_to_input, metadata, ...);
+        d_in, d_sae and d_out come from W_enc and W_dec, the dtype from W_enc unless dtype= is given."""
+        arch, arch_skip = canonical_architecture(architecture)
+        need = ["W_enc", "b_enc", "W_dec", "b_dec"] + (["threshold"] if arch == "jumprelu" else [])
+        if arch_skip or kwargs.get("skip"):
+            need.append("W_skip")
+        missing = [n for n in need if n not in state]
+        if missing:
+            raise SAEError(f"missing tensors {missing} for a {architecture} SAE (found {sorted(state)})")
+        for n, t in state.items():
+            if not isinstance(t, torch.Tensor):
+                raise SAEError(f"tensor {n!r} is a {type(t).__name__}, not a torch.Tensor")
+        w_enc, w_dec = state["W_enc"], state["W_dec"]
+        if w_enc.dim() != 2 or w_dec.dim() != 2:
+            raise SAEError(
+                "W_enc must be [d_in, d_sae] and W_dec [d_sae, d_out]; "
+                f"got {tuple(w_enc.shape)} and {tuple(w_dec.shape)}"
+            )
+        d_in, d_sae = w_enc.shape
+        d_out = w_dec.shape[1]
+        expected = {
+            "W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_out), "b_dec": (d_out,),
+            "threshold": (d_sae,), "W_skip": (d_out, d_in),
+        }
+        for n in need:
+            if tuple(state[n].shape) != expected[n]:
+                raise SAEError(
+                    f"tensor {n!r} has shape {tuple(state[n].shape)}, expected {expected[n]} "
+                    f"(W_enc is [d_in, d_sae] = {tuple(w_enc.shape)}, W_dec [d_sae, d_out] = {tuple(w_dec.shape)})"
+                )
+            if not state[n].is_floating_point():
+                raise SAEError(f"tensor {n!r} has dtype {state[n].dtype}; SAE weights are floating point")
+            if not torch.isfinite(state[n]).all():
+                bad = int((~torch.isfinite(state[n])).sum())
+                raise SAEError(f"tensor {n!r} holds {bad} non-finite values (nan or inf)")
+        dtype = kwargs.pop("dtype", None) or w_enc.dtype
+        sae = cls(int(d_in), int(d_sae), int(d_out), architecture=architecture, dtype=dtype, **kwargs)
+        with torch.no_grad():
+            for n in sae.tensors():
+                getattr(sae, n).copy_(state[n].to(dtype))
+        return sae
+
+    def config(self) -> dict[str, Any]:
+        """SAELens 6's cfg.json for this SAE (what `sae_lens.SAE.load_from_disk` reads)."""
+        name = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu"}[self.architecture]
+        if self.is_transcoder:
+            if self.architecture == "topk":
+                raise SAEError("SAELens has no topk transcoder format; save a topk transcoder as jumprelu instead")
+            base = {"relu": "", "jumprelu": "jumprelu_"}[self.architecture]
+            name = f"{base}{'skip_' if self.W_skip is not None else ''}transcoder"
+        dtype = next(k for k, v in DTYPES.items() if v == self.dtype)
+        metadata = {"sae_lens_version": SAELENS_FORMAT_VERSION, "sae_lens_training_version": SAELENS_FORMAT_VERSION}
+        metadata.update(self.metadata)
+        metadata.update(hook_name=self.hook_name, hook_name_out=self.hook_name_out, hook_head_index=None)
+        cfg: dict[str, Any] = {
+            "architecture": name,
+            "d_in": self.d_in,
+            "d_sae": self.d_sae,
+            "dtype": dtype,
+            "device": "cpu",
+            "apply_b_dec_to_input": self.apply_b_dec_to_input,
+            "normalize_activations": "none",
+            "reshape_activations": self.reshape_activations,
+            "metadata": metadata,
+        }
+        if self.architecture == "topk":
+            cfg.update(k=self.k, rescale_acts_by_decoder_norm=self.rescale_acts_by_decoder_norm)
+        if self.is_transcoder:
+            cfg["d_out"] = self.d_out
+        return cfg
+
+    def save(self, folder: str | Path) -> Path:
+        """Write SAELens's format: folder/cfg.json + folder/sae_weights.safetensors. Returns the folder."""
+        folder = Path(folder)
+        cfg = self.config()
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.tensors().items()}, str(folder / WEIGHTS_FILENAME))
+        (folder / CFG_FILENAME).write_text(json.dumps(cfg, indent=2, default=str) + "\n")
+        return folder
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any], state: dict[str, torch.Tensor]) -> SAE:
+        """An SAE from a SAELens cfg.json dict (6.x, or pre-6 flat keys) and its tensors."""
+        meta = dict(cfg.get("metadata") or {})
+        hook_name = meta.get("hook_name") or cfg.get("hook_name") or cfg.get("hook_point") or ""
+        hook_name_out = meta.get("hook_name_out") or cfg.get("hook_name_out") or hook_name
+        architecture = cfg.get("architecture", "standard")
+        k = cfg.get("k")
+        if k is None and cfg.get("activation_fn") == "topk":  # pre-6 configs kept k in activation_fn_kwargs
+            architecture, k = "topk", (cfg.get("activation_fn_kwargs") or {}).get("k")
+        norm = cfg.get("normalize_activations") or "none"
+        if norm not in NORMALIZATIONS:
+            raise SAEError(
+                f"normalize_activations={norm!r} is not supported (slmviz reads {NORMALIZATIONS}): the SAE expects "
+                "rescaled inputs, and feeding it raw activations would silently give other features"
+            )
+        if "scaling_factor" in state and not torch.all(state["scaling_factor"] == 1):
+            raise SAEError("a finetuning scaling_factor other than 1 is not supported")
+        dtype = DTYPES.get(str(cfg.get("dtype", "float32")).removeprefix("torch."))
+        if dtype is None:
+            raise SAEError(f"dtype {cfg.get('dtype')!r} is not one of {list(DTYPES)}")
+        arch, _ = canonical_architecture(architecture)
+        return cls.from_state(
+            state,
+            architecture=architecture,
+            k=int(k) if arch == "topk" and k is not None else None,
+            hook_name=hook_name,
+            hook_name_out=hook_name_out,
+            apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)),
+            rescale_acts_by_decoder_norm=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
+            reshape_activations=cfg.get("reshape_activations") or "none",
+            dtype=dtype,
+            metadata=meta,
+        )
+
+    @classmethod
+    def load(cls, folder: str | Path) -> SAE:
+        """Read a SAELens folder (cfg.json + sae_weights.safetensors) written by `save` or by SAELens."""
+        folder = Path(folder)
+        refuse_pickle(folder)
+        if not (folder / CFG_FILENAME).is_file():
+            for p in sorted(folder.glob("*")) if folder.is_dir() else []:
+                refuse_pickle(p)  # a folder holding only a pickle: say so, rather than "no cfg.json"
+            raise SAEError(f"{folder}: no {CFG_FILENAME}; a SAELens folder holds {CFG_FILENAME} and {WEIGHTS_FILENAME}")
+        try:
+            cfg = json.loads((folder / CFG_FILENAME).read_text())
+        except json.JSONDecodeError as e:
+            raise SAEError(f"{folder / CFG_FILENAME}: not valid JSON ({e})") from e
+        return cls.from_config(cfg, read_safetensors(folder / WEIGHTS_FILENAME))
+
+    # ---- random initialisation (tests, benchmarks, training's starting point) ------------------------------------
+    @classmethod
+    def random(cls, d_in: int, d_sae: int, seed: int = 0, scale: float = 1.0, **kwargs: Any) -> SAE:
+        """An SAE with random weights (W_dec rows of norm `scale`, W_enc ~ N(0, 1/d_in), small random biases)."""
+        sae = cls(d_in, d_sae, **kwargs)
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            w = torch.randn(sae.d_sae, sae.d_out, generator=g)
+            sae.W_dec.copy_(w / w.norm(dim=-1, keepdim=True) * scale)
+            sae.W_enc.copy_(torch.randn(sae.d_in, sae.d_sae, generator=g) / math.sqrt(sae.d_in))
+            sae.b_enc.copy_(0.1 * torch.randn(sae.d_sae, generator=g))
+            sae.b_dec.copy_(0.1 * torch.randn(sae.d_out, generator=g))
+            if sae.threshold is not None:
+                sae.threshold.copy_(0.1 * torch.rand(sae.d_sae, generator=g))
+            if sae.W_skip is not None:
+                sae.W_skip.copy_(torch.randn(sae.d_out, sae.d_in, generator=g) / math.sqrt(sae.d_in))
+        return sae
