@@ -50,6 +50,9 @@ _ATTENTION = {
 _LN1_POST = {"ln1_post.hook_scale": ("pos", "1"), "ln1_post.hook_normalized": ("pos", "d_model")}
 _ATTN_OUT = {"hook_attn_out": ("pos", "d_model"), "hook_resid_mid": ("pos", "d_model")}
 _LN2 = {"ln2.hook_scale": ("pos", "1"), "ln2.hook_normalized": ("pos", "d_model")}
+# What the MLP receives: ln2's output *after* its weight (hook_resid_mid itself where no norm sits before the MLP).
+# Not ln2.hook_normalized, which is before the weight (model.block.mlp_input says what breaks).
+_MLP_IN = {"mlp.hook_in": ("pos", "d_model")}
 _MLP = {
     "mlp.hook_pre": ("pos", "d_mlp"),
     "mlp.hook_gate": ("pos", "d_mlp"),
@@ -65,8 +68,8 @@ GLOBAL_HOOKS_AFTER: dict[str, tuple[str, ...]] = {
 # Every local name any family has, with its dims (a name's dims never depend on the family, except the
 # QK-norm ones, which `layer_hooks` resolves).
 ALL_LAYER_HOOKS: dict[str, tuple[str, ...]] = {
-    **_RESID_PRE, **_LN1, **_QKV, **_QK_NORM["head"], **_ATTENTION, **_LN1_POST, **_ATTN_OUT, **_LN2, **_MLP,
-    **_LN2_POST, **_MLP_OUT,
+    **_RESID_PRE, **_LN1, **_QKV, **_QK_NORM["head"], **_ATTENTION, **_LN1_POST, **_ATTN_OUT, **_LN2, **_MLP_IN,
+    **_MLP, **_LN2_POST, **_MLP_OUT,
 }
 # Values a trace computes on demand from another captured value instead of storing (local names): each
 # head's write into the residual stream is z_h @ W_o[h] (model.block.per_head_result), [pos, h, d_model],
@@ -87,7 +90,7 @@ def layer_hooks(cfg: Any = None) -> dict[str, tuple[str, ...]]:
     qk = "none" if cfg is None else cfg.qk_norm
     return {
         **_RESID_PRE, **(_LN1 if pre else {}), **_QKV, **_QK_NORM[qk], **_ATTENTION, **(_LN1_POST if post else {}),
-        **_ATTN_OUT, **(_LN2 if pre else {}), **_MLP, **(_LN2_POST if post else {}), **_MLP_OUT,
+        **_ATTN_OUT, **(_LN2 if pre else {}), **_MLP_IN, **_MLP, **(_LN2_POST if post else {}), **_MLP_OUT,
     }
 
 

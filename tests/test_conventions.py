@@ -238,6 +238,38 @@ def test_swiglu_activates_the_gate_not_up(tiny_model):
     assert torch.allclose(pre, x @ tiny_model.decoder.params.layers[1].w_gate_up[:d_mlp].t(), atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["llama_gqa", "llama_bias", "qwen2", "mistral", "gemma3", "qwen3", "olmo2"])
+def test_mlp_hook_in_is_exactly_what_the_mlp_receives(tiny_dirs, arch):
+    """blocks.L.mlp.hook_in equals the input transformers' MLP module receives (its gate/up projections' input),
+    captured independently by a forward pre-hook on each layer's `mlp`; on Gemma it is not ln2.hook_normalized
+    (that is before the (1 + w) weight), and on OLMo-2 (no norm before the MLP) it is hook_resid_mid."""
+    hf = load_reference(tiny_dirs[arch])
+    seen: dict[int, torch.Tensor] = {}
+    handles = [layer.mlp.register_forward_pre_hook(lambda mod, args, i=i: seen.__setitem__(i, args[0][0].detach()))
+               for i, layer in enumerate(hf.model.layers)]
+    ids = torch.arange(1, 8)
+    try:
+        run_reference(hf, ids)
+    finally:
+        for h in handles:
+            h.remove()
+    m = slmviz.load(tiny_dirs[arch])
+    t = m.trace(ids)
+    for layer in range(m.cfg.n_layers):
+        mine = t[f"blocks.{layer}.mlp.hook_in"]
+        assert mine.shape == (7, m.cfg.d_model)
+        torch.testing.assert_close(mine, seen[layer], rtol=1e-5, atol=1e-5)
+        d_mlp = m.cfg.d_mlp
+        lp = m.decoder.params.layers[layer]
+        torch.testing.assert_close(t[f"blocks.{layer}.mlp.hook_pre"], F.linear(mine, lp.w_gate_up[:d_mlp],
+                                   None if lp.b_gate_up is None else lp.b_gate_up[:d_mlp]), rtol=1e-5, atol=1e-5)
+    if arch == "gemma3":
+        gap = (t["blocks.0.mlp.hook_in"] - t["blocks.0.ln2.hook_normalized"]).abs().max()
+        assert gap > 0.1  # the silent wrong choice: before the (1 + w) weight
+    if arch == "olmo2":
+        assert torch.equal(t["blocks.0.mlp.hook_in"], t["blocks.0.hook_resid_mid"])
+
+
 def test_blocks_normalise_before_each_sublayer(tiny_model):
     """resid_mid = resid_pre + attn_out and ln1 reads resid_pre (pre-norm), per layer."""
     t = tiny_model.trace(torch.arange(1, 8))

@@ -317,9 +317,24 @@ class Block:
 
     def mlp(self, x: torch.Tensor, hook: LayerHooks, c: Conventions) -> torch.Tensor:
         p = self.p
+        x = mlp_input(x, hook)
         projections = GateUp(p, self.cfg.d_mlp)
         post = MLP_FORMS[c.mlp](x, projections.gate, projections.up, ACTIVATIONS[c.act], hook)
         return linear(post, p.w_down, p.b_down)  # [b, pos, d_model]
+
+
+def mlp_input(x: torch.Tensor, hook: LayerHooks | NoHooks) -> torch.Tensor:
+    """`blocks.L.mlp.hook_in` [b, pos, d_model]: exactly what the MLP receives, fired as the MLP starts.
+
+    That is the pre-MLP norm's output *after* its learned weight ((1 + w) on Gemma), or hook_resid_mid itself
+    where no norm sits before the MLP (OLMo-2), or whatever a variant feeds the MLP. Gemma Scope 2's transcoders
+    were trained on this value (transformers' `pre_feedforward_layernorm` output), and so are the ones slmviz
+    trains. What breaks if it moves: `ln2.hook_normalized` is x / scale *before* the weight (TransformerLens's
+    meaning; TL folds the weight into W_in, so there the two coincide, here they do not). A transcoder reading it
+    runs and silently computes garbage features, and an edit of it would be scaled by the weight afterwards.
+    Pinned by tests/test_conventions.py::test_mlp_hook_in_is_exactly_what_the_mlp_receives.
+    """
+    return hook("mlp.hook_in", x)
 
 
 def per_head_result(z: torch.Tensor, w_o: torch.Tensor, cfg: ArchConfig) -> torch.Tensor:
