@@ -26,12 +26,13 @@ from typing import Any
 
 import gradio as gr
 
-from app.handlers import readable_errors
-from app.scan_jobs import Job, JobCancelled, Jobs, wait
 from slmviz.loading.bundled import cache_dir
 from slmviz.plots.scan import STRIP_CLASS, examples_html, histogram
 from slmviz.scans.corpus import bundled_corpus
 from slmviz.scans.scan import FORMAT_VERSION, Scan, scan
+
+from .handlers import readable_errors
+from .scan_jobs import Job, JobCancelled, Jobs, wait
 
 APP_CORPUS_DOCS = 1000
 HOOK_KINDS = ("mlp.hook_post", "attn.hook_z", "attn.hook_pattern")

@@ -416,7 +416,7 @@ def _choice_label(name: str) -> str:
 
 @dataclass(frozen=True)
 class Example:
-    """One example prompt (assets/examples.json)."""
+    """One example prompt (app/examples.json)."""
 
     prompt: str
     chat: bool = False

