@@ -228,6 +228,16 @@ class HookContext:
         self._active = self.capture | set(self.fns)
         return moved, extra
 
+    def fire(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Run the fns and capture of a hook point that fires *inside* another hook's fn (an SAE's splice
+        hooks): x is already the view fns see (one prompt's row, or the batch), so no batch handling here."""
+        return self._run(name, x) if name in self._active else x
+
+    def append_fn(self, name: str, fn: HookFn) -> None:
+        """Call `fn` at `name` after the fns already there (an SAE splice runs after the user's own edits)."""
+        self.fns.setdefault(name, []).append(fn)
+        self._active = self.capture | set(self.fns)
+
     def __call__(self, name: str, x: torch.Tensor) -> torch.Tensor:
         if name not in self._active:
             return x
@@ -279,14 +289,47 @@ def _naming_errors(fn: HookFn, hook_name: str) -> HookFn:
     return call
 
 
+# SAELens's hook names under the hook an SAE (or transcoder) writes, in the order a splice fires them.
+SAE_HOOKS = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_recons", "hook_sae_error",
+             "hook_sae_output")
+
+
+def checked_saes(saes: Iterable[Any] | None, valid: list[str]) -> list[Any]:
+    """The `saes=` argument as a list, each checked: anything with `splice_fns(ctx)` and `splice_dims()` (an
+    slmviz.SAE; this layer never imports it), reading and writing hooks this model has, one SAE per written hook."""
+    if saes is None:
+        return []
+    if isinstance(saes, str) or not isinstance(saes, Iterable) or hasattr(saes, "splice_fns"):
+        raise TypeError(f"saes= takes a list of SAEs (slmviz.load_sae(...)), not {type(saes).__name__}")
+    out, writes = list(saes), {}
+    valid_set = set(valid)
+    for sae in out:
+        if not callable(getattr(sae, "splice_fns", None)) or not callable(getattr(sae, "splice_dims", None)):
+            raise TypeError(f"saes= takes SAE objects (slmviz.load_sae / slmviz.SAE), got {type(sae).__name__}")
+        for what, name in (("reads", sae.hook_name), ("writes", sae.hook_name_out)):
+            if name not in valid_set:
+                close = difflib.get_close_matches(str(name), valid, n=2, cutoff=0.6)
+                hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+                raise HookNameError(f"{sae!r} {what} {name!r}, a hook this model does not have{hint}")
+        if sae.hook_name_out in writes:
+            raise ValueError(f"two SAEs write {sae.hook_name_out!r}; splice at most one SAE per hook")
+        writes[sae.hook_name_out] = sae
+    return out
+
+
 def build_context(
     valid: list[str], names: NameFilter = None, hooks: dict[str, HookFn | list[HookFn]] | None = None,
-    capture_all_by_default: bool = True, batched: bool = False,
+    capture_all_by_default: bool = True, batched: bool = False, saes: Iterable[Any] | None = None,
 ) -> HookContext:
     """Resolve a `names=` filter (None = all, [] = none, list of exact names, or a predicate) and hook fns.
 
     `batched`: hook fns and captures see [b, ...] tensors instead of one prompt's (see HookContext).
+    `saes`: SAEs spliced in (features.splice): their SAELens hook names (`{hook_name_out}.hook_sae_acts_post`, ...)
+    become valid names to capture and hook, and each SAE's splice fn runs at the hook it writes, after `hooks`'s.
     """
+    spliced = checked_saes(saes, valid)
+    if spliced:
+        valid = valid + [name for sae in spliced for name in sae.splice_dims()]
     if names is None:
         capture = set(valid) if capture_all_by_default else set()
     elif callable(names):
@@ -313,4 +356,8 @@ def build_context(
             if not callable(f):
                 raise TypeError(f"Hook for {name!r} must be callable fn(tensor, name), got {type(f).__name__}")
         fns[name] = [_naming_errors(f, name) for f in fn_list]
-    return HookContext(capture, fns, batched)
+    ctx = HookContext(capture, fns, batched)
+    for sae in spliced:
+        for name, fn in sae.splice_fns(ctx).items():
+            ctx.append_fn(name, fn)
+    return ctx

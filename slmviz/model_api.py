@@ -81,14 +81,17 @@ class Model:
         hooks: Hooks = None,
         names: NameFilter = None,
         chat: bool = False,
+        saes: Sequence[Any] | None = None,
     ) -> Trace:
         """Run one prompt, capturing every hook (or those `names` selects) and calling `hooks` fns.
 
         attn.hook_result is derived from hook_z when read (Trace), unless a hook fn edits it.
+        `saes`: SAEs / transcoders spliced in (slmviz.load_sae); their SAELens hooks
+        (`f"{sae.hook_name_out}.hook_sae_acts_post"`, ...) are captured and hookable like any other.
         """
         v = resolve_variant(variant, self.cfg)
         ids = self.encode(text_or_ids, chat)
-        ctx = build_context(self.hook_names, names, hooks)
+        ctx = build_context(self.hook_names, names, hooks, saes=saes)
         derived, sources = ctx.defer(DERIVED_HOOKS)
         logits = self.decoder.forward(ids, ctx, v)
         return Trace(
@@ -116,10 +119,12 @@ class Model:
         top_k: int | None = None,
         stop_at_eos: bool = True,
         should_stop: Callable[[], bool] | None = None,
+        saes: Sequence[Any] | None = None,
     ) -> Iterator[GenerationStep]:
         """Decode with a KV cache, yielding one GenerationStep per new token. Greedy when temperature == 0.
 
         Hook fns see every step: the prefill with all prompt positions, then one position per step.
+        `saes`: SAEs spliced in at every step (as in `trace`).
         """
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
@@ -133,7 +138,7 @@ class Model:
                 f"Prompt ({ids.numel()} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context "
                 f"length {self.cfg.context_length}"
             )
-        ctx = build_context(self.hook_names, [], hooks)
+        ctx = build_context(self.hook_names, [], hooks, saes=saes)
         cache = self.decoder.new_cache(total)
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         eos = eos_id(self.tokenizer)

@@ -165,6 +165,8 @@ class SAE(torch.nn.Module):
         self.reshape_activations = reshape_activations
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.model = None  # set by load_sae(model=...): logit_effects reads its unembedding
+        # Spliced into a forward (saes=[...]): add the error term back, so outputs equal the model's (features.splice).
+        self.use_error_term = True
         p = torch.nn.Parameter
         self.W_enc = p(torch.zeros(d_in, d_sae, dtype=dtype))
         self.b_enc = p(torch.zeros(d_sae, dtype=dtype))
@@ -203,6 +205,8 @@ class SAE(torch.nn.Module):
     # ---- the formulas ------------------------------------------------------------------------------------------
     def _flat_input(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., d_in] (or [..., h, d_head] for a hook_z SAE, flattened like SAELens's reshape_fn_in)."""
+        if x.is_inference() and torch.is_grad_enabled() and self.W_enc.requires_grad:
+            x = x.clone()  # a trace's tensors come from inference mode; autograd may not record them otherwise
         hook_z = self.reshape_activations == "hook_z" and x.dim() >= 2
         if x.shape[-1] != self.d_in and hook_z and x.shape[-2] * x.shape[-1] == self.d_in:
             x = x.flatten(-2)  # [..., h, d_head] -> [..., h*d_head]
@@ -244,6 +248,24 @@ class SAE(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The reconstruction x_hat [..., d_out] of x (with the skip connection, if any)."""
         return self.decode(self.encode(x), x)
+
+    # ---- splicing (hooks.build_context calls these; see features.splice) -------------------------------------------
+    def splice_fns(self, ctx: Any) -> dict[str, Any]:
+        """{hook name: fn} splicing this SAE into a forward run with hook context `ctx`."""
+        from .splice import splice_fns
+
+        return splice_fns(self, ctx)
+
+    def splice_dims(self) -> dict[str, tuple[str, ...]]:
+        """SAELens's hook names under `hook_name_out` -> their dims (d_sae_in, d_sae, d_sae_out: `splice_sizes`)."""
+        from .splice import splice_dims
+
+        return splice_dims(self)
+
+    def splice_sizes(self) -> dict[str, int]:
+        from .splice import splice_sizes
+
+        return splice_sizes(self)
 
     # ---- state -------------------------------------------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:

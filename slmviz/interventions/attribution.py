@@ -11,7 +11,7 @@ so the whole sweep costs about three forwards instead of one per cell.
 It is an estimate, and how good depends on how linear the model is over the patch: good for small activations
 such as one head's z or one position's key, poor for the residual stream, where a patch replaces the whole
 state of a position and everything downstream is far from linear. The correlation with the exact sweep is
-measured by bench/patching.py and stated in the README; `exact_correlation` measures it for one result.
+measured by bench/patching.py and recorded in bench/notes.md; `exact_correlation` measures it for one result.
 Where the two runs' activations are equal the estimate is exactly 0 (the delta is 0).
 """
 
@@ -30,10 +30,10 @@ from .sites import Site, axis_sizes, site_hook_name
 
 def attribution_sweep(model: Any, site: Site, site_name: str, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor,
                       target_ids: torch.Tensor, source_ids: torch.Tensor, metric: Metric, metric_name: str,
-                      direction: str, variant: Variant) -> PatchResult:
+                      direction: str, variant: Variant, saes: Any = None) -> PatchResult:
     """Every cell's estimate as a PatchResult: values = the target's metric + the first-order change."""
     names = [site_hook_name(site, layer) for layer in range(model.cfg.n_layers)]
-    source = model.trace(source_ids, variant=variant, names=names)
+    source = model.trace(source_ids, variant=variant, names=names, saes=saes)
     acts: dict[str, torch.Tensor] = {}
 
     def leaf(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -45,7 +45,8 @@ def attribution_sweep(model: Any, site: Site, site_name: str, clean_ids: torch.T
         acts[name] = y = x.clone()
         return y
 
-    ctx = build_context(model.hook_names, [], {"hook_embed": leaf, **{n: grab for n in names}}, batched=True)
+    ctx = build_context(model.hook_names, [], {"hook_embed": leaf, **{n: grab for n in names}}, batched=True,
+                        saes=saes)
     logits = model.decoder.forward(target_ids[None], ctx, variant, grad=True)[0]  # [pos, vocab]
     value = metric(logits)
     if not (isinstance(value, torch.Tensor) and value.requires_grad):
@@ -60,20 +61,21 @@ def attribution_sweep(model: Any, site: Site, site_name: str, clean_ids: torch.T
         delta = source[name].double() - acts[name][0].detach().double()  # [*hook shape], batch-free
         estimate[layer] = site.cell_sums(delta * grad[0].double())
     base = as_float(value)
-    clean_metric, corrupted_metric = _unpatched(model, metric, clean_ids, corrupted_ids, variant, direction, base)
+    clean_metric, corrupted_metric = _unpatched(model, metric, clean_ids, corrupted_ids, variant, direction, base,
+                                                saes)
     return PatchResult(
         site=site_name, values=base + estimate, clean=clean_metric, corrupted=corrupted_metric,
         tokens=model.to_strings(target_ids), source_tokens=model.to_strings(source_ids), direction=direction,
         method="attribution", metric_name=metric_name, done=estimate.numel(), total=estimate.numel(),
-        _run={"model": model, "target_ids": target_ids, "source_ids": source_ids, "variant": variant},
+        _run={"model": model, "target_ids": target_ids, "source_ids": source_ids, "variant": variant, "saes": saes},
     )
 
 
 def _unpatched(model: Any, metric: Metric, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor, variant: Variant,
-               direction: str, target_metric: float) -> tuple[float, float]:
+               direction: str, target_metric: float, saes: Any = None) -> tuple[float, float]:
     """(clean, corrupted) metrics; the target's is already known from the gradient run."""
     other_ids = clean_ids if direction == "denoise" else corrupted_ids
-    other = as_float(metric(model.trace(other_ids, variant=variant, names=[]).logits))
+    other = as_float(metric(model.trace(other_ids, variant=variant, names=[], saes=saes).logits))
     return (other, target_metric) if direction == "denoise" else (target_metric, other)
 
 

@@ -66,6 +66,7 @@ def patch(
     variant: VariantLike = None,
     chat: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    saes: Sequence[Any] | None = None,
 ) -> PatchResult:
     """Patch every cell of `site` (see the module table) one at a time and return the sweep.
 
@@ -75,10 +76,11 @@ def patch(
     method: "exact" (one patched run per cell) or "attribution" (a first-order estimate for every cell
     from one forward and one backward pass; see slmviz.interventions.attribution).
     progress(done, total) is called as cells finish. The prompts must have the same number of tokens.
+    saes: SAEs spliced into every run (clean, corrupted and patched), as in `Model.trace`.
     """
     result = None
     for result in patch_steps(clean, corrupted, answer, wrong, site, model, metric, direction, method, engine,
-                              variant, chat):
+                              variant, chat, saes):
         if progress is not None:
             progress(result.done, result.total)
     assert result is not None
@@ -98,6 +100,7 @@ def patch_steps(
     engine: str | None = None,
     variant: VariantLike = None,
     chat: bool = False,
+    saes: Sequence[Any] | None = None,
 ) -> Iterator[PatchResult]:
     """`patch`, yielding a partial PatchResult after each batch of cells (the app draws and cancels with it).
 
@@ -120,15 +123,15 @@ def patch_steps(
 
     if method == "attribution":
         yield attribution_sweep(model, s, site, clean_ids, corrupted_ids, target_ids, source_ids, fn, name,
-                                direction, v)
+                                direction, v, saes)
         return
 
     n_layers = model.cfg.n_layers
     site_names = [site_hook_name(s, layer) for layer in range(n_layers)]
     starts = [f"blocks.{layer}.hook_resid_pre" for layer in range(n_layers)]
-    source = model.trace(source_ids, variant=v, names=site_names)
+    source = model.trace(source_ids, variant=v, names=site_names, saes=saes)
     kv = [f"blocks.{layer}.attn.{hook}" for layer in range(n_layers) for hook in ("hook_rot_k", "hook_v")]
-    target = model.trace(target_ids, variant=v, names=sorted(set(site_names + starts + kv)))
+    target = model.trace(target_ids, variant=v, names=sorted(set(site_names + starts + kv)), saes=saes)
     clean_run, corrupted_run = (source, target) if direction == "denoise" else (target, source)
     shape = axis_sizes(s, model.cfg, target_ids.numel())
     cells = list(_cells(shape))
@@ -137,7 +140,7 @@ def patch_steps(
         clean=as_float(fn(clean_run.logits)), corrupted=as_float(fn(corrupted_run.logits)),
         tokens=target.tokens, source_tokens=source.tokens, direction=direction, method="exact",
         metric_name=name, done=0, total=len(cells),
-        _run={"model": model, "target_ids": target_ids, "source_ids": source_ids, "variant": v},
+        _run={"model": model, "target_ids": target_ids, "source_ids": source_ids, "variant": v, "saes": saes},
     )
     yield result
     base = as_float(fn(target.logits))
@@ -145,7 +148,7 @@ def patch_steps(
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     sweep = _batched if engine == "batched" else _per_cell
-    for done_cells, values in sweep(model, s, cells, source.cache, target, fn, default_metric, base, v):
+    for done_cells, values in sweep(model, s, cells, source.cache, target, fn, default_metric, base, v, saes):
         for cell, value in zip(done_cells, values, strict=True):
             result.values[cell] = value
         result.done += len(done_cells)
@@ -200,18 +203,18 @@ Sweep = Iterator[tuple[list[tuple[int, ...]], list[float]]]
 
 
 def _per_cell(model: Any, site: Site, cells: list[tuple[int, ...]], source: dict[str, torch.Tensor], target: Any,
-              metric: Metric, default_metric: bool, base: float, variant: Variant) -> Sweep:
+              metric: Metric, default_metric: bool, base: float, variant: Variant, saes: Any = None) -> Sweep:
     """The reference: one hooked forward of the whole target prompt per cell (TransformerLens's method)."""
     ids = target.input_ids
     for layer, *rest in cells:
         name = site_hook_name(site, layer)
-        ctx = build_context(model.hook_names, [], {name: _writer(source[name], site.index(tuple(rest)))})
+        ctx = build_context(model.hook_names, [], {name: _writer(source[name], site.index(tuple(rest)))}, saes=saes)
         logits = model.decoder.forward(ids, ctx, variant)  # [pos, vocab]
         yield [(layer, *rest)], [as_float(metric(logits))]
 
 
 def _batched(model: Any, site: Site, cells: list[tuple[int, ...]], source: dict[str, torch.Tensor], target: Any,
-             metric: Metric, default_metric: bool, base: float, variant: Variant) -> Sweep:
+             metric: Metric, default_metric: bool, base: float, variant: Variant, saes: Any = None) -> Sweep:
     """Cells of one layer as batches of patched copies, each started from the target's state at that layer.
 
     Exact shortcuts, each an identity of the forward pass (tests/test_patching.py checks the result against
@@ -245,7 +248,7 @@ def _batched(model: Any, site: Site, cells: list[tuple[int, ...]], source: dict[
             chunk = todo[i:i + rows]
             i += len(chunk)
             moves = [(site.index(c[1:]), site.index((c[1] - prefix, *c[2:]))) for c in chunk]
-            ctx = build_context(model.hook_names, [], {name: _batch_writer(src, moves)}, batched=True)
+            ctx = build_context(model.hook_names, [], {name: _batch_writer(src, moves)}, batched=True, saes=saes)
             x = start[prefix:].expand(len(chunk), n_pos - prefix, start.shape[-1])  # [b, pos - prefix, d_model]
             if prefix:
                 cache = _shared_prefix(model, target, layer, prefix, len(chunk))

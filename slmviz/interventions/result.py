@@ -79,7 +79,7 @@ class PatchResult:
         return frame
 
     def plot(self, **kwargs):
-        """The diverging heatmap (layers x tokens, centred at 0); see slmviz.patch_plots.patch_heatmap."""
+        """The diverging heatmap (layers x tokens, centred at 0); see slmviz.plots.patch.patch_heatmap."""
         from ..plots.patch import patch_heatmap
 
         return patch_heatmap(self, **kwargs)
@@ -90,7 +90,7 @@ class PatchResult:
             raise RuntimeError("This result does not know its model (it was built by hand); call slmviz.patch")
         r = self._run
         return patched_trace(r["model"], r["target_ids"], r["source_ids"], self.site, layer, position, head,
-                             r["variant"])
+                             r["variant"], r.get("saes"))
 
     def __repr__(self) -> str:
         shape = "x".join(map(str, self.values.shape))
@@ -111,7 +111,8 @@ def _writer(src: torch.Tensor, index: tuple) -> HookFn:
 
 
 def patched_trace(model: Any, target_ids: torch.Tensor, source_ids: torch.Tensor, site: str, layer: int,
-                  position: int | None = None, head: int | None = None, variant: VariantLike = None):
+                  position: int | None = None, head: int | None = None, variant: VariantLike = None,
+                  saes: Any = None):
     """Trace the target prompt with one cell of `site` replaced by the source prompt's value there.
 
     `head` is a query head for z/q/pattern/heads and a KV head for k/v; `position` is unused by `heads`.
@@ -127,5 +128,5 @@ def patched_trace(model: Any, target_ids: torch.Tensor, source_ids: torch.Tensor
     cell = tuple(int(given[a]) for a in s.axes)
     name = site_hook_name(s, int(layer))
     v = resolve_variant(variant)
-    source = model.trace(source_ids, variant=v, names=[name])
-    return model.trace(target_ids, variant=v, names=[], hooks={name: _writer(source[name], s.index(cell))})
+    source = model.trace(source_ids, variant=v, names=[name], saes=saes)
+    return model.trace(target_ids, variant=v, names=[], hooks={name: _writer(source[name], s.index(cell))}, saes=saes)

@@ -1,7 +1,7 @@
 """The per-batch work of a corpus scan: documents → windows → padded batches → one `BatchResult` each.
 
 Both engines call `run_batch` on the same batches (`plan_batches` is a pure function of a shard's documents
-and the settings; scan_shards.py), so they compute identical partial results; only where the call runs differs.
+and the settings; shards.py), so they compute identical partial results; only where the call runs differs.
 
 Windows: a document longer than `window` tokens is cut into consecutive, non-overlapping windows, each
 run on its own (a token late in a window sees the earlier tokens of its window only). Positions in the
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..analysis.diff import kl_per_position
-from ..hooks import HookError, build_context, hook_dims
+from ..hooks import SAE_HOOKS, HookError, build_context, hook_dims
 from ..variants import resolve_variant
 from .reduce import DamagePartial, HookPartial, token_key
 from .units import Feature, identity
@@ -65,6 +65,7 @@ class ScanSpec:
     window: int = 256  # tokens: longer documents are cut into windows of this many
     batch_tokens: int = 1024  # padded tokens per forward at most
     threads: int = field(default_factory=torch.get_num_threads)
+    saes: tuple[Any, ...] = ()  # SAEs spliced into every forward (their hooks may be scanned)
 
     @property
     def context(self) -> int:
@@ -157,7 +158,7 @@ def run_batch(model: Any, batch: Batch, spec: ScanSpec, features: dict[str, Feat
         ids[i, : len(w.ids)] = torch.tensor(w.ids)
     ids = ids.to(model.decoder.params.embed.device)
     need_logits = bool(spec.variants)
-    values, logits = _forward(model, ids, lengths, spec.hooks, need_logits)
+    values, logits = _forward(model, ids, lengths, spec.hooks, need_logits, spec.saes)
 
     real = torch.arange(longest)[None, :] < lengths[:, None]  # [b, L]
     docs = torch.tensor([w.doc for w in windows])[:, None].expand(-1, longest)
@@ -199,7 +200,7 @@ def _context_rows(row_of: torch.Tensor, real: torch.Tensor, spec: ScanSpec) -> t
 
 
 def _forward(model: Any, ids: torch.Tensor, lengths: torch.Tensor, hooks: Sequence[str],
-             need_logits: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+             need_logits: bool, saes: Sequence[Any] = ()) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
     """Values of `hooks` as [b, *shape] (padded to ids' length) and, if needed, logits [b, L, vocab].
 
     Without logits the forward stops right after the last scanned hook (execution order), so scanning
@@ -207,17 +208,17 @@ def _forward(model: Any, ids: torch.Tensor, lengths: torch.Tensor, hooks: Sequen
     a time (padded afterwards, so both give the same shapes).
     """
     faithful = resolve_variant(None)
-    last = max(hooks, key=model.hook_names.index)
+    last = max(hooks, key=lambda h: execution_order(h, model.hook_names))
     if BATCHED_DECODER:
         store, fns = _collector(hooks, last, need_logits)
-        ctx = build_context(model.hook_names, [], fns, batched=True)
+        ctx = build_context(model.hook_names, [], fns, batched=True, saes=saes)
         logits = _run(model, ids, ctx, faithful)
         return store, logits
     values: dict[str, list[torch.Tensor]] = {h: [] for h in hooks}
     rows = []
     for i in range(ids.shape[0]):
         store, fns = _collector(hooks, last, need_logits)
-        ctx = build_context(model.hook_names, [], fns)
+        ctx = build_context(model.hook_names, [], fns, saes=saes)
         out = _run(model, ids[i, : int(lengths[i])], ctx, faithful)
         for h in hooks:
             values[h].append(_pad(store[h], h, ids.shape[1]))
@@ -225,6 +226,14 @@ def _forward(model: Any, ids: torch.Tensor, lengths: torch.Tensor, hooks: Sequen
             rows.append(_pad_dim(out, 0, ids.shape[1]))
     logits = torch.stack(rows) if rows else None
     return {h: torch.stack(v) for h, v in values.items()}, logits
+
+
+def execution_order(name: str, model_names: list[str]) -> tuple[int, int]:
+    """Sort key of a hook in the forward pass: an SAE's hooks fire inside the hook it writes, after that hook's fns."""
+    parent, _, short = name.rpartition(".")
+    if short in SAE_HOOKS and parent in model_names:
+        return model_names.index(parent), 1 + SAE_HOOKS.index(short)
+    return model_names.index(name), 0
 
 
 def _collector(hooks: Sequence[str], last: str, need_logits: bool):
@@ -274,7 +283,8 @@ def _damage(model: Any, ids: torch.Tensor, lengths: torch.Tensor, windows: Seque
     for j, variant in enumerate(spec.variants):
         sees_pads = not getattr(variant, "causal", True)
         if BATCHED_DECODER and not sees_pads:
-            broken = model.decoder.forward(ids, build_context(model.hook_names, [], batched=True), variant)
+            broken = model.decoder.forward(ids, build_context(model.hook_names, [], batched=True, saes=spec.saes),
+                                           variant)
         else:
             broken = None
         for i in range(w):
@@ -283,7 +293,7 @@ def _damage(model: Any, ids: torch.Tensor, lengths: torch.Tensor, windows: Seque
             if broken is not None:
                 other = broken[i, :n]
             else:
-                other = model.decoder.forward(ids[i, :n], build_context(model.hook_names, []), variant)
+                other = model.decoder.forward(ids[i, :n], build_context(model.hook_names, [], saes=spec.saes), variant)
             kl_sum[i, j] = float(kl_per_position(ref, other).double().sum())  # float(): off a GPU too
             agree[i, j] = int((ref.argmax(-1) == other.argmax(-1)).sum())
     return DamagePartial(torch.tensor([x.doc for x in windows]), lengths.long(), kl_sum, agree)

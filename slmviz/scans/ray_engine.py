@@ -147,7 +147,7 @@ class ScanActor:
         load_kwargs = {"device": "cuda"} if on_gpu and "device" in inspect.signature(slmviz.load).parameters else {}
         self.model = slmviz.load(model_path, **load_kwargs)
         self.spec = spec
-        self.features = {h: feature_of(h, self.model.hook_names, self.model.cfg) for h in spec.hooks}
+        self.features = {h: feature_of(h, self.model.hook_names, self.model.cfg, spec.saes) for h in spec.hooks}
 
     def __call__(self, rows: dict[str, np.ndarray]) -> dict[str, list]:
         out_index, out_result = [], []

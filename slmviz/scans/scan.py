@@ -5,12 +5,12 @@
     s.mean("blocks.6.mlp.hook_post")                  # [d_mlp] mean over every token of the corpus
     s.save("scan/"); slmviz.Scan.load("scan/")
 
-A scan is a map over shards of documents (scan_shards.run_shard: each shard's padded batches through
-scan_batches.run_batch, reduced in order) and an in-order reduce of the shards (scan_reduce): memory holds
+A scan is a map over shards of documents (shards.run_shard: each shard's padded batches through
+batches.run_batch, reduced in order) and an in-order reduce of the shards (reduce.py): memory holds
 one batch's activations and the running statistics, never the corpus's. `engine="local"` runs the shards
-in this process; `engine="ray"` on a Ray Data actor pool (scan_ray.py) whose actors read their own shards,
+in this process; `engine="ray"` on a Ray Data actor pool (ray_engine.py) whose actors read their own shards,
 with the same code and the same reduce, so the two give identical results.
-What each hook's features are (a neuron, a head's norm, a head's strongest look back) is in features.py.
+What each hook's features are (a neuron, a head's norm, a head's strongest look back) is in units.py.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
+from ..hooks import checked_saes
 from ..variants import VariantLike, resolve_variant
 from .batches import ScanSpec
 from .corpus import Corpus, count_documents, iter_documents, shard_sources
@@ -63,6 +64,7 @@ def scan(
     workers: int = 1,
     progress: Progress = True,
     context: tuple[int, int] = (12, 4),
+    saes: Sequence[Any] | None = None,
 ) -> Scan:
     """Scan `corpus` (list of str, or a .txt / .jsonl / .parquet path) for the features of `hooks`.
 
@@ -72,6 +74,8 @@ def scan(
     DAMAGE_BATCH_TOKENS with variants: their logits are big). limit: read at most this many documents.
     workers: Ray actors (engine="ray"). progress: a tqdm bar (True), none (False), or fn(docs_done, total).
     context: tokens kept before and after each top example.
+    saes: SAEs spliced into every forward (slmviz.load_sae); scan their features with
+    hooks=[f"{sae.hook_name_out}.hook_sae_acts_post"].
     """
     from ..model_api import load
 
@@ -79,7 +83,8 @@ def scan(
     hook_list = [hooks] if isinstance(hooks, str) else list(hooks)
     if not hook_list:
         raise ValueError("scan() needs at least one hook name, e.g. hooks=['blocks.0.mlp.hook_post']")
-    features = {h: feature_of(h, model.hook_names, model.cfg) for h in dict.fromkeys(hook_list)}
+    sae_list = tuple(checked_saes(saes, model.hook_names))
+    features = {h: feature_of(h, model.hook_names, model.cfg, sae_list) for h in dict.fromkeys(hook_list)}
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
     if engine not in ENGINES:
@@ -97,7 +102,7 @@ def scan(
         raise ValueError(f"window must be >= 1 token, got {window}")
     window = min(window, model.cfg.context_length)  # a window is one forward: never past the context
     spec = ScanSpec(tuple(features), top_k, resolved, names, context_before=context[0], context_after=context[1],
-                    window=window, batch_tokens=batch_tokens)
+                    window=window, batch_tokens=batch_tokens, saes=sae_list)
     total = count_documents(corpus, limit)
     acc = empty_partials(model, spec, features)
     damage = DamageTotals(len(resolved))
@@ -134,7 +139,7 @@ def scan(
         "tokens": tally["tokens"], "batches": tally["batches"], "seconds": seconds,
         "tokens_per_s": tally["tokens"] / seconds if seconds > 0 else 0.0, "window": window,
         "batch_tokens": batch_tokens, "top_k": top_k, "context_before": context[0], "context_after": context[1],
-        "variants": list(names),
+        "variants": list(names), "saes": [repr(sae) for sae in sae_list],
     }
     features_info = {h: {"axis": f.axis, "n": f.n, "what": f.what} for h, f in features.items()}
     frame = pd.DataFrame(damage.rows(list(names)), columns=DAMAGE_COLUMNS)
@@ -210,7 +215,7 @@ class Scan:
                              "std": self.var(hook).sqrt().numpy(), "min": s.min.numpy(), "max": s.max.numpy()})
 
     def histogram(self, hook: str, index: int) -> pd.DataFrame:
-        """left, right, count of every non-empty bin (log-spaced edges; see scan_reduce.EDGES)."""
+        """left, right, count of every non-empty bin (log-spaced edges; see slmviz.scans.reduce.EDGES)."""
         counts = self._stats(hook).hist[self._feature(hook, index)]
         edges = torch.cat([torch.tensor([float("-inf")]), EDGES, torch.tensor([float("inf")])])
         nz = counts.nonzero().flatten()

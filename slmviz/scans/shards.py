@@ -1,7 +1,7 @@
 """Shards: the unit of work both scan engines map over, and the unit the scan's reduce merges.
 
 A shard is SHARD_DOCS consecutive documents. `run_shard` tokenizes them, cuts them into windows, plans its
-batches (scan_batches.plan_batches), runs each and merges the batches' partial results in batch order into
+batches (batches.plan_batches), runs each and merges the batches' partial results in batch order into
 one `ShardResult`. The scan then merges shard results in shard order. Both engines run exactly this: the
 local engine on shards it reads as it goes, the Ray engine on actors that read their shard themselves
 (corpus.read_shard), so the driver holds neither the corpus's tokens nor more than a few shard results,
@@ -77,7 +77,9 @@ def empty_partials(model: Any, spec: ScanSpec, features: dict[str, Feature]) -> 
     from ..hooks import hook_shape
 
     def value_shape(hook: str, feature: Feature) -> tuple[int, ...]:
-        return hook_shape(hook, model.cfg, 1)[1:] if feature.per_position_value else (0,)
+        if not feature.per_position_value:
+            return (0,)
+        return feature.value_shape if feature.value_shape is not None else hook_shape(hook, model.cfg, 1)[1:]
 
     return {h: HookPartial.empty(f.n, spec.top_k, spec.context, value_shape(h, f)) for h, f in features.items()}
 

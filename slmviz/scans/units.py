@@ -22,7 +22,7 @@ Every function takes the batched value [b, *shape] and returns [b, pos, n_featur
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ class Feature:
     what: str
     fn: Callable[[torch.Tensor], torch.Tensor]
     per_position_value: bool  # the hook has a value per token (all but patterns): value_mean is defined
+    value_shape: tuple[int, ...] | None = None  # one token's value, where the model's hook table does not know it
 
 
 def identity(x: torch.Tensor) -> torch.Tensor:
@@ -66,6 +67,9 @@ FEATURES: dict[tuple[str, ...], tuple[Callable[[torch.Tensor], torch.Tensor], st
     ("pos", "d_mlp"): (identity, "d_mlp", "the activation of each MLP neuron"),
     ("pos", "d_model"): (identity, "d_model", "each residual-stream dimension"),
     ("pos", "1"): (identity, "1", "the norm's scale (one value per token)"),
+    ("pos", "d_sae"): (identity, "d_sae", "each SAE feature's activation"),
+    ("pos", "d_sae_in"): (identity, "d_sae_in", "each dimension of the SAE's input"),
+    ("pos", "d_sae_out"): (identity, "d_sae_out", "each dimension of the SAE's reconstruction"),
     ("pos", "h", "d_head"): (head_norm, "h", "the L2 norm of each query head's vector"),
     ("pos", "g", "d_head"): (head_norm, "g", "the L2 norm of each KV head's vector"),
     ("pos", "h", "d_model"): (head_norm, "h", "the L2 norm of each head's write into the residual stream"),
@@ -80,18 +84,28 @@ UNSCANNABLE = {"attn.hook_attn_scores": "its masked entries are -inf and its sca
                                         "attn.hook_pattern instead"}
 
 
-def feature_of(hook: str, valid_names: list[str], cfg: Any) -> Feature:
-    """The Feature of `hook` on a model with these hook names; a clear error for unknown or unscannable hooks."""
-    check_names([hook], valid_names)
+def feature_of(hook: str, valid_names: list[str], cfg: Any, saes: Sequence[Any] = ()) -> Feature:
+    """The Feature of `hook` on a model with these hook names; a clear error for unknown or unscannable hooks.
+
+    `saes`: SAEs spliced into the scan; their hooks (`{hook_name_out}.hook_sae_acts_post`: one feature per SAE
+    feature) are scannable too, with the sizes the SAE reports (`splice_dims`, `splice_sizes`)."""
+    sae_dims: dict[str, tuple[str, ...]] = {}
+    sae_sizes: dict[str, int] = {}
+    for sae in saes:
+        if hook in sae.splice_dims():
+            sae_dims, sae_sizes = sae.splice_dims(), sae.splice_sizes()
+    check_names([hook], [*valid_names, *sae_dims] if sae_dims else valid_names)
     local = hook.split(".", 2)[2] if hook.startswith("blocks.") else hook
     if local in UNSCANNABLE:
         raise HookNameError(f"{hook!r} has no feature to scan: {UNSCANNABLE[local]}")
-    dims = hook_dims(hook)
+    dims = sae_dims.get(hook) or hook_dims(hook)
     if dims not in FEATURES:
         raise HookNameError(
             f"{hook!r} has no feature to scan (its entries are not one number per token and feature); "
             f"scan attn.hook_pattern for attention, or a hook shaped [pos, X] or [pos, heads, X]"
         )
     fn, axis, what = FEATURES[dims]
-    sizes = {"d_mlp": cfg.d_mlp, "d_model": cfg.d_model, "h": cfg.n_heads, "g": cfg.n_kv_heads, "1": 1}
-    return Feature(hook, axis, sizes[axis], what, fn, per_position_value=dims[0] == "pos")
+    sizes = {"d_mlp": cfg.d_mlp, "d_model": cfg.d_model, "h": cfg.n_heads, "g": cfg.n_kv_heads, "1": 1,
+             "d_head": cfg.d_head, **sae_sizes}
+    value_shape = tuple(sizes[d] for d in dims[1:]) if sae_dims else None
+    return Feature(hook, axis, sizes[axis], what, fn, per_position_value=dims[0] == "pos", value_shape=value_shape)
