@@ -226,6 +226,10 @@ PRESETS: dict[str, Preset] = {
         "prompts shorter than the window (512 tokens for Gemma 3 270M); only longer prompts show it.",
     ),
 }
+"""Preset name -> Preset (its Variant and a one-line description of what it breaks), `faithful` first.
+
+`slmviz.variants(model)` lists those that apply to a model; a preset that needs a convention the model lacks
+is a VariantError naming the ones that do."""
 
 VariantLike = str | Variant | dict[str, Any] | None
 
@@ -351,6 +355,9 @@ def variants(model: Any = None) -> dict[str, Variant]:
 
 
 def describe(name: str) -> str:
+    """The one-line description of preset `name`: what it changes and what that breaks.
+
+    An unknown name is a ValueError listing the presets (and the closest one, for a typo)."""
     return _preset(name).description
 
 

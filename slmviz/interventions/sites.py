@@ -52,6 +52,9 @@ SITES: dict[str, Site] = {
     "v": Site("attn.hook_v", ("position", "kv_head"), "one KV head's value at one position"),
     "heads": Site("attn.hook_z", ("head",), "one head's z at every position at once"),
 }
+"""Site name (`site=` of `slmviz.patch`) -> Site. A sweep at a site returns [n_layers, *axes]: `resid_pre`,
+`resid_mid`, `resid_post`, `attn_out`, `mlp_out` -> [n_layers, pos]; `z`, `q`, `pattern` -> [n_layers, pos, h];
+`k`, `v` -> [n_layers, pos, g] (KV groups, never padded to h); `heads` -> [n_layers, h]."""
 
 
 def site_of(name: str) -> Site:
