@@ -4,7 +4,7 @@
 activation at that token (orange for positive, blue for negative, scaled by the feature's corpus max),
 the example's own token outlined. `histogram` plots the feature's activation histogram over every token
 of the corpus as a density (count / bin width) on a log count axis: the scan's bins are log-spaced
-(scan_reduce.EDGES), so raw counts would favour the wide bins far from zero.
+(slmviz.scans.reduce.EDGES), so raw counts would favour the wide bins far from zero.
 """
 
 from __future__ import annotations
