@@ -176,6 +176,18 @@ def test_measured_tables_are_included_not_copied():
         assert not copied, f"{page.relative_to(REPO)} copies bench/results.md rows: {copied[:2]}"
 
 
+def test_the_hand_written_trace_signature_is_current():
+    """docs/api/index.md writes out `slmviz.trace`'s signature (the function shadows its module, so mkdocstrings
+    cannot render it); a new parameter must reach the page."""
+    import inspect
+
+    import slmviz
+
+    params = ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}"
+                       for p in inspect.signature(slmviz.trace).parameters.values())
+    assert f"slmviz.trace({params}) -> Trace" in (DOCS / "api" / "index.md").read_text(encoding="utf-8")
+
+
 @pytest.mark.slow
 def test_the_site_builds_strictly(tmp_path):
     """What `make docs` runs: any warning (a broken link, anchor or API reference) fails the build."""
