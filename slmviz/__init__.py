@@ -14,6 +14,9 @@ import torch
 
 from . import _moved
 from .config import ArchConfig, UnsupportedModelError
+from .features.io import load_sae
+from .features.sae import SAE, SAEError
+from .features.steer import steer
 from .hooks import HookError, HookNameError, hook_names
 from .interventions.ablation import ablation
 from .interventions.compare import compare
@@ -38,6 +41,7 @@ __all__ = [
     "hook_names",
     "load", "resolve_variant", "trace", "variants",
     "Scan", "scan",
+    "SAE", "SAEError", "load_sae", "steer",
 ]
 
 
@@ -48,7 +52,8 @@ def trace(
     names=None,
     chat: bool = False,
     variant=None,
+    saes=None,
 ) -> Trace:
-    """Trace one prompt; `model` defaults to the bundled `slmviz.load()`."""
-    return (model or load()).trace(text_or_ids, variant=variant, hooks=hooks, names=names, chat=chat)
+    """Trace one prompt; `model` defaults to the bundled `slmviz.load()`. `saes`: SAEs spliced in (load_sae)."""
+    return (model or load()).trace(text_or_ids, variant=variant, hooks=hooks, names=names, chat=chat, saes=saes)
 

@@ -25,6 +25,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -100,6 +101,23 @@ def _topk(h: torch.Tensor, k: int) -> torch.Tensor:
     """relu of the k largest entries of each row, every other entry 0 (SAELens's TopK: topk first, then relu)."""
     values, indices = torch.topk(h, k=k, dim=-1, sorted=False)
     return torch.zeros_like(h).scatter_(-1, indices, values.relu())
+
+
+def check_feature(sae: SAE, feature: Any) -> int:
+    """A feature index as an int in 0..d_sae-1, or a clear error."""
+    if isinstance(feature, bool) or not isinstance(feature, int | torch.Tensor) or (
+            isinstance(feature, torch.Tensor) and feature.numel() != 1):
+        raise SAEError(f"a feature is an integer index in 0..{sae.d_sae - 1}, got {feature!r}")
+    f = int(feature)
+    if not 0 <= f < sae.d_sae:
+        raise SAEError(f"feature {f} is out of range: this SAE has d_sae={sae.d_sae} features (0..{sae.d_sae - 1})")
+    return f
+
+
+def _check_k(k: Any) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise SAEError(f"k must be a positive integer, got {k!r}")
+    return k
 
 
 class SAE(torch.nn.Module):
@@ -266,6 +284,63 @@ class SAE(torch.nn.Module):
         from .splice import splice_sizes
 
         return splice_sizes(self)
+
+    # ---- what a feature writes ---------------------------------------------------------------------------------
+    def residual_direction(self, feature: int, model: Any = None) -> torch.Tensor:
+        """[d_model]: what feature f writes into the residual stream (W_dec[f]; through W_O for an attn.hook_z SAE)."""
+        f = check_feature(self, feature)
+        row = self.W_dec[f].detach().float()
+        model = model if model is not None else self.model
+        if self.hook_name_out.endswith("attn.hook_z"):
+            if model is None:
+                raise SAEError("an attn.hook_z SAE's residual direction needs the model's W_O: pass model=")
+            layer = int(self.hook_name_out.split(".")[1])
+            return model.decoder.params.layers[layer].w_o.float() @ row  # [d_model, h*d_head] @ [h*d_head]
+        if model is not None and row.numel() != model.cfg.d_model:
+            raise SAEError(f"{self!r} writes {self.hook_name_out!r}, which is not the residual stream's width "
+                           f"({model.cfg.d_model}); logit effects need a residual-width (or attn.hook_z) SAE")
+        return row
+
+    def logit_effects(self, feature: int, k: int = 10, model: Any = None) -> pd.DataFrame:
+        """The k tokens W_dec[f] @ W_U promotes most and the k it suppresses most (a dashboard's logit effects).
+
+        W_U is the unembedding with the final norm's weight folded in (TransformerLens's fold_ln, so the numbers
+        match Neuronpedia's); the final norm's division by the RMS is left out, as there. Needs the model: pass
+        model=, or load the SAE with load_sae(..., model=m). Columns: kind ("promoted" | "suppressed"), rank,
+        token_id, token, effect."""
+        model = model if model is not None else self.model
+        if model is None:
+            raise SAEError("logit_effects needs the model: pass model=, or load the SAE with load_sae(..., model=m)")
+        k = _check_k(k)
+        from ..variants import resolve_variant
+
+        direction = self.residual_direction(feature, model)
+        decoder = model.decoder
+        factor = decoder.final_norm_factor(decoder.conventions(resolve_variant(None, model.cfg))).float()
+        effects = (decoder.params.unembed.float() @ (direction * factor)).cpu()  # [vocab, d_model] @ [d_model]
+        k = min(k, effects.numel())
+        rows = []
+        for kind, ids in (("promoted", effects.topk(k).indices), ("suppressed", (-effects).topk(k).indices)):
+            for rank, (tid, tok) in enumerate(zip(ids.tolist(), model.to_strings(ids.tolist()), strict=True)):
+                rows.append((kind, rank, tid, tok, float(effects[tid])))
+        return pd.DataFrame(rows, columns=["kind", "rank", "token_id", "token", "effect"])
+
+    def nearest(self, feature: int, k: int = 10) -> pd.DataFrame:
+        """The k other features whose decoder rows have the largest cosine with W_dec[f]: rank, feature, cosine."""
+        f = check_feature(self, feature)
+        k = min(_check_k(k), self.d_sae - 1)
+        w = self.W_dec.detach().float()
+        unit = w / w.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+        cos = unit @ unit[f]  # [d_sae]
+        cos[f] = -math.inf
+        values, ids = cos.topk(k)
+        return pd.DataFrame({"rank": range(k), "feature": ids.tolist(), "cosine": values.tolist()})
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a Ray scan's spec) without the model it was loaded for."""
+        state = self.__dict__.copy()
+        state["model"] = None
+        return state
 
     # ---- state -------------------------------------------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:
