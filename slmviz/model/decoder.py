@@ -107,11 +107,13 @@ class Decoder:
         cache: KVCache | None = None,
         last_only: bool = False,
         grad: bool = False,
+        stop_after_layer: int | None = None,
     ) -> torch.Tensor:
         """input_ids [pos] -> logits [pos, vocab]; or [b, pos] -> [b, pos, vocab] (pos 1 with last_only).
 
         `grad=True` runs with autograd on (attribution patching backpropagates to activations); otherwise
-        under inference_mode.
+        under inference_mode. `stop_after_layer=L` runs blocks 0..L only and returns block L's resid_post
+        [(b,) pos, d_model] instead of logits: what reads activations of layer L (SAE training) needs no more.
         """
         single = input_ids.dim() == 1
         ids = input_ids[None] if single else input_ids  # [b, pos]
@@ -122,7 +124,7 @@ class Decoder:
             if c.embed_scale:
                 x = x * embed_scale(self.cfg.d_model, x.dtype)
             x = ctx("hook_embed", x)
-            logits = self._run(x, 0, ctx, c, cache, last_only)
+            logits = self._run(x, 0, ctx, c, cache, last_only, stop_after_layer)
         return logits[0] if single else logits
 
     def forward_from(
@@ -148,7 +150,7 @@ class Decoder:
 
     def _run(
         self, x: torch.Tensor, start_layer: int, ctx: HookContext, c: Conventions, cache: KVCache | None,
-        last_only: bool,
+        last_only: bool, stop_after_layer: int | None = None,
     ) -> torch.Tensor:
         cfg, p = self.cfg, self.params
         n_new = x.shape[1]
@@ -158,7 +160,10 @@ class Decoder:
         masks: dict[int | None, torch.Tensor | None] = {}
         kv_index, kv_grouped = self._kv_index[c.gqa], self._kv_grouped[c.gqa]
         angles: dict[tuple[int, float], torch.Tensor] = {}
-        for block in self.blocks[start_layer:]:
+        if stop_after_layer is not None and not start_layer <= stop_after_layer < cfg.n_layers:
+            raise ValueError(f"stop_after_layer must be in [{start_layer}, {cfg.n_layers}), got {stop_after_layer}")
+        end = cfg.n_layers if stop_after_layer is None else stop_after_layer + 1
+        for block in self.blocks[start_layer:end]:
             sliding = cfg.layer_type(block.layer) == SLIDING
             window = c.sliding_window if sliding else None
             if window not in masks:
@@ -175,6 +180,8 @@ class Decoder:
             x = block.forward(x, ctx, c, angles[key], kv_index, masks[window], cache, kv_grouped)  # [b, pos, d]
         if cache is not None:
             cache.advance(n_new)
+        if stop_after_layer is not None:
+            return x  # [b, pos, d_model]: block stop_after_layer's resid_post
 
         if last_only:
             x = x[:, -1:]

@@ -1,0 +1,528 @@
+"""`slmviz.train_sae`: train a TopK or BatchTopK SAE (or transcoder) on a model's activations, offline, resumable.
+
+    sae = slmviz.train_sae(m, hook="blocks.15.hook_resid_post", corpus="text.jsonl", d_sae=4608, k=32,
+                           tokens=2_000_000, out="sae_l15")
+    tc = slmviz.train_sae(m, hook="blocks.5.mlp.hook_in", hook_out="blocks.5.hook_mlp_out", ...)  # a transcoder
+
+The training step is SAELens 6.54's TopKTrainingSAE / BatchTopKTrainingSAE (sae_lens/saes/topk_sae.py,
+batchtopk_sae.py, training/sae_trainer.py): pre-activations h = (x - b_dec) @ W_enc + b_enc are multiplied by the
+decoder row norms before the top-k (`rescale_acts_by_decoder_norm`), the decoder divides them back out, the loss is
+the squared error summed over d and averaged over rows, plus the AuxK loss of Gao et al. 2024 (the top d_in/2
+pre-activations of dead features reconstruct the detached residual, scaled by min(n_dead / (d_in/2), 1)); Adam
+(0.9, 0.999), gradient norm clipped to 1, W_dec initialised with kaiming-uniform rows of norm 0.1 and W_enc = W_dec.T.
+BatchTopK keeps the k*B largest activations of the whole batch and learns one threshold (an EMA, rate 0.01, of the
+batch's smallest kept activation); it is saved as jumprelu with that threshold, as SAELens saves it.
+
+Where this differs from SAELens's defaults, and why (each a documented option there too):
+- inputs are scaled so their mean squared norm is d_in ("expected_average_only_in"), and the scale is folded into
+  the saved weights: a learning rate then means the same on every hook (resid norms ~175, MLP inputs ~2);
+- b_dec starts at the mean of the first block's targets instead of 0: from 0, Adam needs thousands of steps to
+  move it to the stream's mean, more than a CPU run has;
+- the learning rate decays linearly to 0 over the last `lr_decay` of the tokens (SAELens: lr_decay_steps);
+- a feature is dead after `dead_window` tokens without firing (SAELens: 1000 steps = 4M tokens, more than a short
+  CPU run sees, so its AuxK loss would never start).
+Rows are chosen by activations.sae_rows (no window's first position, no massive row), in training and evaluation.
+
+Checkpoints: out/checkpoint.safetensors holds the weights, Adam's state, the dead-feature counters and, in its
+metadata, the configuration and the data cursor (pass, block, batch within the block, tokens seen). A block's
+shuffle comes from a generator seeded by (seed, pass, block), so no random state carries between blocks and the
+cursor is all a resume needs; the file is written to a temporary name and renamed, so a run killed at any moment
+(`kill -9` included) resumes from the last checkpoint and ends with the same weights as a run never stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..scans.corpus import CorpusError
+from .activations import (
+    Source,
+    block_rows,
+    check_source,
+    checked_corpus,
+    corpus_fingerprint,
+    hook_width,
+    plan_blocks,
+)
+from .sae import SAE, SAEError
+
+TRAIN_ARCHITECTURES = ("topk", "batchtopk")
+CHECKPOINT = "checkpoint.safetensors"
+FORMAT = 1
+ADAM_BETAS = (0.9, 0.999)  # SAELens's adam_beta1 / adam_beta2
+INIT_DECODER_NORM = 0.1  # SAELens's decoder_init_norm (Anthropic's April 2024 update)
+THRESHOLD_LR = 0.01  # SAELens's topk_threshold_lr
+CLIP_GRAD_NORM = 1.0  # SAELens's trainer clips every step
+BF16_SPEEDUP = 1.5  # dtype=None picks bf16 where its matmuls measure at least this much faster than fp32
+Progress = bool | Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that decides a run's weights; a checkpoint is resumed only under an equal configuration."""
+
+    model: str
+    hook: str
+    hook_out: str
+    d_in: int
+    d_out: int
+    d_sae: int
+    k: int
+    architecture: str
+    tokens: int
+    lr: float
+    batch_tokens: int
+    seed: int
+    dtype: str  # "float32" | "bfloat16": the matmuls of the forwards and the SAE step (weights stay fp32)
+    window: int
+    forward_tokens: int
+    buffer_tokens: int
+    dead_window: int
+    aux_coefficient: float
+    lr_decay: float
+    corpus: str  # sha256 of the corpus
+    massive_factor: float
+
+
+@dataclass
+class Cursor:
+    """Where a run is: the next (pass, block, batch within the block) to train on, and how far it got."""
+
+    epoch: int = 0
+    block: int = 0
+    batch: int = 0
+    tokens: int = 0  # rows trained on
+    steps: int = 0
+    seen: int = 0  # real tokens forwarded (kept or not), this run and the ones it resumed
+    finished: bool = False
+
+
+class CheckpointError(SAEError):
+    """out/ holds another run's checkpoint (or an SAE without one): the message names what differs."""
+
+
+def train_sae(
+    model: Any,
+    hook: str,
+    corpus: Any,
+    d_sae: int,
+    k: int,
+    tokens: int,
+    out: str | os.PathLike,
+    hook_out: str | None = None,
+    architecture: str = "topk",
+    lr: float = 1e-3,
+    batch_tokens: int = 4096,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    progress: Progress = True,
+    window: int = 128,
+    forward_tokens: int = 1024,
+    buffer_tokens: int = 65_536,
+    dead_window: int = 500_000,
+    aux_coefficient: float = 1.0,
+    lr_decay: float = 0.2,
+    checkpoint_every: float = 120.0,
+    metadata: dict[str, Any] | None = None,
+) -> SAE:
+    """Train an SAE on `hook` (a transcoder predicting `hook_out`) over `corpus`, checkpointing to `out`.
+
+    d_sae features, k active per token (TopK) or on average (BatchTopK, saved as jumprelu); `tokens` rows trained
+    on (the corpus is read again as often as needed); `batch_tokens` rows per step. device: where the SAE trains
+    (default: the model's device). dtype: "float32" or "bfloat16" for the matmuls of the activations' forwards
+    and of the SAE step (Adam and the weights stay fp32); None picks bf16 where it measures >= BF16_SPEEDUP
+    faster (`fastest_dtype`), or the dtype of the checkpoint being resumed. progress: a tqdm bar (True), nothing
+    (False), or fn(stats) after every step (stats: tokens, total, step, loss, mse, aux, explained_variance, l0,
+    dead_fraction, tokens_per_s). checkpoint_every: seconds between checkpoints (0: after every step).
+    Returns the trained SAE, also saved in `out` (SAELens format). A finished run in `out` is loaded, not re-run.
+    """
+    out = Path(out)
+    hook_out = hook if hook_out is None else hook_out
+    if architecture not in TRAIN_ARCHITECTURES:
+        raise ValueError(f"architecture must be one of {TRAIN_ARCHITECTURES}, got {architecture!r}")
+    for name, value in (("d_sae", d_sae), ("k", k), ("tokens", tokens), ("batch_tokens", batch_tokens),
+                        ("window", window), ("forward_tokens", forward_tokens), ("buffer_tokens", buffer_tokens)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if k > d_sae:
+        raise ValueError(f"k={k} is larger than d_sae={d_sae}: an SAE keeps k of its d_sae features active")
+    if buffer_tokens < batch_tokens:
+        raise ValueError(f"buffer_tokens={buffer_tokens} must hold at least one batch (batch_tokens={batch_tokens})")
+    if not 0 <= lr_decay <= 1:
+        raise ValueError(f"lr_decay is the fraction of tokens over which the lr decays, in [0, 1]; got {lr_decay}")
+    from .activations import MASSIVE_FACTOR
+
+    source = Source(hook, hook_out, window, forward_tokens, buffer_tokens)
+    check_source(model, source)
+    corpus = checked_corpus(corpus)
+    saved = read_checkpoint(out)
+    dev = torch.device(device) if device is not None else model.decoder.device
+    if dtype is None:
+        dtype = saved[0].dtype if saved is not None else fastest_dtype(dev)
+    cfg = TrainConfig(
+        model=model.name, hook=hook, hook_out=hook_out, d_in=hook_width(model, hook), d_out=hook_width(model, hook_out),
+        d_sae=d_sae, k=k, architecture=architecture, tokens=tokens, lr=float(lr), batch_tokens=batch_tokens,
+        seed=seed, dtype=_dtype_name(dtype), window=window, forward_tokens=forward_tokens, buffer_tokens=buffer_tokens,
+        dead_window=dead_window, aux_coefficient=float(aux_coefficient), lr_decay=float(lr_decay),
+        corpus=corpus_fingerprint(corpus), massive_factor=MASSIVE_FACTOR,
+    )
+    if saved is not None:
+        _check_same_run(out, saved[0], cfg)
+    elif (out / "cfg.json").exists():
+        raise CheckpointError(f"{out} holds an SAE (cfg.json) but no {CHECKPOINT}: not a run train_sae can resume; "
+                              "choose another out= folder")
+    trainer = Trainer(cfg, dev, metadata or {})
+    if saved is not None:
+        trainer.restore(saved[1], saved[2])
+        if trainer.cursor.finished:
+            return SAE.load(out)
+    return trainer.run(model, corpus, source, out, progress, checkpoint_every)
+
+
+def fastest_dtype(device: torch.device | str = "cpu") -> str:
+    """"bfloat16" where bf16 matmuls measure >= BF16_SPEEDUP times faster than fp32 on `device`, else "float32".
+
+    Measured at run time (a few [1024, 576] x [576, 2048] products), never read off the CPU's name: the same machine
+    kind has had CPUs where bf16 GEMMs were 6x faster (AMX) and ones where they were hundreds of times slower."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    if device.type != "cpu":
+        return "float32"
+    times = {}
+    for dt in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(1024, 576, dtype=dt), torch.randn(576, 2048, dtype=dt)
+        a @ b  # warm-up
+        best = math.inf
+        for _ in range(3):
+            t = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t)
+        times[dt] = best
+    return "bfloat16" if times[torch.float32] >= BF16_SPEEDUP * times[torch.bfloat16] else "float32"
+
+
+def _dtype_name(dtype: str | torch.dtype) -> str:
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", "float32": "float32", "bfloat16": "bfloat16",
+             "fp32": "float32", "bf16": "bfloat16"}
+    if dtype not in names:
+        raise ValueError(f"dtype must be 'float32' or 'bfloat16' (or None: measured), got {dtype!r}")
+    return names[dtype]
+
+
+def _check_same_run(out: Path, saved: TrainConfig, cfg: TrainConfig) -> None:
+    differ = {k: (v, getattr(cfg, k)) for k, v in asdict(saved).items() if getattr(cfg, k) != v}
+    if differ:
+        what = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in differ.items())
+        raise CheckpointError(f"{out} holds the checkpoint of another run ({what}); resume it with the same "
+                              "settings, or train into another out= folder")
+
+
+class Trainer:
+    """The state of one run: weights, Adam, dead-feature counters, threshold, input scales and the cursor."""
+
+    def __init__(self, cfg: TrainConfig, device: torch.device, metadata: dict[str, Any]):
+        self.cfg, self.device, self.metadata = cfg, device, metadata
+        self.is_sae = cfg.hook == cfg.hook_out
+        z = dict(dtype=torch.float32, device=device)
+        self.W_enc = torch.nn.Parameter(torch.zeros(cfg.d_in, cfg.d_sae, **z))
+        self.b_enc = torch.nn.Parameter(torch.zeros(cfg.d_sae, **z))
+        self.W_dec = torch.nn.Parameter(torch.zeros(cfg.d_sae, cfg.d_out, **z))
+        self.b_dec = torch.nn.Parameter(torch.zeros(cfg.d_out, **z))
+        self.params = [self.W_enc, self.b_enc, self.W_dec, self.b_dec]
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, betas=ADAM_BETAS)
+        self.since_fired = torch.zeros(cfg.d_sae, dtype=torch.long, device=device)  # rows since each feature fired
+        self.threshold = torch.zeros((), dtype=torch.float64, device=device)  # BatchTopK's, in scaled units
+        self.scale_in = self.scale_out = 0.0  # 0: not yet measured (set from the first block)
+        self.cursor = Cursor()
+
+    # ---- state ---------------------------------------------------------------------------------------------------
+    def initialise(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """SAELens's init, plus the input scales and b_dec = mean target (see the module docstring), from block 0."""
+        cfg = self.cfg
+        self.scale_in = _unit_scale(x)
+        self.scale_out = self.scale_in if self.is_sae else _unit_scale(y)
+        g = torch.Generator().manual_seed(cfg.seed)
+        w = torch.empty(cfg.d_sae, cfg.d_out)
+        torch.nn.init.kaiming_uniform_(w, generator=g)
+        w = w / w.norm(dim=-1, keepdim=True) * INIT_DECODER_NORM
+        with torch.no_grad():
+            self.W_dec.copy_(w)
+            if cfg.d_in == cfg.d_out:
+                self.W_enc.copy_(w.T)
+            else:
+                e = torch.empty(cfg.d_sae, cfg.d_in)
+                torch.nn.init.kaiming_uniform_(e, generator=g)
+                self.W_enc.copy_((e / e.norm(dim=-1, keepdim=True) * INIT_DECODER_NORM).T)
+            self.b_dec.copy_((y.double() * self.scale_out).mean(0).float())
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        t = {"W_enc": self.W_enc, "b_enc": self.b_enc, "W_dec": self.W_dec, "b_dec": self.b_dec,
+             "since_fired": self.since_fired, "threshold": self.threshold}
+        for i, p in enumerate(self.params):
+            st = self.optimizer.state.get(p)
+            if st:
+                t[f"adam.{i}.exp_avg"], t[f"adam.{i}.exp_avg_sq"] = st["exp_avg"], st["exp_avg_sq"]
+                t[f"adam.{i}.step"] = st["step"]
+        return {k: v.detach().cpu().contiguous() for k, v in t.items()}
+
+    def restore(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+                getattr(self, name).copy_(tensors[name])
+        self.since_fired = tensors["since_fired"].to(self.device)
+        self.threshold = tensors["threshold"].to(self.device)
+        for i, p in enumerate(self.params):
+            if f"adam.{i}.step" in tensors:
+                self.optimizer.state[p] = {k: tensors[f"adam.{i}.{k}"].to(self.device if k != "step" else "cpu")
+                                           for k in ("step", "exp_avg", "exp_avg_sq")}
+        self.scale_in, self.scale_out = meta["scale_in"], meta["scale_out"]
+        self.cursor = Cursor(**meta["cursor"])
+
+    def save_checkpoint(self, out: Path) -> None:
+        """Write out/checkpoint.safetensors atomically (temporary file, fsync, rename)."""
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"format": FORMAT, "config": asdict(self.cfg), "cursor": asdict(self.cursor),
+                "scale_in": self.scale_in, "scale_out": self.scale_out,
+                "rng": "none carried: block shuffles are seeded by (seed, pass, block); init by seed"}
+        tmp = out / (CHECKPOINT + ".tmp")
+        save_file(self.state_tensors(), str(tmp), metadata={"slmviz_train_state": json.dumps(meta)})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, out / CHECKPOINT)
+
+    # ---- the loop --------------------------------------------------------------------------------------------------
+    def run(self, model: Any, corpus: Any, source: Source, out: Path, progress: Progress,
+            checkpoint_every: float) -> SAE:
+        cfg, cur = self.cfg, self.cursor
+        bar = _progress_bar(progress, cfg.tokens, cur.tokens)
+        last_save, t0, tokens0 = time.monotonic(), time.perf_counter(), cur.tokens
+        autocast = _autocast(model.decoder.device, cfg.dtype)
+        try:
+            while cur.tokens < cfg.tokens:
+                any_block = False
+                for block in plan_blocks(model.tokenizer, corpus, source):
+                    any_block = True
+                    if block.index < cur.block:
+                        continue  # done before the resume: planned by tokenizing alone, no forward
+                    with autocast:
+                        rows = block_rows(model, block, source)
+                    if rows.x.shape[0] == 0:
+                        cur.block, cur.batch = block.index + 1, 0
+                        continue
+                    x = rows.x.to(self.device)
+                    y = x if self.is_sae else rows.y.to(self.device)
+                    if self.scale_in == 0.0:
+                        self.initialise(x, y)
+                    if cur.batch == 0:
+                        cur.seen += rows.seen
+                    order = torch.randperm(x.shape[0], generator=_block_generator(cfg.seed, cur.epoch, block.index))
+                    chunks = torch.tensor_split(order, max(1, x.shape[0] // cfg.batch_tokens))
+                    for j in range(cur.batch, len(chunks)):
+                        idx = chunks[j].to(self.device)
+                        stats = self.step(x[idx] * self.scale_in, y[idx] * self.scale_out)
+                        cur.batch, cur.tokens, cur.steps = j + 1, cur.tokens + len(idx), cur.steps + 1
+                        stats.update(tokens=cur.tokens, total=cfg.tokens, step=cur.steps,
+                                     tokens_per_s=(cur.tokens - tokens0) / max(time.perf_counter() - t0, 1e-9))
+                        _report(bar, progress, stats)
+                        if cur.tokens >= cfg.tokens:
+                            break
+                        if time.monotonic() - last_save >= checkpoint_every:
+                            self.save_checkpoint(out)
+                            last_save = time.monotonic()
+                    if cur.tokens >= cfg.tokens:
+                        break
+                    cur.block, cur.batch = block.index + 1, 0
+                    if time.monotonic() - last_save >= checkpoint_every:
+                        self.save_checkpoint(out)
+                        last_save = time.monotonic()
+                if cur.tokens >= cfg.tokens:
+                    break
+                if not any_block or cur.steps == 0:
+                    raise CorpusError("the corpus gave no tokens to train on (empty, or only blank documents and "
+                                      "single-token windows, whose one position is a window's first)")
+                cur.epoch, cur.block, cur.batch = cur.epoch + 1, 0, 0
+        finally:
+            if bar is not None:
+                bar.close()
+        cur.finished = True
+        sae = self.to_sae(model)
+        sae.save(out)
+        self.save_checkpoint(out)
+        return sae
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+        """One optimizer step on x [B, d_in] -> y [B, d_out] (scaled units). Returns the batch's statistics."""
+        cfg = self.cfg
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(self.cursor.tokens)
+        dead = self.since_fired > cfg.dead_window  # [d_sae]
+        with _autocast(x.device, cfg.dtype):
+            x_in = x - self.b_dec if self.is_sae else x  # apply_b_dec_to_input for SAEs, not transcoders
+            norms = self.W_dec.norm(dim=-1)  # [d_sae]: rescale_acts_by_decoder_norm
+            h = (x_in @ self.W_enc + self.b_enc).float() * norms  # [B, d_in] -> [B, d_sae]
+        rows, feats, acts = self.activate(h)
+        y_hat = decode_sparse(rows, feats, acts / norms[feats], self.W_dec, x.shape[0]) + self.b_dec  # [B, d_out]
+        mse = (y_hat - y).pow(2).sum(-1).mean()
+        aux = self.aux_loss(h, dead, y - y_hat.detach(), norms)
+        loss = mse + aux
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, CLIP_GRAD_NORM)
+        self.optimizer.step()
+        with torch.no_grad():
+            fired = torch.zeros(cfg.d_sae, dtype=torch.bool, device=x.device)
+            fired[feats] = True
+            self.since_fired += x.shape[0]
+            self.since_fired[fired] = 0
+            err = (y_hat - y).pow(2).sum()
+            var = (y - y.mean(0)).pow(2).sum()
+        return {"loss": loss.item(), "mse": mse.item(), "aux": aux.item(), "explained_variance": float(1 - err / var),
+                "l0": feats.numel() / x.shape[0], "dead_fraction": float(dead.float().mean())}
+
+    def activate(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The active entries of h [B, d_sae] as (row, feature, value) triples, grouped by row.
+
+        TopK: relu of each row's k largest (SAELens: topk first, then relu). BatchTopK: the k*B largest of relu(h)
+        over the whole batch, and the threshold's EMA update towards the smallest kept value."""
+        b = h.shape[0]
+        if self.cfg.architecture == "topk":
+            values, feats = torch.topk(h, self.cfg.k, dim=-1, sorted=False)  # [B, k]
+            rows = torch.arange(b, device=h.device)[:, None].expand_as(feats)
+            return rows.reshape(-1), feats.reshape(-1), values.relu().reshape(-1)
+        flat = h.relu().flatten()
+        values, index = torch.topk(flat, min(self.cfg.k * b, flat.numel()), sorted=False)
+        index, order = torch.sort(index)  # grouped by row, as decode_sparse's offsets need
+        values = values[order]
+        with torch.no_grad():
+            positive = values > 0
+            if positive.any():
+                low = values[positive].min().double()
+                self.threshold = (1 - THRESHOLD_LR) * self.threshold + THRESHOLD_LR * low
+        return index // h.shape[1], index % h.shape[1], values
+
+    def aux_loss(self, h: torch.Tensor, dead: torch.Tensor, residual: torch.Tensor,
+                 norms: torch.Tensor) -> torch.Tensor:
+        """SAELens's calculate_topk_aux_loss: the top k_aux dead pre-activations reconstruct the (detached) residual."""
+        n_dead = int(dead.sum())
+        if n_dead == 0:
+            return h.new_zeros(())
+        k_aux = self.cfg.d_in // 2  # Gao et al., appendix B.1
+        scale = min(n_dead / k_aux, 1.0)
+        k_aux = min(k_aux, n_dead)
+        masked = torch.where(dead[None], h, -torch.inf)  # [B, d_sae]
+        values, feats = masked.topk(k_aux, dim=-1, sorted=False)  # [B, k_aux]; raw values, as SAELens
+        rows = torch.arange(h.shape[0], device=h.device)[:, None].expand_as(feats).reshape(-1)
+        feats = feats.reshape(-1)
+        recons = decode_sparse(rows, feats, values.reshape(-1) / norms[feats], self.W_dec, h.shape[0])  # no b_dec
+        return self.cfg.aux_coefficient * scale * (recons - residual).pow(2).sum(-1).mean()
+
+    def lr_at(self, tokens: int) -> float:
+        """The learning rate before the step at `tokens`: constant, then linear to 0 over the last lr_decay."""
+        cfg = self.cfg
+        if cfg.lr_decay == 0:
+            return cfg.lr
+        return cfg.lr * min(1.0, (cfg.tokens - tokens) / (cfg.lr_decay * cfg.tokens))
+
+    # ---- the result ------------------------------------------------------------------------------------------------
+    def to_sae(self, model: Any) -> SAE:
+        """The trained SAE in the model's units: decoder rows folded to norm 1 (SAELens's fold_W_dec_norm, exact
+        for TopK since the rows were rescaled during training) and the input scales folded into the weights."""
+        cfg = self.cfg
+        with torch.no_grad():
+            norms = self.W_dec.norm(dim=-1).clamp(min=1e-8)  # [d_sae]
+            W_dec = (self.W_dec / norms[:, None]).cpu()
+            W_enc = (self.W_enc * norms).cpu()
+            b_enc = (self.b_enc * norms).cpu()
+            b_dec = self.b_dec.cpu()
+            # In model units f' = f / s_out: x_hat = f' @ W_dec + b_dec / s_out, h' = (x - b_dec/s_in) @ W_enc
+            # * s_in / s_out + b_enc / s_out (for an SAE s_in == s_out, so b_dec / s_in is the same vector).
+            s_in, s_out = self.scale_in, self.scale_out
+            state = {"W_enc": W_enc * (s_in / s_out), "b_enc": b_enc / s_out, "W_dec": W_dec, "b_dec": b_dec / s_out}
+            if cfg.architecture == "batchtopk":
+                state["threshold"] = torch.full((cfg.d_sae,), float(self.threshold) / s_out)
+        meta = {
+            "model_name": cfg.model, "training_config": asdict(cfg), "trained_on_tokens": self.cursor.tokens,
+            "trained_on_architecture": cfg.architecture, "input_scale": self.scale_in, "output_scale": self.scale_out,
+            "rows": "activations.sae_rows: no window's first position, no row above "
+                    f"{cfg.massive_factor}x its batch's median norm",
+            **self.metadata,
+        }
+        arch = "topk" if cfg.architecture == "topk" else "jumprelu"
+        return SAE.from_state(state, architecture=arch, k=cfg.k, hook_name=cfg.hook, hook_name_out=cfg.hook_out,
+                              apply_b_dec_to_input=self.is_sae, metadata=meta)
+
+
+def decode_sparse(rows: torch.Tensor, feats: torch.Tensor, values: torch.Tensor, W_dec: torch.Tensor,
+                  n_rows: int) -> torch.Tensor:
+    """sum_j values_j * W_dec[feats_j] for each row: [n_rows, d_out], entries grouped by row (rows non-decreasing).
+
+    An embedding bag reads only the k active rows of W_dec per token (B*k*d_out multiply-adds) where the dense
+    f @ W_dec would multiply B*d_sae*d_out, nearly all by zero; its backward gives W_dec's and the values' grads."""
+    offsets = torch.searchsorted(rows, torch.arange(n_rows, device=rows.device))
+    return F.embedding_bag(feats, W_dec, offsets, mode="sum", per_sample_weights=values.to(W_dec.dtype))
+
+
+def read_checkpoint(out: Path) -> tuple[TrainConfig, dict[str, torch.Tensor], dict[str, Any]] | None:
+    """(config, tensors, metadata) of out/checkpoint.safetensors, or None when there is none."""
+    path = Path(out) / CHECKPOINT
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = json.loads((f.metadata() or {})["slmviz_train_state"])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+        cfg = TrainConfig(**meta["config"])
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a train_sae checkpoint this version reads ({e}); train into another "
+                              "out= folder") from e
+    return cfg, tensors, meta
+
+
+def _unit_scale(x: torch.Tensor) -> float:
+    """s with E||s x||^2 = d (SAELens's "expected_average_only_in" scaling factor)."""
+    return math.sqrt(x.shape[-1] / float(x.double().pow(2).sum(-1).mean()))
+
+
+def _block_generator(seed: int, epoch: int, block: int) -> torch.Generator:
+    digest = hashlib.sha256(f"{seed}/{epoch}/{block}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    if dtype == "bfloat16":
+        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _progress_bar(progress: Progress, total: int, done: int):
+    if progress is not True:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=done, unit="tok", unit_scale=True, desc="train_sae")
+
+
+def _report(bar: Any, progress: Progress, stats: dict[str, Any]) -> None:
+    if bar is not None:
+        bar.update(stats["tokens"] - bar.n)
+        bar.set_postfix(loss=f"{stats['loss']:.3g}", ev=f"{stats['explained_variance']:.3f}",
+                        l0=f"{stats['l0']:.1f}", dead=f"{stats['dead_fraction']:.3f}", refresh=False)
+    elif callable(progress):
+        progress(stats)
+

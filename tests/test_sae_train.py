@@ -1,0 +1,196 @@
+"""train_sae, evaluate_sae and the rows an SAE sees (slmviz.features.train / evaluate / activations).
+
+On a tiny random LLaMA (built once for this module) and on synthetic activations; no real model is loaded here.
+Not covered: the bundled SAEs' quality (bench/results.md "Features" records evaluate_sae on held-out text) and
+training throughput (bench/sae_train.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import build_tiny_model
+
+import slmviz
+from slmviz.features.activations import Source, block_rows, plan_blocks, sae_rows
+from slmviz.features.evaluate import Totals, evaluate_sae
+from slmviz.features.sae import SAE
+from slmviz.features.train import CheckpointError, TrainConfig, Trainer, read_checkpoint, train_sae
+from slmviz.scans.corpus import CorpusError
+
+HOOK = "blocks.1.hook_resid_post"
+SMALL = dict(d_sae=64, k=4, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512, progress=False,
+             dtype="float32", checkpoint_every=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return slmviz.load(build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", "llama_gqa"))
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return [" ".join(f"w{(i * 7 + j * 3) % 120}" for j in range(20 + i % 13)) for i in range(60)]
+
+
+def test_massive_rows_are_dropped():
+    """A window's first position and a row far above the batch's median norm are dropped; ordinary rows stay,
+    including one at 9x the median (Gemma's punctuation rows reach ~10x and are real tokens)."""
+    torch.manual_seed(0)
+    x = torch.randn(10, 8)
+    x = x / x.norm(dim=-1, keepdim=True)
+    x[3] *= 100.0  # a sink in mid-window
+    x[5] *= 9.0
+    first = torch.zeros(10, dtype=torch.bool)
+    first[0] = True
+    keep = sae_rows(x, first)
+    assert keep.tolist() == [False, True, True, False, True, True, True, True, True, True]
+    y = torch.ones(10, 4)
+    y[7] *= 1000.0  # a transcoder's target can be the massive one
+    assert not sae_rows(x, first, y)[7]
+
+
+def test_decoder_stops_after_a_layer(tiny):
+    ids = torch.tensor([[3, 5, 7, 9], [2, 4, 6, 8]])
+    ctx = slmviz.hooks.build_context(tiny.hook_names, ["blocks.0.hook_resid_post"], batched=True)
+    out = tiny.decoder.forward(ids, ctx, slmviz.resolve_variant(None), stop_after_layer=0)
+    assert torch.equal(out, ctx.store["blocks.0.hook_resid_post"])
+    assert "blocks.1.hook_resid_pre" not in ctx.store
+
+
+def _planted(n_rows: int, d: int = 32, n_dirs: int = 48, active: int = 3, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    dirs = torch.randn(n_dirs, d, generator=g)
+    dirs = dirs / dirs.norm(dim=-1, keepdim=True)
+    which = torch.rand(n_rows, n_dirs, generator=g).topk(active, dim=-1).indices  # [n, active]
+    mags = 1 + torch.rand(n_rows, active, generator=g)
+    x = (mags[..., None] * dirs[which]).sum(1) + 0.01 * torch.randn(n_rows, d, generator=g)
+    return x, dirs
+
+
+def _config(**kw) -> TrainConfig:
+    base = dict(model="synthetic", hook=HOOK, hook_out=HOOK, d_in=32, d_out=32, d_sae=96, k=3, architecture="topk",
+                tokens=80 * 256, lr=3e-3, batch_tokens=256, seed=0, dtype="float32", window=16, forward_tokens=128,
+                buffer_tokens=4096, dead_window=2048, aux_coefficient=1.0, lr_decay=0.2, corpus="", massive_factor=20.0)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("architecture", ["topk", "batchtopk"])
+def test_training_recovers_planted_directions(architecture):
+    """Rows made of 3 of 48 planted unit directions: most directions get a decoder row at cosine > 0.9. Does not
+    cover the model's activations (the bundled SAEs' evaluation does)."""
+    x, dirs = _planted(300 * 256)
+    trainer = Trainer(_config(architecture=architecture, lr=1e-2, tokens=300 * 256), torch.device("cpu"), {})
+    trainer.initialise(x[:4096], x[:4096])
+    for i in range(300):
+        trainer.step(x[i * 256:(i + 1) * 256] * trainer.scale_in, x[i * 256:(i + 1) * 256] * trainer.scale_in)
+        trainer.cursor.tokens += 256
+    sae = trainer.to_sae(None)
+    w = sae.W_dec / sae.W_dec.norm(dim=-1, keepdim=True)
+    best = (dirs @ w.T).max(-1).values  # [n_dirs]
+    assert (best > 0.9).float().mean() >= 0.8, best
+
+
+def test_saved_sae_computes_what_training_computed():
+    """The folds (decoder norms to 1, the input scale into the weights) leave a TopK SAE's output unchanged."""
+    x, _ = _planted(1024)
+    trainer = Trainer(_config(lr=1e-2), torch.device("cpu"), {})
+    trainer.initialise(x, x)
+    with torch.no_grad():
+        trainer.W_dec.mul_(torch.rand(96, 1) + 0.5)  # rows of unequal norm, as training leaves them
+        trainer.b_enc.add_(0.01 * torch.randn(96))
+        s = trainer.scale_in
+        h = ((x * s - trainer.b_dec) @ trainer.W_enc + trainer.b_enc) * trainer.W_dec.norm(dim=-1)
+        rows, feats, acts = trainer.activate(h)
+        from slmviz.features.train import decode_sparse
+
+        norms = trainer.W_dec.norm(dim=-1)
+        y_train = (decode_sparse(rows, feats, acts / norms[feats], trainer.W_dec, 1024) + trainer.b_dec) / s
+        sae = trainer.to_sae(None)
+        assert torch.allclose(sae(x), y_train, rtol=1e-4, atol=1e-5)
+        assert torch.allclose(sae.W_dec.norm(dim=-1), torch.ones(96))
+
+
+def test_interrupted_run_resumes_to_the_same_weights(tiny, corpus, tmp_path):
+    """A run stopped by an exception right after a checkpoint (what kill -9 leaves: the last checkpoint on disk)
+    and resumed ends with exactly the weights of a run never stopped."""
+    whole = train_sae(tiny, HOOK, corpus, tokens=2000, out=tmp_path / "whole", **SMALL)
+    steps = read_checkpoint(tmp_path / "whole")[2]["cursor"]["steps"]
+
+    def stop(stats):
+        if stats["step"] == steps // 2:
+            raise KeyboardInterrupt  # after the step, before its checkpoint: the previous one is on disk
+
+    with pytest.raises(KeyboardInterrupt):
+        train_sae(tiny, HOOK, corpus, tokens=2000, out=tmp_path / "cut", **{**SMALL, "progress": stop})
+    assert read_checkpoint(tmp_path / "cut")[2]["cursor"]["steps"] == steps // 2 - 1
+    resumed = train_sae(tiny, HOOK, corpus, tokens=2000, out=tmp_path / "cut", **SMALL)
+    for name, t in whole.tensors().items():
+        assert torch.equal(t, resumed.tensors()[name]), name
+    again = train_sae(tiny, HOOK, corpus, tokens=2000, out=tmp_path / "cut", **SMALL)  # finished: loaded
+    assert torch.equal(again.W_dec, whole.W_dec)
+
+
+def test_a_transcoder_trains_and_saves_as_jumprelu(tiny, corpus, tmp_path):
+    tc = train_sae(tiny, "blocks.1.mlp.hook_in", corpus, hook_out="blocks.1.hook_mlp_out", architecture="batchtopk",
+                   tokens=1500, out=tmp_path / "tc", **SMALL)
+    assert tc.is_transcoder and tc.architecture == "jumprelu" and tc.threshold.min() > 0
+    loaded = slmviz.load_sae(tmp_path / "tc", model=tiny)
+    assert loaded.hook_name_out == "blocks.1.hook_mlp_out" and torch.equal(loaded.W_enc, tc.W_enc)
+
+
+def test_blocks_hold_a_bounded_number_of_rows(tiny, corpus):
+    """Memory: one block of at most buffer_tokens + one forward batch of rows, however long the corpus is."""
+    source = Source(HOOK, HOOK, window=16, forward_tokens=128, buffer_tokens=512)
+    sizes = [block_rows(tiny, b, source).seen for b in plan_blocks(tiny.tokenizer, corpus * 4, source)]
+    assert len(sizes) > 4 and max(sizes) <= 512 + 128
+
+
+def test_bad_input_is_a_clear_error(tiny, corpus, tmp_path):
+    with pytest.raises(CorpusError, match="no tokens"):
+        train_sae(tiny, HOOK, ["", ""], tokens=100, out=tmp_path / "empty", **SMALL)
+    with pytest.raises(ValueError, match="k=65 is larger than d_sae=64"):
+        train_sae(tiny, HOOK, corpus, tokens=100, out=tmp_path / "k", **{**SMALL, "k": 65})
+    with pytest.raises(ValueError, match="Unknown hook name"):
+        train_sae(tiny, "blocks.1.ln1_post.hook_normalized", corpus, tokens=100, out=tmp_path / "h", **SMALL)
+    with pytest.raises(CorpusError, match="list of strings or a file path"):
+        train_sae(tiny, HOOK, (t for t in corpus), tokens=100, out=tmp_path / "g", **SMALL)
+    train_sae(tiny, HOOK, corpus, tokens=300, out=tmp_path / "run", **SMALL)
+    with pytest.raises(CheckpointError, match="d_sae: 64 there, 32 now"):
+        train_sae(tiny, HOOK, corpus, tokens=300, out=tmp_path / "run", **{**SMALL, "d_sae": 32})
+    with pytest.raises(CheckpointError, match="corpus"):
+        train_sae(tiny, HOOK, corpus[:-1], tokens=300, out=tmp_path / "run", **SMALL)
+
+
+def _identity_like(d: int, hook: str) -> SAE:
+    """relu([x, -x]) @ [I; -I] = x exactly."""
+    sae = SAE(d, 2 * d, architecture="relu", hook_name=hook)
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.cat([torch.eye(d), -torch.eye(d)], 1))
+        sae.W_dec.copy_(torch.cat([torch.eye(d), -torch.eye(d)], 0))
+    return sae
+
+
+@pytest.mark.parametrize("hook", [HOOK, "blocks.0.hook_mlp_out"])
+def test_identity_scores_one_and_zero_scores_zero(tiny, corpus, hook):
+    d = tiny.cfg.d_model
+    ident = evaluate_sae(_identity_like(d, hook), corpus, model=tiny, progress=False)
+    assert ident["ce_loss_score"] == pytest.approx(1, abs=1e-6) and ident["kl_score"] == pytest.approx(1, abs=1e-6)
+    assert ident["explained_variance"] == pytest.approx(1) and ident["frac_dead"] == 0
+    zero = evaluate_sae(SAE(d, 8, architecture="relu", hook_name=hook), corpus, model=tiny, progress=False)
+    assert zero["ce_loss_score"] == pytest.approx(0, abs=1e-9) and zero["kl_score"] == pytest.approx(0, abs=1e-9)
+    assert zero["l0"] == 0 and zero["frac_dead"] == 1 and zero["ce_sae"] == zero["ce_zero"]
+
+
+def test_explained_variance_is_over_all_tokens():
+    """Two batches with different means: the formula over all rows, not the mean of per-batch values."""
+    y = torch.tensor([[1.0, 0.0], [3.0, 0.0], [10.0, 2.0], [14.0, 2.0]])
+    y_hat = torch.tensor([[2.0, 0.0], [2.0, 0.0], [12.0, 2.0], [12.0, 2.0]])  # each batch's mean
+    totals = Totals(2, 4)
+    for rows in (slice(0, 2), slice(2, 4)):
+        totals.add_rows(y[rows], y_hat[rows], torch.zeros(2, 4))
+    sse = (y - y_hat).pow(2).sum()
+    assert totals.metrics()["explained_variance"] == pytest.approx(float(1 - sse / (y - y.mean(0)).pow(2).sum()))
+    assert not math.isclose(totals.metrics()["explained_variance"], 0.0)  # per batch it would be exactly 0
