@@ -24,6 +24,8 @@ class Family:
     norm_weight_in_fp32: the weight multiplies the fp32 normalised value before the cast back (Gemma,
         OLMo-2), rather than after it (LLaMA). Equal in fp32, one rounding apart in bf16.
     embed_scale: embeddings are multiplied by sqrt(d_model) (Gemma), in the weights' dtype.
+    rope_in_fp32: RoPE's multiply-adds run in fp32 and the result is cast back (OLMo-2), rather than in the
+        activations' dtype with cos/sin cast to it (LLaMA, Qwen, Gemma). Equal in fp32 (see rope.rotation_dtype).
     qk_norm: "none" | "head" RMSNorm over each head's d_head (Qwen3, Gemma) | "projection" over the
         whole q / k projection (OLMo-2).
     """
@@ -33,6 +35,7 @@ class Family:
     norm_weight_in_fp32: bool = False
     embed_scale: bool = False
     qk_norm: str = "none"
+    rope_in_fp32: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -40,7 +43,7 @@ FAMILIES: dict[str, Family] = {
     "mistral": Family(),
     "qwen2": Family(),
     "qwen3": Family(qk_norm="head"),
-    "olmo2": Family(norm_placement="output", norm_weight_in_fp32=True, qk_norm="projection"),
+    "olmo2": Family(norm_placement="output", norm_weight_in_fp32=True, qk_norm="projection", rope_in_fp32=True),
     "gemma3_text": Family(norm_placement="sandwich", norm_offset=1.0, norm_weight_in_fp32=True, embed_scale=True,
                           qk_norm="head"),
 }
@@ -83,6 +86,7 @@ class ArchConfig:
     norm_weight_in_fp32: bool = False
     embed_scale: bool = False
     qk_norm: str = "none"
+    rope_in_fp32: bool = False
     # Scores are scaled by query_pre_attn_scalar ** -0.5 when set (Gemma), else d_head ** -0.5.
     query_pre_attn_scalar: float | None = None
     # logits = cap · tanh(logits / cap) when set (Gemma 2-style soft-capping; None for Gemma 3).
@@ -261,6 +265,7 @@ def config_from_hf(hf: Any) -> ArchConfig:
         norm_placement=family.norm_placement,
         norm_offset=family.norm_offset,
         norm_weight_in_fp32=family.norm_weight_in_fp32,
+        rope_in_fp32=family.rope_in_fp32,
         embed_scale=family.embed_scale,
         qk_norm=family.qk_norm,
         query_pre_attn_scalar=float(pre_attn_scalar) if pre_attn_scalar else None,

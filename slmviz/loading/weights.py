@@ -81,7 +81,13 @@ def qk_norm_width(cfg: ArchConfig, n_heads: int) -> int:
 
 
 def build_params(cfg: ArchConfig, tensors: dict[str, torch.Tensor], dtype=torch.float32) -> DecoderParams:
-    """Copy HF tensors key for key into DecoderParams, checking every shape against the config."""
+    """Copy HF tensors key for key into DecoderParams, checking every shape against the config.
+
+    Every tensor, norm weights included, is cast to `dtype` (round to nearest even), as transformers'
+    `from_pretrained(dtype=...)` casts every parameter: a Gemma norm's (1 + w) is then computed in fp32 from the
+    bf16-rounded w, exactly as Gemma3RMSNorm does. Keeping the norm weights in fp32 in a bf16 model would be
+    *more* precise and differ from transformers in bf16 by one rounding of w.
+    """
     tensors = _strip_prefix(tensors)
     h, g, dh, d, m = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model, cfg.d_mlp
 
@@ -145,5 +151,5 @@ def build_params(cfg: ArchConfig, tensors: dict[str, torch.Tensor], dtype=torch.
     return DecoderParams(embed=embed, layers=layers, ln_final=take("model.norm.weight", (d,)), unembed=unembed)
 
 
-def load_params(cfg: ArchConfig, folder: Path) -> DecoderParams:
-    return build_params(cfg, read_tensors(folder))
+def load_params(cfg: ArchConfig, folder: Path, dtype: torch.dtype = torch.float32) -> DecoderParams:
+    return build_params(cfg, read_tensors(folder), dtype)

@@ -124,11 +124,15 @@ def _one_query_attention(
     return z.view(b, h, 1, dh)
 
 
-_EMPTY = torch.empty(())  # baddbmm's ignored input (beta=0): lets the scale ride on the matmul
+# baddbmm's ignored input (beta=0), one per dtype: lets the scale ride on the matmul. It must have the
+# batches' dtype (baddbmm refuses an fp32 input beside bf16 batches, even though it never reads it).
+_EMPTY = {dtype: torch.empty((), dtype=dtype) for dtype in (torch.float32, torch.bfloat16, torch.float16)}
 
 
 def _empty(like: torch.Tensor) -> torch.Tensor:
-    return _EMPTY if like.device.type == "cpu" else torch.empty((), device=like.device, dtype=like.dtype)
+    if like.device.type == "cpu" and like.dtype in _EMPTY:
+        return _EMPTY[like.dtype]
+    return torch.empty((), device=like.device, dtype=like.dtype)
 
 
 def reads_contiguous_groups(kv_index: torch.Tensor, n_kv_heads: int) -> bool:

@@ -244,20 +244,24 @@ class Block:
         q = hook("attn.hook_q", q_in)
         k = hook("attn.hook_k", k_in)
         v = hook("attn.hook_v", v.view(b, n_pos, g, dh))  # [b, pos, g, dh]
-        rotate = ROTATIONS[c.rope]
+        fp32 = cfg.rope_in_fp32  # rope.rotation_dtype: OLMo-2 rotates in fp32, the others in the activations' dtype
+
+        def rotate(v: torch.Tensor) -> torch.Tensor:
+            return ROTATIONS[c.rope](v, angles, fp32)
+
         qk_norm = c.qk_norm != "none"
         if q is q_in and k is k_in and not qk_norm:
             # Unchanged by hooks, q and k are one [b, pos, h + g, dh] block of qkv: RoPE acts per head, so one
             # rotation covers both (same values as two, half the ops of a decoding step).
-            qk = rotate(qkv[..., : self.qk_width].view(b, n_pos, h + g, dh), angles)  # [b, pos, h + g, dh]
+            qk = rotate(qkv[..., : self.qk_width].view(b, n_pos, h + g, dh))  # [b, pos, h + g, dh]
             q, k = qk.split_with_sizes((h, g), dim=2)  # [b, pos, h, dh], [b, pos, g, dh]
         elif not qk_norm:
-            q, k = rotate(q, angles), rotate(k, angles)
+            q, k = rotate(q), rotate(k)
         elif c.qk_norm_after_rope:
-            q, k = self.qk_normalize(rotate(q, angles), rotate(k, angles), hook, c)
+            q, k = self.qk_normalize(rotate(q), rotate(k), hook, c)
         else:
             q, k = self.qk_normalize(q, k, hook, c)
-            q, k = rotate(q, angles), rotate(k, angles)
+            q, k = rotate(q), rotate(k)
         q = hook("attn.hook_rot_q", q)
         k = hook("attn.hook_rot_k", k)
 

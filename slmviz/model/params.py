@@ -128,3 +128,35 @@ def row_split_wins() -> bool:
                         plain.append(time.perf_counter() - start)
                 _row_split_wins = min(split) < min(plain)
     return _row_split_wins
+
+
+_bf16_slowdown: float | None = None  # measured on first use; tests set it to exercise the warning
+
+
+def bf16_matmul_slowdown() -> float:
+    """time(bf16 GEMM) / time(fp32 GEMM) on this CPU, measured once per process: above 1, bf16 is slower.
+
+    Measured, not read from the CPU's name: with AVX512-BF16 or AMX a bf16 GEMM runs several times faster than
+    fp32 (this machine kind's Xeon with AMX: ~6.5x, its AMD EPYC with AVX512-BF16: ~3x); without them
+    PyTorch converts in software and the same product can be tens to hundreds of times slower. Timed on a
+    [64, 512] x [512, 512] product (34 MFLOP: ~1 ms in fp32, at most ~0.2 s even where bf16 is 100x slower),
+    one warm-up each, then the min of 3 alternating runs.
+    """
+    global _bf16_slowdown
+    if _bf16_slowdown is None:
+        import time
+
+        torch.manual_seed(0)
+        x, w = torch.randn(64, 512), torch.randn(512, 512)
+        pairs = {torch.float32: (x, w), torch.bfloat16: (x.bfloat16(), w.bfloat16())}
+        best = {dtype: float("inf") for dtype in pairs}
+        with torch.inference_mode():
+            for a, b in pairs.values():
+                F.linear(a, b)
+            for _ in range(3):
+                for dtype, (a, b) in pairs.items():
+                    start = time.perf_counter()
+                    F.linear(a, b)
+                    best[dtype] = min(best[dtype], time.perf_counter() - start)
+        _bf16_slowdown = best[torch.bfloat16] / best[torch.float32]
+    return _bf16_slowdown

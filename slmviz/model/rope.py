@@ -54,7 +54,19 @@ def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor
     return positions.float()[:, None] * inv_freq[None, :]
 
 
-def rotate_half(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+def rotation_dtype(x_dtype: torch.dtype, in_fp32: bool) -> torch.dtype:
+    """The dtype RoPE's multiply-adds run in: the activations' own (cos/sin cast to it), or fp32 with `in_fp32`.
+
+    transformers' LLaMA, Qwen2/3, Mistral and Gemma 3 cast cos/sin to q's dtype and rotate in it (in bf16,
+    every product rounds to 8 bits of mantissa); OLMo-2 leaves cos/sin in fp32, so q · cos promotes to fp32,
+    and casts the rotated q, k back (`q_embed.to(q_type)`). The rotated values are then one bf16 rounding
+    apart, which attention scores amplify; in fp32 both are the same. Read from ArchConfig.rope_in_fp32.
+    Pinned by tests/test_dtype.py::test_rope_rotates_in_the_dtype_its_family_uses.
+    """
+    return torch.float32 if in_fp32 else x_dtype
+
+
+def rotate_half(x: torch.Tensor, angles: torch.Tensor, in_fp32: bool = False) -> torch.Tensor:
     """HF/NeoX pairing: dim i rotates with dim i + d/2 by angle i. x: [b, pos, heads, d_head].
 
     transformers' LLaMA-family checkpoints need this pairing (their q/k rows were permuted at
@@ -62,22 +74,25 @@ def rotate_half(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     and corrupts every attention score except at position 0.
     Computed as x·cos + roll(x, d/2)·(-sin, sin): roll(x) = (x2, x1), and (x2·-sin, x1·sin) is
     transformers' rotate_half(x)·sin = (-x2, x1)·sin bit for bit (negation is exact).
+    The arithmetic runs in `rotation_dtype(x.dtype, in_fp32)`; the result has x's dtype.
     Pinned by tests/test_conventions.py::test_rope_pairs_dim_i_with_i_plus_half.
     """
-    cos, signed_sin = half_trig(angles)  # [pos, 1, d_head] each
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+    cos, signed_sin = half_trig(angles, rotation_dtype(x.dtype, in_fp32))  # [pos, 1, d_head] each
+    return (x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin).to(x.dtype)
 
 
-def half_trig(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def half_trig(angles: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, signed sin) of cat(angles, angles), each [pos, 1, d_head]; sin's first half negated.
+
+    Computed in fp32 (like transformers' rotary embedding) and then cast to `dtype` (see rotation_dtype).
 
     Memoised for the most recent `angles` tensors: the decoder computes the angles once per forward
     and RoPE base and hands the same tensor to every layer (and to q and k), so one cos/sin serves all
     of them (Gemma alternates two bases, hence more than one entry). The memo holds references to
     those tensors, so an identity match can never be a recycled id.
     """
-    for memo_angles, memo_trig in _trig_memo:
-        if memo_angles is angles:
+    for memo_angles, memo_dtype, memo_trig in _trig_memo:
+        if memo_angles is angles and memo_dtype == dtype:
             return memo_trig
     # cos/sin of the full [pos, d_head] angles like transformers, not of the half: the vectorised and the
     # scalar tail loop of torch.cos may differ in the last bit, and which elements fall in the tail
@@ -85,26 +100,27 @@ def half_trig(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     emb = torch.cat((angles, angles), dim=-1)[:, None, :]  # [pos, 1, d_head]
     cos, sin = emb.cos(), emb.sin()
     half = angles.shape[-1]
-    trig = (cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1))
-    _trig_memo.insert(0, (angles, trig))
+    trig = (cos.to(dtype), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).to(dtype))
+    _trig_memo.insert(0, (angles, dtype, trig))
     del _trig_memo[_TRIG_MEMO_SIZE:]
     return trig
 
 
 _TRIG_MEMO_SIZE = 4
-_trig_memo: list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = []
+_trig_memo: list[tuple[torch.Tensor, torch.dtype, tuple[torch.Tensor, torch.Tensor]]] = []
 
 
-def rotate_interleaved(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+def rotate_interleaved(x: torch.Tensor, angles: torch.Tensor, in_fp32: bool = False) -> torch.Tensor:
     """GPT-J / original Meta pairing: dim 2i rotates with dim 2i+1 by angle i (the variant)."""
+    dtype = rotation_dtype(x.dtype, in_fp32)
     emb = angles.repeat_interleave(2, dim=-1)[:, None, :]  # [pos, 1, d_head]
-    cos, sin = emb.cos(), emb.sin()
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
     x_even, x_odd = x[..., 0::2], x[..., 1::2]
     rotated = torch.stack((-x_odd, x_even), dim=-1).flatten(-2)  # [..., d_head]
-    return x * cos + rotated * sin
+    return (x * cos + rotated * sin).to(x.dtype)
 
 
-def no_rotation(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+def no_rotation(x: torch.Tensor, angles: torch.Tensor, in_fp32: bool = False) -> torch.Tensor:
     """The `no_rope` variant: queries and keys carry no position."""
     return x
 
