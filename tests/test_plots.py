@@ -13,9 +13,9 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from slmviz import plots
 from slmviz.analysis.diff import kl_per_position
 from slmviz.model.attention import kv_head_of
+from slmviz.plots import trace as plots
 
 PROMPT = "The cat sat on the mat. The cat sat on the"
 
