@@ -32,7 +32,7 @@ from slmviz.scans.corpus import bundled_corpus
 from slmviz.scans.scan import FORMAT_VERSION, Scan, scan
 
 from .handlers import readable_errors
-from .scan_jobs import Job, JobCancelled, Jobs, wait
+from .scan_jobs import RUNNER, Job, JobCancelled, Jobs, wait
 
 APP_CORPUS_DOCS = 1000
 HOOK_KINDS = ("mlp.hook_post", "attn.hook_z", "attn.hook_pattern")
@@ -75,8 +75,8 @@ class CorpusScans:
     tab's scan when it covers the hooks, else from a scan of just those hooks over the same verses.
     """
 
-    def __init__(self) -> None:
-        self.jobs = Jobs()
+    def __init__(self, jobs: Jobs | None = None) -> None:
+        self.jobs = jobs if jobs is not None else Jobs()
 
     def join(self, model: Any, hooks: list[str], who: str, top_k: int = TOP_K) -> Job:
         n = corpus_size()
@@ -94,7 +94,7 @@ class CorpusScans:
             _save_atomically(s, folder)
             return s, docs
 
-        return self.jobs.join(folder, work, who)
+        return self.jobs.join(folder, work, who, kind="scan")
 
     def finished(self, model: Any, hooks: list[str], top_k: int = TOP_K) -> tuple[Scan, list[str]] | None:
         return self.jobs.finished(scan_folder(model, corpus_size(), hooks, top_k))
@@ -140,7 +140,7 @@ def _save_atomically(s: Scan, folder: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-SCANS = CorpusScans()
+SCANS = CorpusScans(RUNNER)  # queued with every other long job of the server (app/scan_jobs.py)
 
 
 def session(request: gr.Request | None) -> str:
@@ -207,7 +207,7 @@ def build_corpus_tab(handlers: Any, prompt: gr.Textbox, source: gr.State, model_
         return docs[doc]
 
     def cancel(request: gr.Request) -> str:
-        SCANS.jobs.leave(session(request))
+        SCANS.jobs.leave(session(request), kind="scan")
         return "Cancelled. The scan stops unless another visitor is waiting for it; press **Load the scan** to " \
                "start again."
 

@@ -51,8 +51,9 @@ EXAMPLES_FILE = Path(__file__).resolve().parent / "examples.json"  # inside the 
 DEFAULT_PORT = 7860
 MODEL_CONCURRENCY = 1  # one forward pass at a time: two cores, one shared model
 LOAD_CONCURRENCY = 1  # one model load at a time, in its own queue: a minute-long first load never holds "model"
-# Waiting for a corpus scan (a background job, app/scan_jobs.py) holds a "scan" slot, never a "model" one.
-SCAN_WAITERS = 8
+# Long work (corpus scans, patch sweeps, feature scans) runs in app/scan_jobs.py's worker, one job at a time;
+# the request that waits for it holds a "jobs" slot, never a "model" one, so short requests go on meanwhile.
+JOB_WAITERS = 8
 LIGHT_CONCURRENCY = 4  # re-plotting a stored trace and filling presets never run the model
 
 THEME = gr.themes.Default(
@@ -87,7 +88,7 @@ def build(handlers: Handlers) -> gr.Blocks:
     model_kw = {"concurrency_limit": MODEL_CONCURRENCY, "concurrency_id": "model"}
     light_kw = {"concurrency_limit": LIGHT_CONCURRENCY, "concurrency_id": "light"}
     load_kw = {"concurrency_limit": LOAD_CONCURRENCY, "concurrency_id": "load"}
-    scan_kw = {"concurrency_limit": SCAN_WAITERS, "concurrency_id": "scan"}
+    scan_kw = {"concurrency_limit": JOB_WAITERS, "concurrency_id": "jobs"}
     with gr.Blocks(title="slmviz", analytics_enabled=False, delete_cache=(1800, 3600)) as demo:
         source = gr.State("")  # this session's model ("" = the startup model)
         trace = gr.State(None, time_to_live=3600)  # the last Run's trace, re-plotted without re-running

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gradio as gr
@@ -30,6 +30,7 @@ from slmviz.plots.patch import logit_attribution_bars
 
 from .corpus_tab import SCANS, session, wait_for_scan
 from .handlers import Handlers, display_frame, readable_errors, to_plot
+from .scan_jobs import RUNNER, Job, JobCancelled, wait
 
 EXAMPLE_CLEAN = "When Mary and John went to the store, John gave a drink to"
 EXAMPLE_CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
@@ -86,33 +87,44 @@ class PatchHandlers:
 
     @readable_errors
     def sweep(self, clean: str, corrupted: str, answer: str, wrong: str, site: str, direction: str, method: str,
-              source: str | None, progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+              source: str | None, request: gr.Request,
+              progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+        """The sweep is a long job (app/scan_jobs.py's RUNNER), waited for here in the page's "jobs" queue: other
+        sessions' requests are served while it runs. The partial heatmap is redrawn as cells finish; Cancel
+        closes this wait, which stops the job at its next batch of cells."""
         model, clean, corrupted = self._prompts(clean, corrupted, source, progress)
-        if not (answer or "").strip():
-            answer, wrong = suggest_answers(model, clean, corrupted)
-        started = time.perf_counter()
-        kw = dict(answer=answer, wrong=wrong or None, site=site, model=model, direction=direction)
-        if method == "attribution":
-            progress(0.3, desc="Attribution patching: one forward and one backward pass")
-            result = patch(clean, corrupted, method="attribution", **kw)
-            estimate_s = time.perf_counter() - started
-            progress(0.6, desc="The exact sweep, to measure how good the estimate is")
-            exact = patch(clean, corrupted, **kw)
-            r = exact_correlation(result, exact)
-            note = (f"Attribution estimate in {estimate_s:.1f} s; its correlation with the exact sweep "
-                    f"(computed too, {time.perf_counter() - started - estimate_s:.1f} s) is r = {r:.2f}.")
-            yield to_plot(result.plot()), self._status(result, note), result, answer, wrong
-            return
+
+        def work(report: Callable[..., None]) -> tuple[PatchResult, str, str, str]:
+            ans, wro = (answer, wrong) if (answer or "").strip() else suggest_answers(model, clean, corrupted)
+            started = time.perf_counter()
+            kw = dict(answer=ans, wrong=wro or None, site=site, model=model, direction=direction)
+            if method == "attribution":
+                report(0.3, "Attribution patching: one forward and one backward pass")
+                result = patch(clean, corrupted, method="attribution", **kw)
+                estimate_s = time.perf_counter() - started
+                report(0.6, "The exact sweep, to measure how good the estimate is")
+                exact = patch(clean, corrupted, **kw, progress=lambda done, total: report(
+                    0.6 + 0.4 * done / max(total, 1), f"The exact sweep: {done}/{total} cells"))
+                note = (f"Attribution estimate in {estimate_s:.1f} s; its correlation with the exact sweep "
+                        f"(computed too, {time.perf_counter() - started - estimate_s:.1f} s) is "
+                        f"r = {exact_correlation(result, exact):.2f}.")
+                return result, note, ans, wro
+            result = None
+            for result in patch_steps(clean, corrupted, method="exact", **kw):
+                report(result.done / max(result.total, 1), f"Patching {site}: {result.done}/{result.total} cells",
+                       result)
+            assert result is not None
+            return result, f"Done in {time.perf_counter() - started:.1f} s.", ans, wro
+
+        job = RUNNER.submit(work, session(request), kind="patch")
         last = 0.0
-        result = None
-        for result in patch_steps(clean, corrupted, method="exact", **kw):
-            if result.total:
-                progress((result.done, result.total), desc=f"Patching {site}", unit="cells")
-            now = time.monotonic()
-            if result.complete or now - last >= REDRAW_EVERY_S:
-                last = now
-                note = f"Done in {time.perf_counter() - started:.1f} s." if result.complete else "Running..."
-                yield to_plot(result.plot()), self._status(result, note), result, answer, wrong
+        for _ in waiting(job, session(request), progress):
+            partial = job.partial
+            if partial is not None and time.monotonic() - last >= REDRAW_EVERY_S:
+                last = time.monotonic()
+                yield to_plot(partial.plot()), self._status(partial, "Running..."), partial, gr.skip(), gr.skip()
+        result, note, answer, wrong = job.result
+        yield to_plot(result.plot()), self._status(result, note), result, answer, wrong
 
     @staticmethod
     def _status(r: PatchResult, note: str) -> str:
@@ -143,20 +155,29 @@ class PatchHandlers:
 
     @readable_errors
     def heads_and_attribution(self, clean: str, corrupted: str, answer: str, wrong: str, direction: str,
-                              source: str | None, progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008
+                              source: str | None, request: gr.Request,
+                              progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+        """Every head's z patched at all positions, then direct logit attribution: a long job, like `sweep`."""
         model, clean, corrupted = self._prompts(clean, corrupted, source, progress)
-        if not (answer or "").strip():
-            answer, wrong = suggest_answers(model, clean, corrupted)
-        progress(0.1, desc="Patching every head's z at all positions")
-        heads = patch(clean, corrupted, answer=answer, wrong=wrong or None, site="heads", model=model,
-                      direction=direction)
-        progress(0.7, desc="Direct logit attribution on the clean prompt")
-        trace = model.trace(clean)
-        by_layer = trace.logit_attribution(answer, wrong or None, by="layer")
-        by_head = trace.logit_attribution(answer, wrong or None, by="head")
-        fig_heads = logit_attribution_bars(by_head, top=20)
-        fig_heads.update_layout(title={"text": "Direct logit attribution: the 20 largest heads (clean prompt)"})
-        return to_plot(heads.plot()), to_plot(logit_attribution_bars(by_layer)), to_plot(fig_heads)
+
+        def work(report: Callable[..., None]) -> tuple:
+            ans, wro = (answer, wrong) if (answer or "").strip() else suggest_answers(model, clean, corrupted)
+            report(0.1, "Patching every head's z at all positions")
+            heads = patch(clean, corrupted, answer=ans, wrong=wro or None, site="heads", model=model,
+                          direction=direction, progress=lambda done, total: report(
+                              0.1 + 0.6 * done / max(total, 1), f"Patching every head's z: {done}/{total} heads"))
+            report(0.7, "Direct logit attribution on the clean prompt")
+            trace = model.trace(clean)
+            by_layer = trace.logit_attribution(ans, wro or None, by="layer")
+            by_head = trace.logit_attribution(ans, wro or None, by="head")
+            fig_heads = logit_attribution_bars(by_head, top=20)
+            fig_heads.update_layout(title={"text": "Direct logit attribution: the 20 largest heads (clean prompt)"})
+            return to_plot(heads.plot()), to_plot(logit_attribution_bars(by_layer)), to_plot(fig_heads)
+
+        job = RUNNER.submit(work, session(request), kind="patch")
+        for _ in waiting(job, session(request), progress):
+            yield gr.skip(), gr.skip(), gr.skip()
+        yield job.result
 
     @readable_errors
     def ablation_means(self, heads: str, neurons: str, kind: str, source: str | None, request: gr.Request,
@@ -196,6 +217,14 @@ class PatchHandlers:
                   + (f" (means over {n_docs} verses of the bundled corpus)" if kind == "mean" else "") + ".")
         return (display_frame(plots.next_token_table(before, 10)), display_frame(plots.next_token_table(after, 10)),
                 text_before, text_after, status)
+
+
+def waiting(job: Job, who: str, progress: Any) -> Iterator[None]:
+    """`wait` for a Patch tab job; a Cancel over the API (/patch_cancel) ends it with a message, not an error."""
+    try:
+        yield from wait(job, who, progress)
+    except JobCancelled:
+        raise gr.Error("Cancelled; press Run the sweep to start again", print_exception=False) from None
 
 
 def ablated_hooks(heads: str | None, neurons: str | None) -> list[str]:
@@ -273,11 +302,17 @@ def build_patch_tab(handlers: Handlers, source: gr.State, model_kw: dict, light_
                                         elem_id="patch-ablate-text")
 
     suggest_btn.click(ph.suggest, [clean, corrupted, source], [answer, wrong], api_name="patch_suggest", **model_kw)
+    job_kw = scan_kw or model_kw  # a long job: its request waits in the "jobs" queue, never the "model" one
     swept = run_btn.click(ph.sweep, [clean, corrupted, answer, wrong, site, direction, method, source],
-                          [patch_plot, status, result, answer, wrong], api_name="patch_sweep", **model_kw)
+                          [patch_plot, status, result, answer, wrong], api_name="patch_sweep", **job_kw)
     swept.success(ph.heads_and_attribution, [clean, corrupted, answer, wrong, direction, source],
-                  [heads_plot, dla_plot, dla_heads_plot], api_name="patch_heads", **model_kw)
-    cancel_btn.click(None, None, None, cancels=[swept])
+                  [heads_plot, dla_plot, dla_heads_plot], api_name="patch_heads", **job_kw)
+
+    def cancel(request: gr.Request) -> str:
+        RUNNER.leave(session(request), kind="patch")  # also for an API client, whose request Gradio cannot stop
+        return "Cancelled."
+
+    cancel_btn.click(cancel, None, status, cancels=[swept], api_name="patch_cancel", **(light_kw or {}))
     patch_plot.change(None, None, None, js=CLICK_JS)
     gr.on([cell_btn.click, cell.submit], ph.cell, [result, cell], [cell_top, cell_text], api_name="patch_cell",
           **model_kw)

@@ -1,28 +1,53 @@
-"""Shared background jobs: long work (a corpus scan) that runs once per server, however many visitors wait.
+"""Background jobs: long work (corpus scans, patch sweeps, feature scans, SAE training) run off the request queues.
 
-A job runs in its own thread, never inside a request, so it holds no queue slot: other visitors' Run,
-Compare and Patch requests go on while it works (on the same cores, so more slowly). Every visitor waiting
-for a job is one of its watchers (their Gradio session). A job stops at its next progress report once no
-one watches it:
-- Cancel removes that visitor's watch at once (`leave`);
-- a watch not renewed for ABANDONED_S lapses (a closed tab, or a waiting request Gradio cancelled).
-So one visitor's Cancel never stops the scan another visitor still waits for. A stopped or failed job is
-forgotten, and the next visitor to ask starts it again.
+Why. Gradio's "model" queue runs one call at a time (two cores, one shared model). Measured on the app before
+this runner: while one session's `z` patch sweep of a 20-token pair held that queue (6.3 s), four other
+sessions' Run requests waited 5.6-6.1 s each (0.23 s when idle).
 
-`wait` is a generator for Gradio handlers: it renews the watch and reports progress every POLL_S and
-yields, so a cancelled request (which Gradio stops iterating) stops renewing its watch.
+The choice: a worker of its own, not chunks that give way inside the model queue. Giving way between chunks
+would need each chunk to be a request of its own, re-queued behind the short ones: the page, gradio_client
+and the API would all have to drive that loop, a job's state would live between requests, and a job that
+gives way to every new request starves under steady load. Instead a long job runs in the runner's worker
+thread, outside every queue; the request that started it only waits for it (in its own "jobs" queue,
+app/main.py), showing its progress and partial results. A short request from another session is served at
+once, beside the job on the same cores (torch releases the GIL inside its kernels): measured with a `z`
+sweep running in the worker on this 2-core machine, while other agents loaded it, a Run-sized trace took
+0.1-1.0 s (bench/app_jobs.py measures it). What it costs: the job itself runs slower while short requests
+share the cores.
+
+- One long job at a time (WORKERS), in the order they were asked for: on two cores a second long job in
+  parallel would only halve both and slow every short request further. A queued job's progress says how
+  many jobs are ahead of it.
+- Shared jobs (`join`, by key: a corpus scan) run once however many visitors wait, and their result is kept.
+  One-off jobs (`submit`: one session's sweep) are forgotten when done; their result goes to the one
+  request that waits for it.
+- Every visitor waiting for a job is one of its watchers (their Gradio session). A job stops at its next
+  progress report once no one watches it (a queued one never starts):
+  - Cancel ends the waiting request, and Gradio closes its generator: `wait` then leaves at once;
+  - `leave` (a Cancel over the API, which does not stop the request) removes that visitor's watch;
+  - a watch not renewed for ABANDONED_S lapses (a closed tab).
+  So one visitor's Cancel never stops the scan another visitor still waits for. A stopped or failed shared
+  job is forgotten, and the next visitor to ask starts it again.
+- Progress: the work calls `report(fraction, desc)`, or `report(fraction, desc, partial)` to publish what it
+  has so far (a sweep's partial heatmap); nothing is lost when a session waits again or a job fails.
+
+`wait` is a generator for Gradio handlers: it renews the watch and reports progress every POLL_S and yields,
+so a cancelled request (which Gradio stops iterating, then closes) stops renewing its watch.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 POLL_S = 0.5
 ABANDONED_S = 15.0
-Report = Callable[[float, str], None]  # (fraction done, what is happening)
+WORKERS = 1  # long jobs at once: two cores; short requests run beside them
+Report = Callable[..., None]  # report(fraction done, what is happening[, partial result])
 
 
 class JobCancelled(Exception):
@@ -30,11 +55,14 @@ class JobCancelled(Exception):
 
 
 class Job:
-    """One piece of work, `work(report)`, run in a daemon thread; `report(fraction, desc)` is its progress."""
+    """One piece of work, `work(report)`, run by a Jobs runner's worker (or in a thread of its own by `start`).
 
-    def __init__(self, key: Hashable, work: Callable[[Report], Any]):
-        self.key = key
+    `report(fraction, desc, partial=None)` is its progress; `partial` (if given) is kept as `self.partial`."""
+
+    def __init__(self, key: Hashable, work: Callable[[Report], Any], kind: str = ""):
+        self.key, self.kind = key, kind
         self.fraction, self.desc = 0.0, "starting"
+        self.partial: Any = None
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -42,22 +70,26 @@ class Job:
         self._watchers: dict[str, float] = {}  # session -> last time it was renewed (time.monotonic)
         self._left: set[str] = set()  # sessions that pressed Cancel: their waits end
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name=f"job {key}", daemon=True)
 
     def start(self) -> Job:
-        self._thread.start()
+        """Run it now in a daemon thread of its own (outside any runner's queue)."""
+        threading.Thread(target=self.run, name=f"job {self.key}", daemon=True).start()
         return self
 
-    def _run(self) -> None:
+    def run(self) -> None:
         try:
+            if not self.watched():  # every visitor left while it was queued: never start it
+                raise JobCancelled(f"{self.key}: cancelled before it started, no visitor is waiting for it")
             self.result = self._work(self._report)
         except BaseException as e:  # noqa: BLE001 - handed to every waiter, who shows it
             self.error = e
         finally:
             self.done.set()
 
-    def _report(self, fraction: float, desc: str) -> None:
+    def _report(self, fraction: float, desc: str, partial: Any = None) -> None:
         self.fraction, self.desc = fraction, desc
+        if partial is not None:
+            self.partial = partial
         if not self.watched():
             raise JobCancelled(f"{self.key}: cancelled, no visitor is waiting for it")
 
@@ -92,46 +124,99 @@ class Job:
 
 
 class Jobs:
-    """The server's jobs by key: `join` starts a job or joins the one already running or finished."""
+    """A runner: its worker threads run queued jobs `workers` at a time, first asked, first run.
 
-    def __init__(self) -> None:
-        self._jobs: dict[Hashable, Job] = {}
-        self._lock = threading.Lock()
+    `join` starts a shared job or joins the one queued, running or finished under that key; `submit` queues a
+    one-off job. Worker threads start with the first job and then wait for more (daemons)."""
 
-    def join(self, key: Hashable, work: Callable[[Report], Any], who: str) -> Job:
+    def __init__(self, workers: int = WORKERS) -> None:
+        self._jobs: dict[Hashable, Job] = {}  # shared jobs by key, kept once finished
+        self._pending: deque[Job] = deque()
+        self._running: set[Job] = set()
+        self._lock = threading.Condition()
+        self._workers: list[threading.Thread] = []
+        self._n_workers = workers
+        self._ids = itertools.count()
+
+    def join(self, key: Hashable, work: Callable[[Report], Any], who: str, kind: str = "") -> Job:
         with self._lock:
             job = self._jobs.get(key)
             if job is None or job.failed:  # a cancelled or failed job is started again
-                job = self._jobs[key] = Job(key, work)
-                job.watch(who)  # before it starts: its first report must see a watcher
-                return job.start()
+                job = self._jobs[key] = Job(key, work, kind)
+                job.watch(who)  # before it is queued: the worker must see a watcher
+                self._queue(job)
+                return job
             job.watch(who)
             return job
 
-    def leave(self, who: str) -> None:
-        """`who` stops waiting for every job (the Cancel button)."""
+    def submit(self, work: Callable[[Report], Any], who: str, kind: str = "") -> Job:
+        """A one-off job for `who` alone: queued now, forgotten by the runner once it is done."""
         with self._lock:
-            jobs = list(self._jobs.values())
+            job = Job((kind or "job", who, next(self._ids)), work, kind)
+            job.watch(who)
+            self._queue(job)
+            return job
+
+    def _queue(self, job: Job) -> None:  # holding self._lock
+        self._pending.append(job)
+        self._say_places()
+        if len(self._workers) < self._n_workers:
+            worker = threading.Thread(target=self._work, name="slmviz long jobs", daemon=True)
+            self._workers.append(worker)
+            worker.start()
+        self._lock.notify()
+
+    def _say_places(self) -> None:  # holding self._lock: a queued job's progress line is its place
+        for ahead, job in enumerate(self._pending, start=len(self._running)):
+            job.desc = (f"waiting for {ahead} long job{'s' if ahead > 1 else ''} ahead of it (one runs at a time)"
+                        if ahead else "starting")
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending:
+                    self._lock.wait()
+                job = self._pending.popleft()
+                job.desc = "starting"
+                self._running.add(job)
+                self._say_places()
+            try:
+                job.run()
+            finally:
+                with self._lock:
+                    self._running.discard(job)
+                    self._say_places()
+
+    def leave(self, who: str, kind: str | None = None) -> None:
+        """`who` stops waiting for every job (of this kind, if given): the Cancel buttons."""
+        with self._lock:
+            jobs = {*self._jobs.values(), *self._pending, *self._running}
         for job in jobs:
-            job.leave(who)
+            if kind is None or job.kind == kind:
+                job.leave(who)
 
     def finished(self, key: Hashable) -> Any | None:
-        """The result of a job that finished successfully, else None (never starts one)."""
+        """The result of a shared job that finished successfully, else None (never starts one)."""
         with self._lock:
             job = self._jobs.get(key)
         return job.result if job is not None and job.done.is_set() and job.error is None else None
 
 
+RUNNER = Jobs()  # the server's one runner: every tab's long work queues here
+
+
 def wait(job: Job, who: str, progress: Callable[..., Any] | None = None) -> Iterator[None]:
     """Yield every POLL_S until `job` is done (renewing `who`'s watch and showing its progress), then return;
     re-raise the job's error (JobCancelled if every watcher left, or `who` did). Use as `yield from` in a
-    generator handler, then read job.result."""
-    while not job.done.wait(POLL_S):
-        if not job.renew(who):
-            raise JobCancelled(f"{job.key}: you stopped waiting for it")
-        if progress is not None:
-            progress(job.fraction, desc=job.desc)
-        yield
-    job.leave(who)
+    generator handler, then read job.result. Closing this generator (Gradio does, on Cancel) leaves the job."""
+    try:
+        while not job.done.wait(POLL_S):
+            if not job.renew(who):
+                raise JobCancelled(f"{job.key}: you stopped waiting for it")
+            if progress is not None:
+                progress(job.fraction, desc=job.desc)
+            yield
+    finally:
+        job.leave(who)
     if job.error is not None:
         raise job.error

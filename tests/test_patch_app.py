@@ -2,6 +2,9 @@
 logit attribution, ablation, and readable errors. The numbers the app draws are checked against the library
 run in this process.
 
+A long sweep runs in the app's job worker (app/scan_jobs.py): another session's Run, started while it runs, finishes
+first (checked by order of completion, never by time).
+
 Does not cover: the page itself (tests/test_patch_browser.py clicks through it) nor sweep speed (bench/patching.py).
 """
 
@@ -150,3 +153,27 @@ def test_a_running_sweep_can_be_cancelled_and_the_next_request_is_served(client)
     assert tuple(client.predict(EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, api_name="/patch_suggest")) == (" Mary", " John")
     assert time.monotonic() - start < 60
     assert "Done in" not in job.outputs()[-1][1]
+
+
+# Differs at the second token, so every later position of every layer and head is patched: a sweep of minutes,
+# which the test cancels once it has seen what it needs.
+LONG_CLEAN = "When Mary and John went to the market after a long day at work in the town, John gave a drink to"
+LONG_CORRUPTED = "When Anna and John went to the market after a long day at work in the town, John gave a drink to"
+
+
+def test_another_sessions_run_during_a_long_sweep_finishes_before_it(server):
+    alice, bob = Client(server, verbose=False), Client(server, verbose=False)
+    swept = alice.submit(LONG_CLEAN, LONG_CORRUPTED, " Mary", " Anna", "z", "denoise", "exact",
+                         api_name="/patch_sweep")
+    while not swept.outputs():  # the first partial heatmap: the sweep runs
+        assert not swept.done(), swept.exception()
+        time.sleep(0.2)
+    tokens, *_ = bob.predict("The capital of France is", False, 1, "all", ["pre", "mid", "post"], False, False, True,
+                             api_name="/run")
+    assert "France" in tokens
+    assert not swept.done()  # bob's Run was served beside the sweep, not queued behind it
+    assert alice.predict(api_name="/patch_cancel") == "Cancelled."
+    swept.cancel()
+    while not swept.done():
+        time.sleep(0.2)
+    assert "Done in" not in swept.outputs()[-1][1]

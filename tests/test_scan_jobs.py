@@ -137,3 +137,50 @@ def test_a_visitor_who_left_stops_waiting_even_if_its_request_goes_on(monkeypatc
     assert job.renew("alice")
     gate.set()
     assert job.done.wait(5) and job.result == 42
+
+
+def test_long_jobs_run_one_at_a_time_first_asked_first_run_and_a_queued_one_says_its_place():
+    jobs, gate, order = Jobs(), threading.Event(), []
+
+    def recorded(name):
+        def work(report):
+            order.append(name)
+            report(0.5, f"{name} half way", partial=[name])
+            return name
+        return work
+
+    first = jobs.submit(blocking_work(gate, []), "alice", kind="patch")
+    second = jobs.submit(recorded("second"), "bob")
+    third = jobs.join("scan", recorded("third"), "carol", kind="scan")
+    assert not second.done.wait(0.2) and order == []  # the first job holds the one worker
+    assert second.desc == "waiting for 1 long job ahead of it (one runs at a time)"
+    assert third.desc == "waiting for 2 long jobs ahead of it (one runs at a time)"
+    gate.set()
+    assert third.done.wait(5) and order == ["second", "third"]
+    assert (first.result, second.result, third.result) == (42, "second", "third")
+    assert second.partial == ["second"]  # what the work published as it went
+    assert jobs.finished("scan") == "third"  # a shared job is kept; one-off jobs are not
+    assert all(key == "scan" for key in jobs._jobs)
+
+
+def test_a_queued_job_whose_visitor_left_never_starts_and_the_cancel_of_one_kind_spares_the_others():
+    jobs, gate, ran = Jobs(), threading.Event(), []
+    running = jobs.submit(blocking_work(gate, []), "alice", kind="scan")
+    queued = jobs.submit(lambda report: ran.append(1), "alice", kind="patch")
+    jobs.leave("alice", kind="patch")
+    assert not running.done.wait(0.2)  # alice's scan goes on
+    gate.set()
+    assert queued.done.wait(5) and isinstance(queued.error, JobCancelled) and ran == []
+    assert running.done.wait(5) and running.result == 42
+
+
+def test_closing_a_wait_leaves_the_job_at_once(monkeypatch):
+    """Gradio's Cancel stops iterating the waiting handler and closes it: the job must stop, not wait for the
+    watch to lapse."""
+    monkeypatch.setattr(scan_jobs, "POLL_S", 0.02)
+    jobs, gate = Jobs(), threading.Event()
+    job = jobs.submit(blocking_work(gate, []), "alice")
+    waiting = wait(job, "alice")
+    next(waiting)
+    waiting.close()
+    assert job.done.wait(5) and isinstance(job.error, JobCancelled)
