@@ -91,6 +91,7 @@ def load_sae(source: str | os.PathLike | SAE, model: Any = None, subfolder: str 
             )
     if model is not None:
         check_against_model(sae, model)
+        sae.to(getattr(model, "device", "cpu"))  # the splice runs where the model's activations are
         sae.model = model
     return sae
 

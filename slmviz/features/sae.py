@@ -317,7 +317,8 @@ class SAE(torch.nn.Module):
         direction = self.residual_direction(feature, model)
         decoder = model.decoder
         factor = decoder.final_norm_factor(decoder.conventions(resolve_variant(None, model.cfg))).float()
-        effects = (decoder.params.unembed.float() @ (direction * factor)).cpu()  # [vocab, d_model] @ [d_model]
+        unembed = decoder.params.unembed
+        effects = (unembed.float() @ (direction.to(unembed.device) * factor)).cpu()  # [vocab, d_model] @ [d_model]
         k = min(k, effects.numel())
         rows = []
         for kind, ids in (("promoted", effects.topk(k).indices), ("suppressed", (-effects).topk(k).indices)):

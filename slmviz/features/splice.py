@@ -81,6 +81,9 @@ def splice_fns(sae: Any, ctx: HookContext, use_error_term: bool | None = None) -
 
     def splice(x_out: torch.Tensor, name: str) -> torch.Tensor:
         x_in = kept.pop("x") if separate else x_out
+        if x_in.device != sae.W_enc.device:
+            raise ValueError(f"the SAE at {sae.hook_name_out!r} is on {sae.W_enc.device}, the model's activations "
+                             f"on {x_in.device}: move it with sae.to(model.device) (load_sae(..., model=m) does)")
         flat_out = _flat(x_out, sae.d_out, sae.hook_name_out)
         clean_in = _flat(x_in, sae.d_in, sae.hook_name).to(sae.dtype)
         sae_in = ctx.fire(names["hook_sae_input"], clean_in)
