@@ -14,9 +14,12 @@ import torch
 
 from . import _moved
 from .config import ArchConfig, UnsupportedModelError
+from .features.bundled import bundled_saes
+from .features.evaluate import evaluate_sae
 from .features.io import load_sae
 from .features.sae import SAE, SAEError
 from .features.steer import steer
+from .features.train import train_sae
 from .hooks import HookError, HookNameError, hook_names
 from .interventions.ablation import ablation
 from .interventions.compare import compare
@@ -42,6 +45,7 @@ __all__ = [
     "load", "resolve_variant", "trace", "variants",
     "Scan", "scan",
     "SAE", "SAEError", "load_sae", "steer",
+    "bundled_saes", "evaluate_sae", "train_sae",
 ]
 
 

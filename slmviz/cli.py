@@ -1,4 +1,4 @@
-"""`slmviz check | trace | prepare | app`."""
+"""`slmviz check | trace | prepare | app | scan | train-sae | evaluate-sae`."""
 
 from __future__ import annotations
 
@@ -152,10 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     from .scans import cli as scan_cli
 
     scan_cli.add_parser(sub)
+    from .features import cli as features_cli
+
+    features_cli.add_parsers(sub)
     args = parser.parse_args(argv)
     try:
         if args.command == "scan":
             return scan_cli.run(args)
+        if args.command in ("train-sae", "evaluate-sae"):
+            return features_cli.run(args, argv)
         if args.command == "check":
             return 0 if check(args.model, args.prompt or CHECK_PROMPTS, dtype=args.dtype) else 1
         if args.command == "trace":

@@ -194,3 +194,46 @@ def test_explained_variance_is_over_all_tokens():
     sse = (y - y_hat).pow(2).sum()
     assert totals.metrics()["explained_variance"] == pytest.approx(float(1 - sse / (y - y.mean(0)).pow(2).sum()))
     assert not math.isclose(totals.metrics()["explained_variance"], 0.0)  # per batch it would be exactly 0
+
+
+def test_command_line_trains_and_evaluates(tiny, corpus, tmp_path, capsys):
+    from slmviz.cli import main
+
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(corpus) + "\n")
+    argv = ["train-sae", "--model", str(tiny.path), "--hook", HOOK, "--corpus", str(path), "--d-sae", "32", "--k", "4",
+            "--tokens", "400", "--out", str(tmp_path / "sae"), "--batch-tokens", "128", "--window", "16",
+            "--forward-tokens", "128", "--buffer-tokens", "512", "--dtype", "float32", "--no-progress"]
+    assert main(argv) == 0
+    sae = SAE.load(tmp_path / "sae")
+    assert sae.metadata["training_command"].startswith("slmviz train-sae --model")
+    assert main(["evaluate-sae", str(tmp_path / "sae"), "--model", str(tiny.path), "--corpus", str(path),
+                 "--no-progress", "--json", str(tmp_path / "m.json")]) == 0
+    assert '"ce_loss_score"' in capsys.readouterr().out and (tmp_path / "m.json").is_file()
+
+
+def test_bundled_saes_are_listed_and_carry_their_command():
+    """Every bundled SAE folder reads as an SAE whose cfg.json records the command that trained it and its
+    held-out evaluation. The real-model checks (hooks exist, widths match) are in the slow test below."""
+    from slmviz.features.bundled import BUNDLED_DIR, bundled_sae_folder, bundled_saes
+
+    models = [p.name for p in BUNDLED_DIR.iterdir() if p.is_dir()] if BUNDLED_DIR.is_dir() else []
+    for name in models:
+        for sae_name in bundled_saes(name):
+            sae = SAE.load(bundled_sae_folder(sae_name, name))
+            assert sae.metadata["training_command"].startswith("slmviz train-sae")
+            assert 0 < sae.metadata["evaluation"]["explained_variance"] <= 1
+    assert bundled_saes("no-such-model") == [] and bundled_sae_folder("../x", "SmolLM2-135M-Instruct") is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct", "gemma-3-270m"])
+def test_bundled_saes_load_on_their_model(name):
+    from slmviz.features.bundled import bundled_sae_folder
+
+    model = slmviz.load(name)
+    names = slmviz.bundled_saes(model)
+    assert names
+    for sae_name in names:
+        sae = slmviz.load_sae(bundled_sae_folder(sae_name, model), model=model)
+        assert sae.dtype == torch.float32 and sae.hook_name in model.hook_names

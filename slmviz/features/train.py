@@ -332,7 +332,7 @@ class Trainer:
                     if cur.batch == 0:
                         cur.seen += rows.seen
                     order = torch.randperm(x.shape[0], generator=_block_generator(cfg.seed, cur.epoch, block.index))
-                    chunks = torch.tensor_split(order, max(1, x.shape[0] // cfg.batch_tokens))
+                    chunks = torch.tensor_split(order, max(1, round(x.shape[0] / cfg.batch_tokens)))
                     for j in range(cur.batch, len(chunks)):
                         idx = chunks[j].to(self.device)
                         stats = self.step(x[idx] * self.scale_in, y[idx] * self.scale_out)

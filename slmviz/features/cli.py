@@ -1,0 +1,94 @@
+"""`slmviz train-sae ...` and `slmviz evaluate-sae ...` (slmviz/cli.py adds these subcommands)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from typing import Any
+
+CORPORA = {"broad": "the broad corpus's training split (features.bundled.broad_corpus)",
+           "broad-heldout": "its held-out split", "bible": "the bundled King James Bible"}
+
+
+def add_parsers(sub: Any) -> None:
+    t = sub.add_parser("train-sae", help="train an SAE or transcoder on a model's activations (resumable)")
+    t.add_argument("--model", default=None, help="bundled model name, folder or hub id (default: SmolLM2-135M)")
+    t.add_argument("--hook", required=True, help="the hook it reads, e.g. blocks.15.hook_resid_post")
+    t.add_argument("--hook-out", default=None, help="a transcoder's target, e.g. blocks.3.hook_mlp_out")
+    t.add_argument("--corpus", required=True, help=f"a .txt/.jsonl/.parquet path, or one of {', '.join(CORPORA)}")
+    t.add_argument("--d-sae", type=int, required=True)
+    t.add_argument("--k", type=int, required=True, help="active features per token (TopK) or on average (BatchTopK)")
+    t.add_argument("--tokens", type=int, required=True, help="tokens (activation rows) to train on")
+    t.add_argument("--out", required=True, help="folder: checkpoints while training, the SAE at the end")
+    t.add_argument("--architecture", default="topk", choices=["topk", "batchtopk"])
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--batch-tokens", type=int, default=4096)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default=None, help="where the SAE trains (default: the model's device)")
+    t.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: measured (bf16 if faster)")
+    t.add_argument("--window", type=int, default=128)
+    t.add_argument("--forward-tokens", type=int, default=1024)
+    t.add_argument("--buffer-tokens", type=int, default=65_536)
+    t.add_argument("--dead-window", type=int, default=500_000)
+    t.add_argument("--lr-decay", type=float, default=0.2)
+    t.add_argument("--checkpoint-every", type=float, default=120.0, help="seconds between checkpoints")
+    t.add_argument("--no-progress", action="store_true")
+
+    e = sub.add_parser("evaluate-sae", help="SAEBench's core metrics of an SAE on a corpus (prints JSON)")
+    e.add_argument("sae", help="SAE folder, or the name of a bundled SAE of --model")
+    e.add_argument("--model", default=None)
+    e.add_argument("--corpus", required=True, help=f"a .txt/.jsonl/.parquet path, or one of {', '.join(CORPORA)}")
+    e.add_argument("--tokens", type=int, default=100_000, help="real tokens to evaluate (0: the whole corpus)")
+    e.add_argument("--window", type=int, default=128)
+    e.add_argument("--batch-tokens", type=int, default=512)
+    e.add_argument("--json", default=None, help="also write the metrics to this file")
+    e.add_argument("--no-progress", action="store_true")
+
+
+def resolve_corpus(name: str) -> Any:
+    """A named corpus (CORPORA) as a path, or the argument itself (a path)."""
+    if name in ("broad", "broad-heldout"):
+        from .bundled import broad_corpus
+
+        return str(broad_corpus()[0 if name == "broad" else 1])
+    if name == "bible":
+        from ..scans.corpus import bundled_corpus_path
+
+        return str(bundled_corpus_path())
+    return name
+
+
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    import slmviz
+
+    model = slmviz.load(args.model)
+    if args.command == "train-sae":
+        from .train import train_sae
+
+        argv = sys.argv[1:] if argv is None else argv
+        sae = train_sae(
+            model, hook=args.hook, corpus=resolve_corpus(args.corpus), d_sae=args.d_sae, k=args.k, tokens=args.tokens,
+            out=args.out, hook_out=args.hook_out, architecture=args.architecture, lr=args.lr,
+            batch_tokens=args.batch_tokens, seed=args.seed, device=args.device, dtype=args.dtype,
+            progress=not args.no_progress, window=args.window, forward_tokens=args.forward_tokens,
+            buffer_tokens=args.buffer_tokens, dead_window=args.dead_window, lr_decay=args.lr_decay,
+            checkpoint_every=args.checkpoint_every,
+            metadata={"training_command": "slmviz " + shlex.join(argv), "corpus_name": args.corpus},
+        )
+        print(f"saved {sae!r} to {args.out}")
+        return 0
+    from .bundled import bundled_sae_folder
+    from .evaluate import evaluate_sae
+    from .io import load_sae
+
+    sae = load_sae(bundled_sae_folder(args.sae, model) or args.sae, model=model)
+    metrics = evaluate_sae(sae, resolve_corpus(args.corpus), model=model, tokens=args.tokens or None,
+                           window=args.window, batch_tokens=args.batch_tokens, progress=not args.no_progress)
+    text = json.dumps(metrics, indent=1)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 0
