@@ -71,6 +71,17 @@ ALL_LAYER_HOOKS: dict[str, tuple[str, ...]] = {
     **_RESID_PRE, **_LN1, **_QKV, **_QK_NORM["head"], **_ATTENTION, **_LN1_POST, **_ATTN_OUT, **_LN2, **_MLP_IN,
     **_MLP, **_LN2_POST, **_MLP_OUT,
 }
+# Opt-in hooks (TransformerLens's names; DESIGN.md "Circuits"): the residual each head's query, each KV group's key
+# and value, and the MLP branch read *before* their norm. An edit of one changes that reader only (the residual
+# stream and the other heads keep theirs). They are h (or g) copies of the residual stream, so they are computed
+# only when named, in a list of names or as a key of hooks=: never in a default full trace (names=None) nor
+# chosen by a predicate. Not `mlp.hook_in`, which is after the norm.
+INPUT_HOOKS: dict[str, tuple[str, ...]] = {
+    "hook_q_input": ("pos", "h", "d_model"),
+    "hook_k_input": ("pos", "g", "d_model"),
+    "hook_v_input": ("pos", "g", "d_model"),
+    "hook_mlp_in": ("pos", "d_model"),
+}
 # Values a trace computes on demand from another captured value instead of storing (local names): each
 # head's write into the residual stream is z_h @ W_o[h] (model.block.per_head_result), [pos, h, d_model],
 # the largest tensor of a full trace, and one matmul with o_proj's FLOPs per layer.
@@ -117,7 +128,7 @@ def hook_dims(name: str, cfg: Any = None) -> tuple[str, ...]:
     """The dim names of a hook, e.g. ("h", "pos_q", "pos_k") for any layer's hook_pattern."""
     if name.startswith("blocks."):
         local = name.split(".", 2)[2]
-        return layer_hooks(cfg).get(local) or ALL_LAYER_HOOKS[local]
+        return layer_hooks(cfg).get(local) or ALL_LAYER_HOOKS.get(local) or INPUT_HOOKS[local]
     return {**GLOBAL_HOOKS_BEFORE, **GLOBAL_HOOKS_AFTER}[name]
 
 
@@ -161,13 +172,26 @@ class HookError(RuntimeError):
         self.hook_name = hook_name
 
 
+def is_input_hook(name: str, valid_set: set[str] | frozenset[str]) -> bool:
+    """True for an opt-in input hook (INPUT_HOOKS) of a layer the model has (its hook_resid_pre is valid)."""
+    parts = name.split(".", 2)
+    return (len(parts) == 3 and parts[0] == "blocks" and parts[2] in INPUT_HOOKS
+            and f"blocks.{parts[1]}.hook_resid_pre" in valid_set)
+
+
+def input_hook_names(n_layers: int) -> list[str]:
+    """Every opt-in input hook name of a model of this depth (INPUT_HOOKS), layer by layer."""
+    return [layer_hook_name(layer, local) for layer in range(n_layers) for local in INPUT_HOOKS]
+
+
 def check_names(requested: Iterable[str], valid: list[str]) -> None:
-    """Raise HookNameError naming the closest valid hooks for any unknown name."""
+    """Raise HookNameError naming the closest valid hooks for any unknown name (the opt-in input hooks of
+    the model's layers are valid too)."""
     valid_set = set(valid)
     for name in requested:
         if not isinstance(name, str):
             raise HookNameError(f"Hook names are strings like 'blocks.0.attn.hook_pattern', got {name!r}")
-        if name not in valid_set:
+        if name not in valid_set and not is_input_hook(name, valid_set):
             close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             raise HookNameError(

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from ..config import ArchConfig
-from ..hooks import HookContext, layer_hook_name, layer_hooks
+from ..hooks import INPUT_HOOKS, HookContext, layer_hook_name, layer_hooks
 from ..variants import Conventions
 from .attention import attention_scale, eager_attention, fused_attention, softmax_pattern
 from .kv_cache import KVCache
@@ -71,6 +71,10 @@ RESIDUAL_FORMS = {
     "pre": pre_norm_residual, "output": output_norm_residual, "sandwich": sandwich_norm_residual,
     "post": post_norm_residual, "none": no_norm_residual,
 }
+# The forms whose sub-layer reads N(x) (`before`); the others feed it x itself. The input hooks
+# (hook_q_input, ..., hook_mlp_in) sit on x before that norm: a form missing here would apply its norm
+# twice or not at all to an edited input. Pinned by tests/test_circuits_hooks.py.
+READS_BEFORE = frozenset({"pre", "sandwich", "none"})
 
 
 def norm_slots(placement: str, sublayer: str, has_pre: bool, has_post: bool) -> tuple[str, str]:
@@ -167,7 +171,7 @@ class GateUp:
 class Block:
     def __init__(self, cfg: ArchConfig, params: LayerParams, layer: int):
         self.cfg, self.p, self.layer = cfg, params, layer
-        self.hook_names = {local: layer_hook_name(layer, local) for local in layer_hooks(cfg)}
+        self.hook_names = {local: layer_hook_name(layer, local) for local in [*layer_hooks(cfg), *INPUT_HOOKS]}
         h, g, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
         self.qkv_split = (h * dh, g * dh, g * dh)
         self.qk_width = (h + g) * dh  # q and k sit side by side at the start of each qkv row
@@ -219,9 +223,23 @@ class Block:
             return self.mlp(v, hook, c)
 
         x = hook("hook_resid_pre", x)
-        x = residual(x, attn, *norms1, lambda v: hook("hook_attn_out", v))
+        if hook.wants("hook_q_input") or hook.wants("hook_k_input") or hook.wants("hook_v_input"):
+            # Opt-in per-head inputs (hooks.INPUT_HOOKS): the attention reads x and applies the norm itself, once
+            # to the shared residual and once per head whose input a hook replaced (split_qkv).
+            norm_in = (norms1[0], self._norm(norm_slots(c.norm, "ln1", has_pre, has_post)[0], NO_HOOKS, c)) \
+                if c.norm in READS_BEFORE else None
+            x = residual(x, lambda v: self.attention(v, hook, c, angles, kv_index, allowed, cache, kv_grouped,
+                                                     split=norm_in or (_same, _same)),
+                         _same, norms1[1], lambda v: hook("hook_attn_out", v))
+        else:
+            x = residual(x, attn, *norms1, lambda v: hook("hook_attn_out", v))
         x = hook("hook_resid_mid", x)
-        x = residual(x, mlp, *norms2, lambda v: hook("hook_mlp_out", v))
+        if hook.wants("hook_mlp_in"):  # opt-in: the residual the MLP branch reads, before its norm
+            before = norms2[0] if c.norm in READS_BEFORE else _same
+            x = residual(x, lambda v: mlp(before(hook("hook_mlp_in", v))), _same, norms2[1],
+                         lambda v: hook("hook_mlp_out", v))
+        else:
+            x = residual(x, mlp, *norms2, lambda v: hook("hook_mlp_out", v))
         return hook("hook_resid_post", x)
 
     def attention(
@@ -234,11 +252,15 @@ class Block:
         allowed: torch.Tensor | None,
         cache: KVCache | None,
         kv_grouped: bool = False,
+        split: tuple[Norm, Norm] | None = None,
     ) -> torch.Tensor:
+        """`split`: x is the residual before the norm, and (hooked norm, plain norm) are applied here, per head
+        where an input hook edits (split_qkv). None: x is already what the attention reads (the usual path)."""
         cfg, p = self.cfg, self.p
         b, n_pos = x.shape[0], x.shape[1]
         h, g, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
-        qkv = linear(x, p.w_qkv, p.b_qkv)  # [b, pos, (h + 2g) * dh]
+        # [b, pos, (h + 2g) * dh]
+        qkv = linear(x, p.w_qkv, p.b_qkv) if split is None else self.split_qkv(x, hook, *split)
         q_in, k_in, v = qkv.split_with_sizes(self.qkv_split, dim=-1)
         q_in, k_in = q_in.view(b, n_pos, h, dh), k_in.view(b, n_pos, g, dh)  # [b, pos, h, dh], [b, pos, g, dh]
         q = hook("attn.hook_q", q_in)
@@ -298,6 +320,38 @@ class Block:
         # differently, and SmolLM2's ~1e4 residual amplifies that to 8.8e-5 in the logits (tolerance 1e-4).
         return linear(z.reshape(b, n_pos, h * dh), p.w_o, p.b_o)  # [b, pos, d_model]
 
+    def split_qkv(self, x: torch.Tensor, hook: LayerHooks, hooked_norm: Norm, plain_norm: Norm) -> torch.Tensor:
+        """The q|k|v projection [b, pos, (h + 2g) * dh] from per-reader inputs: x [b, pos, d_model] is the residual
+        before the norm; hook_q_input [b, pos, h, d_model] and hook_k_input / hook_v_input [b, pos, g, d_model]
+        (per KV group, as the model computes keys and values) show it once per reader.
+
+        An input no hook replaced is projected from the shared norm (`hooked_norm`, which fires ln1's hooks once,
+        as in a plain forward); a replaced one is normalised per head with `plain_norm` (the same norm, no hooks:
+        its scale would be [b, pos, h, 1]) and projected with that head's rows of W_q (or the group's of W_k, W_v),
+        so an edit of head i's input reaches head i only. Normalising once and reusing it for every head would
+        ignore the edit; editing after the norm would skip the norm's division, which differs per head.
+        """
+        cfg, p = self.cfg, self.p
+        b, n_pos, d = x.shape
+        readers = (("hook_q_input", cfg.n_heads), ("hook_k_input", cfg.n_kv_heads), ("hook_v_input", cfg.n_kv_heads))
+        views = [x[:, :, None].expand(b, n_pos, heads, d) for _, heads in readers]  # [b, pos, heads, d_model], no copy
+        seen = [hook(local, view) for (local, _), view in zip(readers, views, strict=True)]
+        shared = hooked_norm(x)  # ln1's hooks see the shared residual's norm, as in a plain forward
+        if all(s is v for s, v in zip(seen, views, strict=True)):
+            return linear(shared, p.w_qkv, p.b_qkv)  # nothing edited: the plain path, bit for bit
+        parts, start = [], 0
+        for (_, heads), view, edited in zip(readers, views, seen, strict=True):
+            rows = slice(start, start + heads * cfg.d_head)
+            start = rows.stop
+            w, bias = p.w_qkv[rows], None if p.b_qkv is None else p.b_qkv[rows]
+            if edited is view:
+                parts.append(linear(shared, w, bias))  # [b, pos, heads * dh]
+                continue
+            per_head = torch.einsum("bphd,hed->bphe", plain_norm(edited), w.view(heads, cfg.d_head, d))
+            per_head = per_head.reshape(b, n_pos, heads * cfg.d_head)
+            parts.append(per_head if bias is None else per_head + bias)
+        return torch.cat(parts, dim=-1)
+
     def qk_normalize(
         self, q: torch.Tensor, k: torch.Tensor, hook: LayerHooks, c: Conventions
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -325,6 +379,10 @@ class Block:
         projections = GateUp(p, self.cfg.d_mlp)
         post = MLP_FORMS[c.mlp](x, projections.gate, projections.up, ACTIVATIONS[c.act], hook)
         return linear(post, p.w_down, p.b_down)  # [b, pos, d_model]
+
+
+def _same(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def mlp_input(x: torch.Tensor, hook: LayerHooks | NoHooks) -> torch.Tensor:

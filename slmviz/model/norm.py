@@ -44,9 +44,12 @@ def norm_weight(weight: torch.Tensor, offset: float, in_fp32: bool) -> torch.Ten
     bf16 instead of fp32 rounds 1 + w to 8 bits of mantissa. Pinned by
     tests/test_conventions.py::test_gemma_norms_multiply_by_one_plus_w.
     """
-    if in_fp32:
-        weight = weight.float()
-    return weight + offset if offset else weight
+    # Callers memoise the factor, and the first call may come from an inference_mode run: computed as a normal
+    # tensor, so a later run with autograd on (grad=True) may save it for backward.
+    with torch.inference_mode(False):
+        if in_fp32:
+            weight = weight.float()
+        return weight + offset if offset else weight
 
 
 def normalize(
