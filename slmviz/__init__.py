@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 
 from . import _moved
+from .circuits.circuit import Circuit, circuit, patch_edges
+from .circuits.graph import graph_edges
 from .config import ArchConfig, UnsupportedModelError
 from .features.bundled import bundled_saes
 from .features.evaluate import evaluate_sae
@@ -46,6 +48,7 @@ __all__ = [
     "Scan", "scan",
     "SAE", "SAEError", "load_sae", "steer",
     "bundled_saes", "evaluate_sae", "train_sae",
+    "Circuit", "circuit", "graph_edges", "patch_edges",
 ]
 
 

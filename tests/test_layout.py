@@ -42,6 +42,8 @@ UPWARD = {
     ("slmviz.interventions.result", "PatchResult.plot", "plots"),
     ("slmviz.scans.scan", "Scan.plot_histogram", "plots"),
     ("slmviz.scans.scan", "Scan.examples_html", "plots"),
+    ("slmviz.circuits.circuit", "Circuit.plot", "plots"),
+    ("slmviz.circuits.circuit", "Circuit.plot_faithfulness", "plots"),
 }
 
 

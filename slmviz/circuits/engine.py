@@ -1,0 +1,486 @@
+"""The runs behind circuits: capture every source's write, patch any set of edges in one forward, and take the
+gradient of the metric with respect to every destination's input.
+
+Sources write into the residual stream and destinations read it (circuits.graph), so the residual a destination v
+reads is the sum of the writes of the sources before it, plus terms no source owns and that are the same in every
+run (o_proj's and down_proj's biases on pre-norm families). Patching edge (u, v) therefore means adding
+(a_u^corrupted - a_u) to v's input, and only v's: the input hooks (hooks.INPUT_HOOKS) give every head's query,
+every KV group's key and value, and the MLP their own copy of the residual.
+
+Which a_u: the value of u *in the patched run itself* (EAP-IG's evaluate_graph: its clean hooks subtract the
+activations of the run they fire in). For a single edge, or edges into one destination, that is u's clean value;
+when an edge into u is patched too, u's own output has moved and the edge carries the corrupted value in place
+of the moved one. This is what makes the identities exact: patching every edge gives each destination
+sum_u a_u^corrupted (+ the shared terms) = its corrupted input, so the run is the corrupted run; patching none
+is the clean run. Subtracting u's *clean-run* value instead would double count whatever an earlier patch moved.
+A destination all of whose edges are patched gets the corrupted run's input itself (not the sum, which equals it
+up to rounding), and a row patching no edge or every edge reads the clean or corrupted metric directly.
+
+Heads under a norm after attention (OLMo-2, Gemma 3) write ln_post(sum_h result_h) into the residual, which is not
+a sum of per-head terms; `head_writes` splits it into them with the run's own norm scale (the norm is linear once
+its scale is fixed), so the writes still add up to hook_attn_out exactly. EAP-IG instead re-applies the post-norm
+to the patched sum; the two agree for one edge to first order, not exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..hooks import build_context
+from ..metrics import Metric, as_float
+from ..model.block import norm_slots
+from ..variants import resolve_variant
+from .graph import ComponentGraph
+
+ROW_BYTES = 256 * 2**20  # memory for the per-row source writes of one patched batch ([rows, n_src, pos, d_model])
+GRAD_TOKENS = 512  # rows x positions of one forward + backward
+
+
+# --- one prompt pair, prepared -------------------------------------------------------------------------
+@dataclass
+class Writes:
+    """Every source's write into the residual stream in one run, and what each kind of destination reads there."""
+
+    sources: torch.Tensor  # [n_src, pos, d_model]: input, a0.h0 ... m0, a1.h0, ...
+    resid_pre: torch.Tensor  # [n_layers, pos, d_model]: what layer L's heads read (before their norm)
+    resid_mid: torch.Tensor  # [n_layers, pos, d_model]: what layer L's MLP reads
+    final: torch.Tensor  # [pos, d_model]: the last block's resid_post, the logits' input
+    keys: torch.Tensor  # [n_layers, g, pos, d_head]: keys after RoPE (a KV cache of the run's first positions)
+    values: torch.Tensor  # [n_layers, g, pos, d_head]
+
+
+@dataclass
+class PairRun:
+    """One clean / corrupted pair: its ids, its metric, and both runs' writes."""
+
+    clean_ids: torch.Tensor  # [pos]
+    corrupted_ids: torch.Tensor  # [pos]
+    metric: Metric
+    answer: int | None  # the built-in logit difference's tokens (answer None: a metric fn)
+    wrong: int | None
+    clean: Writes
+    corrupted: Writes
+    clean_metric: float
+    corrupted_metric: float
+    embeds: tuple[torch.Tensor, torch.Tensor] | None = field(repr=False, default=None)  # (clean, corrupted) hook_embed
+
+    @property
+    def n_pos(self) -> int:
+        return self.clean_ids.numel()
+
+    @property
+    def builtin(self) -> bool:
+        return self.answer is not None
+
+    @property
+    def last_only(self) -> bool:
+        """The metric reads the last position only: the built-in logit difference, or a fn marked
+        `fn.last_only = True` (the tasks' metrics), which then sees logits [1, vocab]."""
+        return self.builtin or bool(getattr(self.metric, "last_only", False))
+
+    @property
+    def shared(self) -> int:
+        """The first position at which any source writes differently in the two runs (n_pos if none).
+
+        Before it the two runs are bit for bit the same, so every patched run is the clean run there (an edge
+        adds exactly 0) and starts at this position, reading the earlier keys and values from a cache."""
+        differs = (self.clean.sources != self.corrupted.sources).flatten(2).any(-1).any(0)  # [pos]
+        first = differs.nonzero()
+        return int(first[0]) if first.numel() else self.n_pos
+
+
+def check_conventions(model: Any) -> Any:
+    """The faithful conventions, refused where the residual stream is not a sum of writes (it never is under
+    post-norm, N(x + F(x)), where the stream itself is renormalised)."""
+    c = model.decoder.conventions(resolve_variant(None, model.cfg))
+    if c.norm not in ("pre", "output", "sandwich"):
+        raise ValueError(f"Circuits need a residual stream that is a sum of writes; norm placement {c.norm!r} is not")
+    return c
+
+
+def head_writes(model: Any, layer: int, result: torch.Tensor, post_scale: torch.Tensor | None) -> torch.Tensor:
+    """Each head's write into the residual stream [b, pos, h, d_model] from attn.hook_result [b, pos, h, d_model].
+
+    Pre-norm families: the result itself (o_proj's bias, the same in every run, belongs to no source).
+    A norm after attention (OLMo-2's output norm, Gemma's sandwich) writes w * (sum_h r_h + b_o) / scale, linear in
+    the r_h once the run's scale is fixed: head h's write is w * (r_h + b_o / h) / scale, and the writes sum to
+    hook_attn_out. Leaving the post-norm out would make the heads' writes miss the norm's weight and scale (on
+    Gemma, factors of 10-100), and every edge out of a head would be scored in the wrong units.
+    Pinned by tests/test_circuits_edges.py::test_head_writes_sum_to_attn_out.
+    """
+    c = check_conventions(model)
+    if c.norm == "pre":
+        return result
+    block = model.decoder.blocks[layer]
+    slot = norm_slots(c.norm, "ln1", model.cfg.has_pre_norms, model.cfg.has_post_norms)[1]
+    weight = block.norm_factor(slot, c.norm_offset, c.norm_weight_in_fp32)  # [d_model]
+    b_o = block.p.b_o
+    shares = result.float() if b_o is None else result.float() + b_o.float() / model.cfg.n_heads
+    out = shares / post_scale.float()[..., None, :] * weight.float()  # [b, pos, h, d] / [b, pos, 1, 1]
+    return out.to(result.dtype)
+
+
+def post_scale_hook(model: Any, layer: int) -> str | None:
+    """The hook whose scale `head_writes` needs (None on pre-norm families)."""
+    c = check_conventions(model)
+    if c.norm == "pre":
+        return None
+    slot = norm_slots(c.norm, "ln1", model.cfg.has_pre_norms, model.cfg.has_post_norms)[1]
+    return f"blocks.{layer}.{slot}.hook_scale"
+
+
+def capture(model: Any, graph: ComponentGraph, ids: torch.Tensor, last_only: bool = False
+            ) -> tuple[list[Writes], torch.Tensor, torch.Tensor]:
+    """Run a batch of prompts [b, pos] of one length; return each one's Writes, the logits [b, pos | 1, vocab] and
+    the embeddings [b, pos, d_model] (hook_embed)."""
+    cfg = model.cfg
+    n_layers = cfg.n_layers
+    b, n_pos = ids.shape
+    d = cfg.d_model
+    sources = torch.empty(b, graph.n_src, n_pos, d, dtype=model.dtype)
+    resid_pre = torch.empty(b, n_layers, n_pos, d, dtype=model.dtype)
+    resid_mid = torch.empty_like(resid_pre)
+    keys = torch.empty(b, n_layers, cfg.n_kv_heads, n_pos, cfg.d_head, dtype=model.dtype)
+    values = torch.empty_like(keys)
+    stash: dict[str, torch.Tensor] = {}
+    hooks: dict[str, Callable] = {"hook_embed": _put(sources, 0)}
+    for layer in range(n_layers):
+        scale = post_scale_hook(model, layer)
+        hooks[f"blocks.{layer}.attn.hook_result"] = _keep(stash)
+        if scale is not None:
+            hooks[scale] = _keep(stash)
+        hooks[f"blocks.{layer}.hook_attn_out"] = _write_heads(model, layer, graph, sources, stash, scale)
+        hooks[f"blocks.{layer}.hook_mlp_out"] = _put(sources, graph.mlp_source(layer))
+        hooks[f"blocks.{layer}.hook_resid_pre"] = _put(resid_pre, layer)
+        hooks[f"blocks.{layer}.hook_resid_mid"] = _put(resid_mid, layer)
+        hooks[f"blocks.{layer}.attn.hook_rot_k"] = _put(keys, layer, transpose=True)
+        hooks[f"blocks.{layer}.attn.hook_v"] = _put(values, layer, transpose=True)
+    final: dict[str, torch.Tensor] = {}
+    hooks[f"blocks.{n_layers - 1}.hook_resid_post"] = lambda x, name: final.__setitem__("x", x)
+    ctx = build_context(model.hook_names, [], hooks, batched=True)
+    logits = model.decoder.forward(ids, ctx, resolve_variant(None, cfg), last_only=last_only)  # [b, pos | 1, vocab]
+    writes = [Writes(sources[i], resid_pre[i], resid_mid[i], final["x"][i], keys[i], values[i]) for i in range(b)]
+    return writes, logits, sources[:, 0]
+
+
+def _put(into: torch.Tensor, index: int, transpose: bool = False) -> Callable:
+    """A hook storing its [b, pos, ...] value at into[:, index] ([b, pos, k, d] values as [b, k, pos, d] when
+    `transpose`)."""
+
+    def fn(x: torch.Tensor, name: str) -> None:
+        into[:, index] = x.transpose(1, 2) if transpose else x
+
+    return fn
+
+
+def _keep(stash: dict[str, torch.Tensor]) -> Callable:
+    """A hook storing its value in `stash` under its name (read later by _write_heads)."""
+
+    def fn(x: torch.Tensor, name: str) -> None:
+        stash[name] = x
+
+    return fn
+
+
+def _write_heads(model: Any, layer: int, graph: ComponentGraph, into: torch.Tensor, stash: dict[str, torch.Tensor],
+                 scale_name: str | None) -> Callable:
+    """A hook on hook_attn_out that writes layer L's head writes (from the stashed result and post-norm scale)."""
+    result_name = f"blocks.{layer}.attn.hook_result"
+    heads = slice(graph.head_source(layer, 0), graph.head_source(layer, 0) + graph.n_heads)
+
+    def fn(x: torch.Tensor, name: str) -> None:
+        writes = head_writes(model, layer, stash.pop(result_name), stash.pop(scale_name) if scale_name else None)
+        into[:, heads] = writes.transpose(1, 2)  # [b, pos, h, d] -> [b, h, pos, d]
+
+    return fn
+
+
+# --- patched runs --------------------------------------------------------------------------------------
+def start_layer(graph: ComponentGraph, mask: torch.Tensor) -> int:
+    """The first layer whose block reads a patched edge (n_layers: only edges into the logits)."""
+    targets = mask.any(0).nonzero()
+    return graph.n_layers if targets.numel() == 0 else graph.target_layer(int(targets[0]))
+
+
+def patched_metrics(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], masks: Sequence[torch.Tensor],
+                    shortcuts: bool = True, progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+    """The metric of every pair with every edge set patched: float64 [n_sets, n_pairs].
+
+    masks: Bool [n_src, n_dst] each, True at the edges that carry the corrupted run's value. Rows (set, pair) of
+    pairs with one length run as batches; each batch starts at the first layer any of its rows patches (before it
+    every row is the clean run, read from the clean run's resid_pre) and, with the built-in metric, at the first
+    position where the two runs differ (PairRun.shared). `shortcuts`: a set with no edge is the clean metric and one
+    with every edge the corrupted metric, exactly, without a run (tests turn this off to check the runs).
+    """
+    real = graph.real()
+    out = torch.full((len(masks), len(runs)), float("nan"), dtype=torch.float64)
+    todo: list[tuple[int, int, int]] = []  # (start layer, set, pair)
+    for s in range(len(masks)):
+        mask = masks[s] & real
+        n = int(mask.sum())
+        for p, run in enumerate(runs):
+            if shortcuts and n == 0:
+                out[s, p] = run.clean_metric
+            elif shortcuts and n == graph.n_edges:
+                out[s, p] = run.corrupted_metric
+            else:
+                todo.append((start_layer(graph, mask), s, p))
+    done, total = 0, len(todo)
+    by_length: dict[int, list[tuple[int, int, int]]] = {}
+    for row in todo:
+        by_length.setdefault(runs[row[2]].n_pos, []).append(row)
+    for n_pos, rows in by_length.items():
+        rows.sort()
+        per_row = graph.n_src * n_pos * model.cfg.d_model * model.dtype.itemsize * 3  # current, corrupted, one gather
+        chunk = max(1, ROW_BYTES // per_row)
+        for i in range(0, len(rows), chunk):
+            part = rows[i:i + chunk]
+            values = _patched_batch(model, graph, runs, masks, part, real)
+            for (_, s, p), v in zip(part, values, strict=True):
+                out[s, p] = v
+            done += len(part)
+            if progress is not None:
+                progress(done, total)
+    return out
+
+
+def _patched_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], masks: Sequence[torch.Tensor],
+                   rows: list[tuple[int, int, int]], real: torch.Tensor) -> list[float]:
+    cfg = model.cfg
+    n_layers = cfg.n_layers
+    start = min(min(r[0] for r in rows), n_layers - 1)
+    pairs = [runs[p] for _, _, p in rows]
+    last_only = all(r.last_only for r in pairs)
+    first = min(r.shared for r in pairs) if last_only else 0
+    first = min(first, pairs[0].n_pos - 1)  # the last position always runs: the metric reads it
+    at = slice(first, None)
+    b = len(rows)
+    m = torch.stack([masks[s] & real for _, s, _ in rows])  # [b, n_src, n_dst]
+    corrupted = torch.stack([r.corrupted.sources[:, at] for r in pairs])  # [b, n_src, pos', d]
+    current = torch.stack([r.clean.sources[:, at] for r in pairs])  # [b, n_src, pos', d]: clean until a patch moves it
+    stash: dict[str, torch.Tensor] = {}
+
+    def corrupted_input(what: str, layer: int) -> torch.Tensor:
+        return torch.stack([getattr(r.corrupted, what)[layer, at] for r in pairs])  # [b, pos', d]
+
+    hooks: dict[str, Callable] = {}
+    for layer in range(start, n_layers):
+        slices = graph.target_slices(layer)
+        qkv = slice(slices["q"].start, slices["v"].stop)
+        reader = _Reader(m[:, :graph.attn_prefix(layer), qkv], corrupted, current,
+                         lambda layer=layer: corrupted_input("resid_pre", layer))
+        splits = {"q": (0, cfg.n_heads), "k": (cfg.n_heads, cfg.n_kv_heads),
+                  "v": (cfg.n_heads + cfg.n_kv_heads, cfg.n_kv_heads)}
+        for kind, (offset, count) in splits.items():
+            hooks[f"blocks.{layer}.hook_{kind}_input"] = reader.part(offset, count)
+        scale = post_scale_hook(model, layer)
+        hooks[f"blocks.{layer}.attn.hook_result"] = _keep(stash)
+        if scale is not None:
+            hooks[scale] = _keep(stash)
+        hooks[f"blocks.{layer}.hook_attn_out"] = _write_heads(model, layer, graph, current, stash, scale)
+        mlp = _Reader(m[:, :graph.mlp_source(layer), slices["mlp"]], corrupted, current,
+                      lambda layer=layer: corrupted_input("resid_mid", layer))
+        hooks[f"blocks.{layer}.hook_mlp_in"] = mlp.part(0, 1)
+        hooks[f"blocks.{layer}.hook_mlp_out"] = _put(current, graph.mlp_source(layer))
+    logits_reader = _Reader(m[:, :, graph.logits_target:], corrupted, current,
+                            lambda: torch.stack([r.corrupted.final[at] for r in pairs]))
+    hooks[f"blocks.{n_layers - 1}.hook_resid_post"] = logits_reader.part(0, 1)
+    ctx = build_context(model.hook_names, [], hooks, batched=True)
+    x = torch.stack([r.clean.resid_pre[start, at] for r in pairs])  # [b, pos', d]
+    cache = None
+    if first:
+        cache = model.decoder.new_cache(pairs[0].n_pos, b)
+        for layer in range(start, n_layers):  # the clean run's keys and values of the shared positions
+            cache.k[layer][:, :, :first] = torch.stack([r.clean.keys[layer, :, :first] for r in pairs])
+            cache.v[layer][:, :, :first] = torch.stack([r.clean.values[layer, :, :first] for r in pairs])
+        cache.length = first
+    variant = resolve_variant(None, cfg)
+    logits = model.decoder.forward_from(x, start, ctx, variant, last_only=last_only, cache=cache)  # [b, pos'|1, vocab]
+    return row_metrics(pairs, logits).tolist()
+
+
+class _Reader:
+    """The hooks of one group of destinations read at one point (a layer's q, k and v inputs; its MLP input; the
+    logits' input): each adds its patched edges' a_u^corrupted - a_u to the value it sees.
+
+    mask: Bool [b, n, k], the patched edges from the n sources this point reads into its k destinations. Computed
+    once for the group when its first hook fires (the sources cannot change in between), over the sources that
+    some row patches (`x + sum_patched (corr - cur)`) or, when fewer, over those some row leaves unpatched
+    (`corrupted input - sum_unpatched (corr - cur)`, equal since a destination's input is the sum of its sources'
+    writes plus terms the same in both runs): a circuit's faithfulness run patches all but a few edges.
+    A destination with no patched edge keeps its value bit for bit, and one with every edge patched gets the
+    corrupted run's input itself.
+    """
+
+    def __init__(self, mask: torch.Tensor, corrupted: torch.Tensor, current: torch.Tensor,
+                 corrupted_input: Callable[[], torch.Tensor]):
+        self.mask, self.corrupted, self.current, self.corrupted_input = mask, corrupted, current, corrupted_input
+        self.active = bool(mask.any())
+        self.delta: torch.Tensor | None = None  # [b, pos, k, d]: what to add; set by the first hook that fires
+
+    def part(self, offset: int, count: int) -> Callable:
+        def fn(x: torch.Tensor, name: str) -> torch.Tensor | None:
+            if not self.active:
+                return None
+            if self.delta is None:
+                self.delta = self._compute(x)
+            new = self.delta[:, :, offset:offset + count]  # [b, pos, count, d]
+            keep = ~self.mask[:, :, offset:offset + count].any(1)  # [b, count]: no edge patched
+            if x.dim() == 3:
+                new, keep = new[:, :, 0], keep[:, :1]
+                return torch.where(keep[:, None], x, new)
+            return torch.where(keep[:, None, :, None], x, new)
+
+        return fn
+
+    def _compute(self, x: torch.Tensor) -> torch.Tensor:
+        mask = self.mask  # [b, n, k]
+        b, n, k = mask.shape
+        unpatched = ~mask
+        patched_sources, unpatched_sources = mask.any(2).any(0), unpatched.any(2).any(0)  # [n]
+        use = patched_sources if int(patched_sources.sum()) <= int(unpatched_sources.sum()) else None
+        value = x if x.dim() == 4 else x[:, :, None]  # [b, pos, 1 | heads, d]: the value any part sees
+        if use is not None:  # x + sum over the patched edges
+            picked = mask[:, use].to(x.dtype)  # [b, n', k]
+            base = value[:, :, :1].expand(*value.shape[:2], k, value.shape[-1])
+            sign = 1.0
+        else:  # the corrupted input - sum over the unpatched edges
+            use = unpatched_sources
+            picked = unpatched[:, use].to(x.dtype)
+            base = self.corrupted_input()[:, :, None].expand(*value.shape[:2], k, value.shape[-1])
+            sign = -1.0
+        full = mask.all(1)  # [b, k]: every edge patched -> the corrupted input itself
+        idx = use.nonzero()[:, 0]
+        n_pos, d = x.shape[1], x.shape[-1]
+        if idx.numel():
+            diff = (self.corrupted[:, idx] - self.current[:, idx]).reshape(b, idx.numel(), -1)  # [b, n', pos * d]
+            delta = torch.bmm(picked.transpose(1, 2), diff).view(b, k, n_pos, d).transpose(1, 2)  # [b, pos, k, d]
+            out = base + sign * delta
+        else:
+            out = base.clone()
+        if bool(full.any()):
+            out = torch.where(full[:, None, :, None], self.corrupted_input()[:, :, None], out)
+        return out
+
+
+def row_metrics(pairs: Sequence[PairRun], logits: torch.Tensor) -> torch.Tensor:
+    """Each row's metric, float64 [b] (a tensor that keeps autograd's graph when the logits have one).
+
+    The built-in logit difference reads the last position of every row at once; a metric fn sees one row's
+    logits [pos, vocab]."""
+    if all(r.builtin for r in pairs):
+        last = logits[:, -1].double()  # [b, vocab]
+        rows = torch.arange(len(pairs))
+        answer = torch.tensor([r.answer for r in pairs])
+        value = last[rows, answer]
+        wrong = [r.wrong for r in pairs]
+        if any(w is not None for w in wrong):
+            has = torch.tensor([w is not None for w in wrong])
+            value = value - torch.where(has, last[rows, torch.tensor([w or 0 for w in wrong])], 0.0)
+        return value
+    values = []
+    for r, row in zip(pairs, logits, strict=True):
+        v = r.metric(row)
+        values.append(v.reshape(()).double() if isinstance(v, torch.Tensor) else torch.tensor(as_float(v)).double())
+    return torch.stack(values)
+
+
+# --- gradients ------------------------------------------------------------------------------------------
+def gradient_scores(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], alphas: Sequence[float],
+                    progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+    """sum over pairs and alphas of (a_u^corrupted - a_u^clean) . d metric / d (input of v), float64 [n_src, n_dst].
+
+    Each alpha is one run of the pair whose input embeddings are e_corrupted + alpha (e_clean - e_corrupted):
+    alpha 1 is the clean run (EAP), alphas k / steps for k = 0 .. steps - 1 are EAP-IG's (hannamw/EAP-IG's
+    get_scores_eap_ig: the corrupted end included, the clean end not). Sums over d_model and positions; the caller
+    divides by the number of pairs and of alphas.
+    """
+    scores = torch.zeros(graph.n_src, graph.n_dst, dtype=torch.float64)
+    rows = [(p, a) for p in range(len(runs)) for a in alphas]
+    by_length: dict[int, list[tuple[int, float]]] = {}
+    for row in rows:
+        by_length.setdefault(runs[row[0]].n_pos, []).append(row)
+    done = 0
+    for n_pos, group in by_length.items():
+        chunk = max(1, GRAD_TOKENS // n_pos)
+        for i in range(0, len(group), chunk):
+            part = group[i:i + chunk]
+            _gradient_batch(model, graph, runs, part, scores)
+            done += len(part)
+            if progress is not None:
+                progress(done, len(rows))
+    return scores
+
+
+def _gradient_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], rows: list[tuple[int, float]],
+                    scores: torch.Tensor) -> None:
+    cfg = model.cfg
+    pairs = [runs[p] for p, _ in rows]
+    last_only = all(r.last_only for r in pairs)
+    # Positions before the first difference have a zero source difference, so their gradients add nothing: the run
+    # starts there, with the clean run's keys and values of the earlier positions (the same in every row: the two
+    # embeddings, and so every interpolation, agree there bit for bit).
+    first = min(min(r.shared for r in pairs), pairs[0].n_pos - 1) if last_only else 0
+    at = slice(first, None)
+    clean_e = torch.stack([r.embeds[0][at] for r in pairs])  # [b, pos', d]
+    corrupted_e = torch.stack([r.embeds[1][at] for r in pairs])
+    alpha = torch.tensor([a for _, a in rows], dtype=clean_e.dtype)[:, None, None]
+    # alpha 1 is the clean run itself (c + 1 * (e - c) rounds away from e); alpha 0 gives c exactly.
+    embeds = torch.where(alpha == 1, clean_e, corrupted_e + alpha * (clean_e - corrupted_e))  # [b, pos', d]
+    inputs: dict[str, torch.Tensor] = {}
+
+    def grab(x: torch.Tensor, name: str) -> torch.Tensor:
+        # A fresh node the forward must read (an unedited input hook is bypassed), and what autograd differentiates.
+        inputs[name] = y = x.clone()
+        return y
+
+    hooks: dict[str, Callable] = {}
+    for layer in range(cfg.n_layers):
+        for kind in ("hook_q_input", "hook_k_input", "hook_v_input", "hook_mlp_in"):
+            hooks[f"blocks.{layer}.{kind}"] = grab
+    last = f"blocks.{cfg.n_layers - 1}.hook_resid_post"
+    hooks[last] = grab
+    ctx = build_context(model.hook_names, [], hooks, batched=True)
+    cache = None
+    if first:
+        cache = model.decoder.new_cache(pairs[0].n_pos, len(rows))
+        for layer in range(cfg.n_layers):
+            cache.k[layer][:, :, :first] = torch.stack([r.clean.keys[layer, :, :first] for r in pairs])
+            cache.v[layer][:, :, :first] = torch.stack([r.clean.values[layer, :, :first] for r in pairs])
+        cache.length = first
+    x = embeds.detach().requires_grad_()  # the leaf autograd starts from: hook_embed's value, from position `first`
+    logits = model.decoder.forward_from(x, 0, ctx, resolve_variant(None, cfg), last_only=last_only, grad=True,
+                                        cache=cache)  # [b, pos' | 1, vocab]
+    values = row_metrics(pairs, logits)
+    if not values.requires_grad:
+        raise ValueError("EAP differentiates the metric: it must return a tensor computed from the logits "
+                         "(e.g. logits[-1, a] - logits[-1, b]), not a float")
+    names = list(inputs)
+    grads = torch.autograd.grad(values.sum(), [inputs[n] for n in names], allow_unused=True)
+    # Sum each pair's rows (its alphas, consecutive rows) first, then one contraction with that pair's differences.
+    pair_ids = list(dict.fromkeys(p for p, _ in rows))
+    counts = [sum(1 for q, _ in rows if q == p) for p in pair_ids]
+    diff = torch.stack([runs[p].corrupted.sources[:, at] - runs[p].clean.sources[:, at] for p in pair_ids])
+    diff = diff.float()
+    diff = diff.transpose(0, 1).reshape(graph.n_src, -1)  # [n_src, P * pos * d]
+    columns = torch.zeros(diff.shape[1], graph.n_dst)  # [P * pos * d, n_dst]: each destination's summed gradient
+    for name, grad in zip(names, grads, strict=True):
+        if grad is None:
+            continue
+        grad = grad.float()
+        per_pair = grad if len(counts) == len(rows) else torch.stack([part.sum(0) for part in grad.split(counts)])
+        if name == last:
+            targets = slice(graph.logits_target, graph.logits_target + 1)
+        else:
+            layer, kind = int(name.split(".")[1]), name.split(".")[2]
+            targets = graph.target_slices(layer)["mlp" if kind == "hook_mlp_in" else kind.split("_")[1]]
+        if per_pair.dim() == 3:
+            per_pair = per_pair[:, :, None]  # [P, pos, 1, d]
+        columns[:, targets] = per_pair.transpose(2, 3).reshape(-1, per_pair.shape[2])  # [P * pos * d, k]
+    # One GEMM for every (source, destination) pair, summed over pairs, positions and d_model; the sources a
+    # destination does not read (later in the forward pass) are dropped.
+    scores += (diff @ columns).double() * graph.real()
