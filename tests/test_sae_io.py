@@ -186,8 +186,9 @@ def test_a_hub_id_downloads_only_when_given_and_an_unreachable_hub_fails_in_boun
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", refuse)
     with pytest.raises(SAEError, match="could not fetch google/gemma-scope-2-270m-pt/resid_post.*ConnectionError"):
         slmviz.load_sae("google/gemma-scope-2-270m-pt", subfolder="resid_post/layer_9_width_16k_l0_medium")
-    with pytest.raises(SAEError, match="needs subfolder="):
+    with pytest.raises(SAEError, match="no folder 'google/gemma-scope-2-270m-pt' here.*subfolder="):
         slmviz.load_sae("google/gemma-scope-2-270m-pt")
+    assert len(calls) == 1  # neither of those asked the hub
 
 
 def test_a_hub_folder_in_gemma_scope_layout_loads(monkeypatch, tmp_path, gemma):

@@ -82,8 +82,12 @@ def load_sae(source: str | os.PathLike | SAE, model: Any = None, subfolder: str 
         path = Path(source) / subfolder if subfolder else Path(source)
         if path.exists():
             sae = load_folder(path)
-        elif _is_hub_id(str(source)):
+        elif _is_hub_id(str(source)) and subfolder:
             sae = load_folder(download(str(source), subfolder))
+        elif _is_hub_id(str(source)):
+            raise SAEError(f"no folder {str(source)!r} here; for an SAE on the hub, pass the folder inside the repo "
+                           "as subfolder=, e.g. load_sae('google/gemma-scope-2-270m-pt', "
+                           "subfolder='resid_post/layer_9_width_16k_l0_medium')")
         else:
             raise SAEError(
                 f"{str(path)!r} is neither a folder (SAELens: {CFG_FILENAME} + {WEIGHTS_FILENAME}; Gemma Scope 2: "

@@ -128,8 +128,8 @@ class SAE(torch.nn.Module):
     Computation runs in the SAE's dtype (the input is cast to it) and results come back in the input's dtype.
 
     Conventions that fail silently when changed:
-    - W_dec is [d_sae, d_out] and x_hat = f @ W_dec; a file holding its transpose loads only because the
-      shape check below refuses d_sae == d_out mixups by naming both shapes.
+    - W_dec is [d_sae, d_out] and x_hat = f @ W_dec (SAELens's orientation). A file holding its transpose is
+      refused by from_state's shape check, which names both shapes (nothing could tell if d_sae == d_out).
     - topk keeps the k largest *pre-activations* and then applies relu (SAELens); relu-then-topk picks the same
       set except on ties at 0, but topk of |h| would keep negative ones.
     - jumprelu is relu(h) * 1[h > threshold] with a strict `>`: `>=` turns on every feature whose threshold is 0.
