@@ -133,6 +133,22 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny, corpus, tmp_path):
     assert torch.equal(again.W_dec, whole.W_dec)
 
 
+def test_a_run_is_extended_before_its_decay_to_what_a_longer_run_gives(tiny, corpus, tmp_path):
+    """tokens may change on resume while the run is still at its constant learning rate: the result equals a run
+    started with the new total. After the decay began, a change is refused."""
+    def stop(stats):
+        if stats["tokens"] >= 600:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_sae(tiny, HOOK, corpus, tokens=1500, out=tmp_path / "cut", **{**SMALL, "progress": stop})
+    extended = train_sae(tiny, HOOK, corpus, tokens=2500, out=tmp_path / "cut", **SMALL)
+    longer = train_sae(tiny, HOOK, corpus, tokens=2500, out=tmp_path / "long", **SMALL)
+    assert torch.equal(extended.W_enc, longer.W_enc) and torch.equal(extended.b_dec, longer.b_dec)
+    with pytest.raises(CheckpointError, match="tokens: 2500 there, 3000 now"):
+        train_sae(tiny, HOOK, corpus, tokens=3000, out=tmp_path / "long", **SMALL)
+
+
 def test_a_transcoder_trains_and_saves_as_jumprelu(tiny, corpus, tmp_path):
     tc = train_sae(tiny, "blocks.1.mlp.hook_in", corpus, hook_out="blocks.1.hook_mlp_out", architecture="batchtopk",
                    tokens=1500, out=tmp_path / "tc", **SMALL)

@@ -148,7 +148,8 @@ def train_sae(
     and of the SAE step (Adam and the weights stay fp32); None picks bf16 where it measures >= BF16_SPEEDUP
     faster (`fastest_dtype`), or the dtype of the checkpoint being resumed. progress: a tqdm bar (True), nothing
     (False), or fn(stats) after every step (stats: tokens, total, step, loss, mse, aux, explained_variance, l0,
-    dead_fraction, tokens_per_s). checkpoint_every: seconds between checkpoints (0: after every step).
+    dead_fraction, tokens_per_s). checkpoint_every: seconds between checkpoints inside a block (0: after every
+    step); one is also written at the end of every block, where a resume re-runs no forward.
     Returns the trained SAE, also saved in `out` (SAELens format). A finished run in `out` is loaded, not re-run.
     """
     out = Path(out)
@@ -182,7 +183,7 @@ def train_sae(
         corpus=corpus_fingerprint(corpus), massive_factor=MASSIVE_FACTOR,
     )
     if saved is not None:
-        _check_same_run(out, saved[0], cfg)
+        _check_same_run(out, saved[0], cfg, saved[2]["cursor"]["tokens"])
     elif (out / "cfg.json").exists():
         raise CheckpointError(f"{out} holds an SAE (cfg.json) but no {CHECKPOINT}: not a run train_sae can resume; "
                               "choose another out= folder")
@@ -225,8 +226,13 @@ def _dtype_name(dtype: str | torch.dtype) -> str:
     return names[dtype]
 
 
-def _check_same_run(out: Path, saved: TrainConfig, cfg: TrainConfig) -> None:
+def _check_same_run(out: Path, saved: TrainConfig, cfg: TrainConfig, done: int) -> None:
+    """Refuse a checkpoint of another configuration. `tokens` alone may change while the run is still before
+    the learning-rate decay of both totals: up to there the schedule is the same constant, so the resumed run
+    computes exactly what a run started with the new total would (a run can be shortened or extended)."""
     differ = {k: (v, getattr(cfg, k)) for k, v in asdict(saved).items() if getattr(cfg, k) != v}
+    if set(differ) == {"tokens"} and done <= (1 - cfg.lr_decay) * min(saved.tokens, cfg.tokens):
+        return
     if differ:
         what = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in differ.items())
         raise CheckpointError(f"{out} holds the checkpoint of another run ({what}); resume it with the same "
@@ -348,9 +354,8 @@ class Trainer:
                     if cur.tokens >= cfg.tokens:
                         break
                     cur.block, cur.batch = block.index + 1, 0
-                    if time.monotonic() - last_save >= checkpoint_every:
-                        self.save_checkpoint(out)
-                        last_save = time.monotonic()
+                    self.save_checkpoint(out)  # always at a block's end: a resume there runs no forward twice
+                    last_save = time.monotonic()
                 if cur.tokens >= cfg.tokens:
                     break
                 if not any_block or cur.steps == 0:
