@@ -59,9 +59,11 @@ def corpus_docs(n: int) -> list[str]:
     return verses[::step][:n]
 
 
-def scan_folder(model: Any, n: int, hooks: list[str], top_k: int = TOP_K) -> Path:
+def scan_folder(model: Any, n: int, hooks: list[str], top_k: int = TOP_K, saes_key: str = "") -> Path:
+    """The cache folder of a scan; `saes_key` names the SAEs spliced into it (their weights' fingerprint)."""
     root = Path(os.environ.get("SLMVIZ_SCAN_CACHE") or cache_dir() / "scans")
-    what = [model.name, str(model.path), hooks, n, FORMAT_VERSION] + ([top_k] if top_k != TOP_K else [])
+    what = [model.name, str(model.path), hooks, n, FORMAT_VERSION] + ([top_k] if top_k != TOP_K else []) + (
+        [saes_key] if saes_key else [])
     key = hashlib.sha1(json.dumps(what).encode()).hexdigest()
     return root / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', model.name)}-kjv{n}-{key[:10]}"
 
@@ -78,9 +80,11 @@ class CorpusScans:
     def __init__(self, jobs: Jobs | None = None) -> None:
         self.jobs = jobs if jobs is not None else Jobs()
 
-    def join(self, model: Any, hooks: list[str], who: str, top_k: int = TOP_K) -> Job:
+    def join(self, model: Any, hooks: list[str], who: str, top_k: int = TOP_K, saes: tuple = (),
+             saes_key: str = "") -> Job:
+        """The scan of `hooks` (with `saes` spliced in, identified by `saes_key`: the Features tab's scans)."""
         n = corpus_size()
-        folder = scan_folder(model, n, hooks, top_k)
+        folder = scan_folder(model, n, hooks, top_k, saes_key)
 
         def work(report: Callable[[float, str], None]) -> tuple[Scan, list[str]]:
             docs = corpus_docs(n)
@@ -89,15 +93,16 @@ class CorpusScans:
                 return Scan.load(folder), docs
             what = f"Scanning {len(docs)} verses with {model.name} ({_layers(hooks)})"
             report(0.0, what)
-            s = scan(docs, hooks=hooks, top_k=top_k, model=model,
+            s = scan(docs, hooks=hooks, top_k=top_k, model=model, saes=list(saes) or None,
                      progress=lambda done, total: report(done / max(total or n, 1), what))
             _save_atomically(s, folder)
             return s, docs
 
         return self.jobs.join(folder, work, who, kind="scan")
 
-    def finished(self, model: Any, hooks: list[str], top_k: int = TOP_K) -> tuple[Scan, list[str]] | None:
-        return self.jobs.finished(scan_folder(model, corpus_size(), hooks, top_k))
+    def finished(self, model: Any, hooks: list[str], top_k: int = TOP_K,
+                 saes_key: str = "") -> tuple[Scan, list[str]] | None:
+        return self.jobs.finished(scan_folder(model, corpus_size(), hooks, top_k, saes_key))
 
     def tab_scan(self, model: Any, who: str) -> Job:
         return self.join(model, scan_hooks(model), who)

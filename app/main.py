@@ -26,6 +26,7 @@ from slmviz.model_api import Model  # noqa: E402
 from slmviz.plots.trace import NEXT_TOKEN_COLUMNS, STAGE_NAMES  # noqa: E402
 from slmviz.variants import BASE  # noqa: E402
 
+from .features_tab import FeatureHandlers, build_features_tab, build_sae_loader  # noqa: E402
 from .handlers import (  # noqa: E402
     FIELD_CHOICES,
     FIELD_HELP,
@@ -89,6 +90,7 @@ def build(handlers: Handlers) -> gr.Blocks:
     light_kw = {"concurrency_limit": LIGHT_CONCURRENCY, "concurrency_id": "light"}
     load_kw = {"concurrency_limit": LOAD_CONCURRENCY, "concurrency_id": "load"}
     scan_kw = {"concurrency_limit": JOB_WAITERS, "concurrency_id": "jobs"}
+    features = FeatureHandlers(handlers)
     with gr.Blocks(title="slmviz", analytics_enabled=False, delete_cache=(1800, 3600)) as demo:
         source = gr.State("")  # this session's model ("" = the startup model)
         trace = gr.State(None, time_to_live=3600)  # the last Run's trace, re-plotted without re-running
@@ -193,8 +195,10 @@ def build(handlers: Handlers) -> gr.Blocks:
                     model_box = gr.Textbox(label="model", placeholder="HuggingFaceTB/SmolLM2-135M-Instruct",
                                            elem_id="model-source", scale=4)
                     load_btn = gr.Button("Load", elem_id="load-model", scale=1)
+                sae_loader = build_sae_loader(features)
             from .corpus_tab import build_corpus_tab
             build_corpus_tab(handlers, prompt, source, model_kw, light_kw, scan_kw)
+            build_features_tab(features, prompt, chat, source, sae_loader, model_kw, light_kw, scan_kw, load_kw)
 
         # --- events ---
         examples.input(handlers.example, [examples], [prompt, chat], api_name="example", **light_kw)

@@ -87,3 +87,18 @@ def _wait_until_serving(proc: subprocess.Popen, url: str, log: Path) -> None:
             pass
         time.sleep(1)
     raise RuntimeError(f"The app did not answer within {STARTUP_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
+
+
+# A small random SAE for the bundled model, for the Features tab's tests (no bundled SAE needed): a topk SAE on
+# SmolLM2's layer-3 residual stream, so a feature scan runs 4 of its 30 layers.
+TEST_SAE_HOOK = "blocks.3.hook_resid_post"
+TEST_SAE_NAME = "test_resid_post_l3"
+TEST_SAE_FEATURES = 64
+
+
+def write_test_sae(root: Path, name: str = TEST_SAE_NAME, seed: int = 0) -> Path:
+    """Save the test SAE as a SAELens folder `root/name` (the app lists it when root is in $SLMVIZ_SAE_DIRS)."""
+    from slmviz import SAE
+
+    sae = SAE.random(576, TEST_SAE_FEATURES, seed=seed, scale=1.0, architecture="topk", k=8, hook_name=TEST_SAE_HOOK)
+    return sae.save(root / name)

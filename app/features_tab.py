@@ -1,0 +1,431 @@
+"""The "Features" tab: browse and steer the features of sparse autoencoders (SAEs) and transcoders.
+
+Pick an SAE (#feature-sae) and a feature (#feature-id), press Show (#feature-show): #feature-card fills with the
+feature's page: how often it fires and its quantile bands, its activation density, its top activating contexts
+in a scan of the bundled corpus (the Corpus tab's verses, scanned once per model and SAE with the SAE spliced in
+and cached like the Corpus tab's scans, as a long job of app/scan_jobs.py), its logit effects (W_dec[f] · W_U)
+and its nearest features by decoder cosine. Below: the current prompt's strongest features at each token (click
+a token, then a feature), a search for features that fire on, or promote, a token, and a steering panel (#steer-run)
+that continues the prompt with and without the feature added, with the same seed.
+
+Which SAEs the picker offers for the session's model:
+- the bundled ones (slmviz.bundled_saes);
+- every SAE folder under $SLMVIZ_SAE_DIRS (folders separated by the OS path separator; each one an SAE folder or a
+  folder of SAE folders), set by whoever starts the server, so no --allow-local-models is needed for them;
+- those loaded in the Model tab: a hub id (+ subfolder), or a local folder when the app runs with
+  --allow-local-models. They are shared by every session of the server (at most MAX_LOADED_SAES kept).
+A picker value is only ever looked up among these: a client cannot make the server read another path.
+
+Bad input (an SAE for another model's width, a hook the family lacks, missing, mis-shaped or non-finite tensors,
+a pickle, an unknown architecture, an unreachable hub, a feature out of range) is a one-line message from
+slmviz.load_sae / the SAE object, shown as an error in the page; nothing the session had is lost.
+Stand-ins for what the library does not have yet live in app/feature_adapters.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from slmviz.features.io import load_sae
+from slmviz.features.sae import CFG_FILENAME, SAE, SAEError, check_feature
+from slmviz.features.steer import steer
+from slmviz.model_api import HUB_ID_PATTERN
+
+from . import feature_adapters as fa
+from .corpus_tab import SCANS, corpus_size, session
+from .handlers import Handlers, readable_errors
+from .scan_jobs import JobCancelled, wait
+
+log = logging.getLogger("slmviz.app")
+
+SAE_DIRS_ENV = "SLMVIZ_SAE_DIRS"
+MAX_LOADED_SAES = 6
+TOP_K = 10  # contexts kept per feature by a feature scan
+EFFECTS_K = 10
+NEAREST_K = 10
+STEER_TOKENS = 24
+DASHBOARD_ROWS = "+sae_rows"  # in a feature scan's cache key: scanned by feature_adapters.dashboard_sae
+GEMMA_SCOPE_WEIGHTS = "params.safetensors"
+LINK_JS = ("element.addEventListener('click', (e) => {{ const s = e.target.closest('.{cls}'); "
+           "if (s) trigger('click', {{{key}: Number(s.dataset.{key})}}); }});")
+FEATURE_CLICK_JS = LINK_JS.format(cls=fa.FEATURE_LINK, key="feature")
+TOKEN_CLICK_JS = LINK_JS.format(cls=fa.TOKEN_CHIP, key="pos")
+NO_SAE = "No SAE for this model yet: load one in the Model tab (a hub id, or a folder with --allow-local-models)."
+
+
+@dataclass
+class Entry:
+    """One SAE on offer: its picker name, the SAE (loaded for one model) and its weights' fingerprint."""
+
+    name: str
+    sae: SAE
+    key: str
+
+
+def fingerprint(sae: SAE) -> str:
+    """sha1 of the SAE's configuration and tensors: two SAEs with the same name never share a cached scan."""
+    h = hashlib.sha1(repr(sae).encode())
+    for name, tensor in sorted(sae.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def sae_dirs() -> list[Path]:
+    """The SAE folders under $SLMVIZ_SAE_DIRS (an SAE folder, or a folder of them), sorted by name."""
+    found = []
+    for root in filter(None, os.environ.get(SAE_DIRS_ENV, "").split(os.pathsep)):
+        root = Path(root).expanduser()
+        if _is_sae_folder(root):
+            found.append(root)
+        elif root.is_dir():
+            found += sorted(p for p in root.iterdir() if _is_sae_folder(p))
+    return found
+
+
+def _is_sae_folder(path: Path) -> bool:
+    return (path / CFG_FILENAME).is_file() or (path / GEMMA_SCOPE_WEIGHTS).is_file()
+
+
+class SAEStore:
+    """The SAEs this server offers, per model (module docstring), loaded on first use and shared by sessions."""
+
+    def __init__(self, allow_local: bool = False):
+        self.allow_local = allow_local
+        self._loaded: OrderedDict[tuple[str, str], Entry] = OrderedDict()  # (model, name) -> Entry, LRU
+        self._extra: dict[str, list[str]] = {}  # model -> names loaded in the Model tab, in order
+        self._sources: dict[tuple[str, str], Any] = {}  # (model, name) -> what load_sae reads for it
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def model_key(model: Any) -> str:
+        return f"{model.name}|{model.path}"
+
+    def names(self, model: Any) -> list[str]:
+        """Bundled SAEs, then $SLMVIZ_SAE_DIRS folders that fit this model, then those loaded in the Model tab."""
+        m = self.model_key(model)
+        names = fa.bundled_sae_names(model)
+        for folder in sae_dirs():
+            name = folder.name
+            if (m, name) not in self._sources:
+                try:  # listed only where it fits: hooks and widths checked against the model
+                    self._keep(model, name, load_sae(folder, model=model), folder)
+                except Exception as e:  # noqa: BLE001 - a bad folder is logged and left out, never fatal
+                    log.warning("SAE folder %s does not fit %s: %s", folder, model.name, e)
+                    continue
+            names.append(name)
+        with self._lock:
+            names += [n for n in self._extra.get(m, []) if (m, n) in self._loaded]
+        return list(dict.fromkeys(names))
+
+    def get(self, model: Any, name: str | None) -> Entry:
+        m = self.model_key(model)
+        if not name:
+            raise ValueError(NO_SAE if not self.names(model) else "Pick an SAE first")
+        with self._lock:
+            if (m, name) in self._loaded:
+                self._loaded.move_to_end((m, name))
+                return self._loaded[(m, name)]
+        if name in fa.bundled_sae_names(model):
+            return self._keep(model, name, load_sae(fa.bundled_sae_source(name, model), model=model))
+        source = self._sources.get((m, name))
+        if source is None or name not in self.names(model):
+            raise ValueError(f"{name!r} is not an SAE for {model.name}; pick one of: "
+                             f"{', '.join(self.names(model)) or NO_SAE}")
+        return self._keep(model, name, load_sae(source, model=model), source)
+
+    def load(self, model: Any, source: str, subfolder: str | None = None) -> Entry:
+        """An SAE from a hub id (+ subfolder), or a local folder when allow_local; its name is the source."""
+        text = (source or "").strip()
+        sub = (subfolder or "").strip() or None
+        if not text:
+            raise ValueError("Type a hub id (owner/name, with its subfolder) or, with --allow-local-models, a folder")
+        path = Path(text).expanduser()
+        if path.exists() or text.startswith((".", "/", "~")):
+            if not self.allow_local:
+                raise ValueError("Local SAE folders are disabled; start the app with --allow-local-models to load "
+                                 f"one (or list it in ${SAE_DIRS_ENV} when starting the server)")
+            where = path / sub if sub else path
+            sae = load_sae(where.resolve() if where.exists() else where, model=model)
+            name = str(where.resolve())
+        elif HUB_ID_PATTERN.match(text) and ".." not in text:
+            sae = load_sae(text, subfolder=sub, model=model)  # bounded time: $SLMVIZ_HUB_TIMEOUT
+            name = f"{text}/{sub}" if sub else text
+        else:
+            raise ValueError(f"{text[:100]!r} is neither a hub id of the form owner/name nor a folder")
+        entry = self._keep(model, name, sae, None)
+        with self._lock:
+            extra = self._extra.setdefault(self.model_key(model), [])
+            if name not in extra:
+                extra.append(name)
+        return entry
+
+    def _keep(self, model: Any, name: str, sae: SAE, source: Any = None) -> Entry:
+        m = self.model_key(model)
+        entry = Entry(name, sae, fingerprint(sae))
+        with self._lock:
+            if source is not None:
+                self._sources[(m, name)] = source
+            self._loaded[(m, name)] = entry
+            self._loaded.move_to_end((m, name))
+            while len(self._loaded) > MAX_LOADED_SAES:
+                self._loaded.popitem(last=False)  # a bundled or $SLMVIZ_SAE_DIRS SAE is loaded again on demand
+        return entry
+
+
+def acts_hook(sae: SAE) -> str:
+    return f"{sae.hook_name_out}.hook_sae_acts_post"
+
+
+class FeatureHandlers:
+    """The tab's handlers; models come from the page's Handlers, SAEs from an SAEStore."""
+
+    def __init__(self, handlers: Handlers):
+        self.h = handlers
+        self.saes = SAEStore(allow_local=handlers.store.allow_local)
+
+    @readable_errors
+    def choices(self, source: str | None, keep: str | None = None) -> gr.Dropdown:
+        names = self.saes.names(self.h.model(source))
+        value = keep if keep in names else (names[0] if names else None)
+        return gr.Dropdown(choices=names, value=value)
+
+    def _scan_job(self, model: Any, entry: Entry, who: str) -> Any:
+        return SCANS.join(model, [acts_hook(entry.sae)], who, top_k=TOP_K, saes=(fa.dashboard_sae(entry.sae),),
+                          saes_key=entry.key + DASHBOARD_ROWS)
+
+    def _wait_scan(self, model: Any, entry: Entry, who: str, progress: Any, n_outputs: int) -> Iterator[Any]:
+        """Join (or start) the SAE's feature scan and wait for it, yielding no-op updates of the handler's
+        n outputs meanwhile; return (Scan, docs)."""
+        job = self._scan_job(model, entry, who)
+        skip = gr.skip() if n_outputs == 1 else tuple(gr.skip() for _ in range(n_outputs))
+        try:
+            for _ in wait(job, who, progress):
+                yield skip
+        except JobCancelled:
+            raise gr.Error("The feature scan was cancelled; press Show to start it again",
+                           print_exception=False) from None
+        return job.result
+
+    def _card(self, model: Any, entry: Entry, feature: int, found: Any = None, note: str = "") -> str:
+        sae = entry.sae
+        try:
+            effects = sae.logit_effects(feature, k=EFFECTS_K, model=model)
+        except SAEError:  # an SAE that does not write the residual stream: the card says so
+            effects = None
+        scan, docs = found if found is not None else (None, None)
+        return fa.feature_card_html(sae, feature, entry.name, scan, docs, effects, sae.nearest(feature, NEAREST_K),
+                                    note)
+
+    @readable_errors
+    def show(self, name: str | None, feature: float | None, source: str | None, request: gr.Request,
+             progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+        """The feature's page; its contexts and density come from the feature scan (computed on first use)."""
+        model = self.h.model(source)
+        entry = self.saes.get(model, name)
+        f = check_feature(entry.sae, _whole(feature))
+        who = session(request)
+        if SCANS.finished(model, [acts_hook(entry.sae)], TOP_K, entry.key + DASHBOARD_ROWS) is None:
+            yield f, self._card(model, entry, f, note=f"Scanning {corpus_size()} verses of the bundled corpus with "
+                                "this SAE (first use only; everyone else's requests go on). The contexts and the "
+                                "density appear when it is done.")
+        found = yield from self._wait_scan(model, entry, who, progress, 2)
+        yield f, self._card(model, entry, f, found)
+
+    @readable_errors
+    def open(self, evt: gr.EventData, name: str | None, source: str | None, request: gr.Request,
+             progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+        """A click on a feature (nearest features, a token's features, search results): open its page."""
+        yield from self.show(name, getattr(evt, "feature", None), source, request, progress)
+
+    @readable_errors
+    def prompt_features(self, prompt: str, chat: bool, name: str | None, source: str | None) -> tuple:
+        model = self.h.model(source)
+        entry = self.saes.get(model, name)
+        found = fa.prompt_features(model, entry.sae, self.h.checked_prompt(prompt, model), bool(chat))
+        first = next((i for i, keep in enumerate(found["kept"]) if keep), 0)
+        return fa.prompt_tokens_html(found), fa.token_features_html(found, len(found["tokens"]) - 1
+                                                                    if found["kept"][-1] else first), found
+
+    @readable_errors
+    def token(self, evt: gr.EventData, found: dict | None) -> str:
+        if not found:
+            raise ValueError("Press 'Features of the prompt' first")
+        return fa.token_features_html(found, int(getattr(evt, "pos", -1)))
+
+    @readable_errors
+    def token_at(self, found: dict | None, pos: float | None) -> str:
+        """The same as clicking token `pos` (for gradio_client)."""
+        if not found:
+            raise ValueError("Press 'Features of the prompt' first")
+        return fa.token_features_html(found, _whole(pos))
+
+    @readable_errors
+    def search(self, name: str | None, token: str, mode: str, source: str | None, request: gr.Request,
+               progress: gr.Progress = gr.Progress()) -> Iterator[str]:  # noqa: B008
+        model = self.h.model(source)
+        entry = self.saes.get(model, name)
+        if not (token or "").strip():
+            raise ValueError("Type a token to search for, e.g. ' God'")
+        if mode == "promotes":
+            table = fa.features_promoting(entry.sae, model, token)
+            items = [(r.feature, f"{r.effect:+.3g}") for r in table.itertuples()]
+            what = f"Features whose logit effect on <code>{_esc(token)}</code> is largest"
+        else:
+            yield "Scanning the corpus for this SAE first..."
+            scan, _ = yield from self._wait_scan(model, entry, session(request), progress, 1)
+            table = fa.features_firing_on(scan, acts_hook(entry.sae), token)
+            items = [(r.feature, f"{r.contexts} contexts, max {r.activation:.3g}") for r in table.itertuples()]
+            what = f"Features whose top contexts sit on <code>{_esc(token)}</code>"
+        if not items:
+            yield f"<p>No feature found: {what[0].lower() + what[1:]}.</p>"
+            return
+        yield f"<p>{what} (click one to open its page):</p>" + fa.feature_list_html(items)
+
+    @readable_errors
+    def steer(self, prompt: str, chat: bool, name: str | None, feature: float | None, strength: float | None,
+              max_new_tokens: float | None, temperature: float | None, seed: float | None,
+              source: str | None) -> tuple[str, str]:
+        """The prompt continued as is and with strength × W_dec[feature] added at the SAE's hook, same seed."""
+        model = self.h.model(source)
+        entry = self.saes.get(model, name)
+        f = check_feature(entry.sae, _whole(feature))
+        n_new = self.h.checked_new_tokens(max_new_tokens)
+        if temperature is None or not 0 <= float(temperature) <= 5:
+            raise ValueError(f"Temperature must be between 0 and 5, got {temperature!r}")
+        text = self.h.checked_prompt(prompt, model)
+        ids = model.encode(text, chat=bool(chat))
+        kwargs = dict(temperature=float(temperature), seed=None if seed in (None, "") else _whole(seed))
+        hooks = steer(entry.sae, {f: float(strength) if strength is not None else 0.0})
+        return model.generate(ids, n_new, **kwargs), model.generate(ids, n_new, hooks=hooks, **kwargs)
+
+    @readable_errors
+    def load(self, text: str, subfolder: str, source: str | None,
+             progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008
+        """The Model tab's SAE loader: load it for this session's model, then pick it in the Features tab."""
+        model = self.h.model(source)
+        progress(0.2, desc=f"Loading the SAE for {model.name}")
+        entry = self.saes.load(model, text, subfolder)
+        names = self.saes.names(model)
+        return (f"Loaded **{entry.name}**: {entry.sae!r}, for {model.name}. Pick it in the **Features** tab.",
+                gr.Dropdown(choices=names, value=entry.name))
+
+    def cancel(self, request: gr.Request) -> str:
+        SCANS.jobs.leave(session(request), kind="scan")
+        return "Cancelled. The scan stops unless another visitor is waiting for it; press **Show** to start again."
+
+    def model_changed(self, source: str | None) -> tuple:
+        names = self.saes.names(self.h.model(source))
+        note = "" if names else NO_SAE
+        return gr.Dropdown(choices=names, value=names[0] if names else None), note, "", "", None
+
+
+def _whole(value: Any) -> int:
+    if value is None or value == "" or not float(value).is_integer():
+        raise ValueError(f"A feature is a whole number, got {value!r}")
+    return int(value)
+
+
+def _esc(text: str) -> str:
+    return html.escape(text)
+
+
+def build_sae_loader(fh: FeatureHandlers) -> tuple[gr.components.Component, ...]:
+    """The Model tab's SAE loader, inside that tab's layout; its events are wired by build_features_tab."""
+    allowed = "a hub id (owner/name) with its subfolder" + (
+        ", or a local SAE folder" if fh.saes.allow_local else "")
+    gr.Markdown(f"Load an SAE or transcoder for the session's model: {allowed} (SAELens or Gemma Scope 2 format, "
+                "safetensors only); then browse it in the **Features** tab.")
+    with gr.Row():
+        box = gr.Textbox(label="SAE", placeholder="google/gemma-scope-2-270m-pt", elem_id="sae-source", scale=3)
+        sub = gr.Textbox(label="subfolder (hub)", placeholder="resid_post/layer_9_width_16k_l0_medium",
+                         elem_id="sae-subfolder", scale=3)
+        button = gr.Button("Load the SAE", elem_id="load-sae", scale=1)
+    status = gr.Markdown(elem_id="sae-status")
+    return box, sub, button, status
+
+
+def build_features_tab(fh: FeatureHandlers, prompt: gr.Textbox, chat: gr.Checkbox, source: gr.State,
+                       loader: tuple, model_kw: dict, light_kw: dict, job_kw: dict, load_kw: dict) -> None:
+    """The Features tab, inside the page's gr.Tabs. Waiting for a feature scan holds a "jobs" slot (job_kw);
+    the model queue (model_kw) only serves the prompt's features and steering."""
+    model = fh.h.store.get()
+    names = fh.saes.names(model)
+    with gr.Tab("Features", id="tab-features") as tab:
+        gr.Markdown(
+            "The features of a sparse autoencoder (SAE) or transcoder: what makes one fire across "
+            f"{corpus_size()} verses of the bundled corpus (scanned once per SAE and cached), which tokens it "
+            "promotes, which features are its neighbours, and what it does to a continuation when added.")
+        with gr.Row():
+            picker = gr.Dropdown(names, value=names[0] if names else None, label="SAE", elem_id="feature-sae",
+                                 scale=3, allow_custom_value=False)
+            feature = gr.Number(value=0, precision=0, minimum=0, label="feature", elem_id="feature-id", scale=1)
+            show_btn = gr.Button("Show", variant="primary", elem_id="feature-show", scale=1)
+            cancel_btn = gr.Button("Cancel", elem_id="feature-cancel", scale=1)
+        status = gr.Markdown("" if names else NO_SAE, elem_id="feature-status")
+        card = gr.HTML(elem_id="feature-card", js_on_load=FEATURE_CLICK_JS)
+        with gr.Accordion("The prompt's features: the strongest features at each token", open=True):
+            with gr.Row():
+                prompt_btn = gr.Button("Features of the prompt", elem_id="feature-prompt-run", scale=1)
+                token_pos = gr.Number(value=None, precision=0, label="token position", elem_id="feature-token-pos",
+                                      scale=1, visible=False)
+            found = gr.State(None, time_to_live=3600)
+            tokens = gr.HTML(elem_id="feature-tokens", js_on_load=TOKEN_CLICK_JS)
+            token_features = gr.HTML(elem_id="feature-token-features", js_on_load=FEATURE_CLICK_JS)
+        with gr.Accordion("Search: features that fire on, or promote, a token", open=False):
+            with gr.Row():
+                query = gr.Textbox(label="token", placeholder=" God", elem_id="feature-search", scale=2)
+                mode = gr.Radio([("fire on it (top corpus contexts)", "fires"),
+                                 ("promote it (logit effect)", "promotes")], value="promotes", label="features that",
+                                elem_id="feature-search-mode", scale=2)
+                search_btn = gr.Button("Search", elem_id="feature-search-run", scale=1)
+            results = gr.HTML(elem_id="feature-search-results", js_on_load=FEATURE_CLICK_JS)
+        with gr.Accordion("Steering: add the feature's decoder direction at every position", open=True):
+            with gr.Row():
+                steer_feature = gr.Number(value=0, precision=0, minimum=0, label="feature", elem_id="steer-feature")
+                strength = gr.Slider(-200, 200, value=40, step=1, label="strength", elem_id="steer-strength")
+                steer_new = gr.Slider(1, 64, value=STEER_TOKENS, step=1, label="new tokens", elem_id="steer-tokens")
+                temperature = gr.Slider(0, 2, value=0.5, step=0.05, label="temperature", elem_id="steer-temperature")
+                seed = gr.Number(value=0, precision=0, label="seed", elem_id="steer-seed")
+            steer_btn = gr.Button("Steer", variant="primary", elem_id="steer-run")
+            with gr.Row():
+                default_text = gr.Textbox(label="default", lines=5, interactive=False, elem_id="steer-default")
+                steered_text = gr.Textbox(label="steered", lines=5, interactive=False, elem_id="steer-steered")
+
+    box, sub, load_btn, load_status = loader
+    shown = {"show_progress_on": card}
+    show_events = [
+        show_btn.click(fh.show, [picker, feature, source], [feature, card], api_name="feature_show", **shown,
+                       **job_kw),
+        feature.submit(fh.show, [picker, feature, source], [feature, card], api_name="feature_submit", **shown,
+                       **job_kw),
+    ]
+    for html_box in (card, token_features, results):
+        show_events.append(html_box.click(fh.open, [picker, source], [feature, card], api_visibility="private",
+                                          **shown, **job_kw))
+    cancel_btn.click(fh.cancel, None, status, cancels=show_events, api_name="feature_cancel", **light_kw)
+    feature.change(lambda f: f, feature, steer_feature, api_visibility="private", **light_kw)
+    prompt_btn.click(fh.prompt_features, [prompt, chat, picker, source], [tokens, token_features, found],
+                     api_name="feature_prompt", **model_kw)
+    tokens.click(fh.token, found, token_features, api_visibility="private", **light_kw)
+    token_pos.submit(fh.token_at, [found, token_pos], token_features, api_name="feature_token", **light_kw)
+    gr.on([search_btn.click, query.submit], fh.search, [picker, query, mode, source], results,
+          api_name="feature_search", **job_kw)
+    steer_btn.click(fh.steer, [prompt, chat, picker, steer_feature, strength, steer_new, temperature, seed, source],
+                    [default_text, steered_text], api_name="steer", **model_kw)
+    gr.on([load_btn.click, box.submit], fh.load, [box, sub, source], [load_status, picker], api_name="load_sae",
+          **load_kw)
+    source.change(fh.model_changed, source, [picker, status, card, tokens, found], api_visibility="private",
+                  **light_kw)
+    tab.select(fh.choices, [source, picker], picker, api_visibility="private", **light_kw)
