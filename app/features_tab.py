@@ -106,6 +106,7 @@ class SAEStore:
         self._loaded: OrderedDict[tuple[str, str], Entry] = OrderedDict()  # (model, name) -> Entry, LRU
         self._extra: dict[str, list[str]] = {}  # model -> names loaded in the Model tab, in order
         self._sources: dict[tuple[str, str], Any] = {}  # (model, name) -> what load_sae reads for it
+        self._misfits: set[tuple[str, str]] = set()  # (model, folder) of $SLMVIZ_SAE_DIRS folders that do not fit
         self._lock = threading.Lock()
 
     @staticmethod
@@ -118,11 +119,14 @@ class SAEStore:
         names = fa.bundled_sae_names(model)
         for folder in sae_dirs():
             name = folder.name
+            if (m, str(folder)) in self._misfits:
+                continue
             if (m, name) not in self._sources:
                 try:  # listed only where it fits: hooks and widths checked against the model
                     self._keep(model, name, load_sae(folder, model=model), folder)
-                except Exception as e:  # noqa: BLE001 - a bad folder is logged and left out, never fatal
+                except Exception as e:  # noqa: BLE001 - a bad folder is logged once and left out, never fatal
                     log.warning("SAE folder %s does not fit %s: %s", folder, model.name, e)
+                    self._misfits.add((m, str(folder)))
                     continue
             names.append(name)
         with self._lock:

@@ -179,10 +179,18 @@ def test_an_sae_loaded_in_the_model_tab_is_offered_and_shown(client, tmp_path):
     assert shown == 2 and "Feature 2 of" in card
 
 
-def test_local_sae_folders_need_allow_local_models(sae_root, model):
+def test_the_store_lists_the_folders_that_fit_and_reads_no_other_path_unless_allowed(sae_root, model, tmp_path,
+                                                                                    monkeypatch):
+    SAE.random(64, 16, seed=0, hook_name=TEST_SAE_HOOK).save(tmp_path / "other_model")
+    write_test_sae(tmp_path)
+    monkeypatch.setenv("SLMVIZ_SAE_DIRS", str(tmp_path))
     store = SAEStore(allow_local=False)
-    assert TEST_SAE_NAME not in store.names(model)  # $SLMVIZ_SAE_DIRS is the server's, unset here
+    names = store.names(model)
+    assert TEST_SAE_NAME in names and "other_model" not in names  # the misfit is logged and left out
+    assert store.get(model, TEST_SAE_NAME).sae.d_sae == TEST_SAE_FEATURES
     with pytest.raises(ValueError, match="--allow-local-models"):
         store.load(model, str(root_listed(sae_root) / TEST_SAE_NAME))
+    with pytest.raises(ValueError, match="not an SAE for"):  # a name is looked up, never read as a path
+        store.get(model, str(root_listed(sae_root) / TEST_SAE_NAME))
     with pytest.raises(ValueError, match="Pick an SAE|No SAE"):
         store.get(model, None)
