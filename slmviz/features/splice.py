@@ -81,6 +81,8 @@ def splice_fns(sae: Any, ctx: HookContext, use_error_term: bool | None = None) -
 
     def splice(x_out: torch.Tensor, name: str) -> torch.Tensor:
         x_in = kept.pop("x") if separate else x_out
+        if error_term and not any(ctx.wants(n) for n in names.values()):
+            return x_out  # nobody reads or edits the SAE's hooks: with the error term the output is x_out itself
         if x_in.device != sae.W_enc.device:
             raise ValueError(f"the SAE at {sae.hook_name_out!r} is on {sae.W_enc.device}, the model's activations "
                              f"on {x_in.device}: move it with sae.to(model.device) (load_sae(..., model=m) does)")
