@@ -6,7 +6,8 @@ Scripts: forward.py (trace / capture-off forward vs transformers), generate.py (
 vs the weight-read floor of decode_floor.py), compare_presets.py, memory.py (peak RSS, fresh processes),
 app.py (startup and Run through gradio_client, if app/ exists), op_profile.py (torch.profiler: where the time
 of a trace and of a decoding step goes), patching.py (patching sweeps vs one hooked forward per cell),
-sae_splice.py (a trace with one SAE spliced ÷ the same trace without).
+sae_splice.py (a trace with one SAE spliced ÷ the same trace without), circuits.py (EAP / EAP-IG over every edge
+÷ a trace / a forward; a batched faithfulness curve ÷ separate patched forwards).
 Timing on a shared 2-core machine is noisy:
 the load average before and after is written next to the table; re-run when it was high.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 from common import BENCH_DIR, Row, fmt_ratio, load_average, machine
 
 SCRIPTS = ["forward", "generate", "compare_presets", "memory", "app", "op_profile", "scan", "patching", "gemma",
-           "sae_splice"]
+           "sae_splice", "circuits"]
 RESULTS = BENCH_DIR / "results.md"
 
 # What bounds a target when it is missed (profiled with torch.profiler; see each script's docstring).

@@ -67,6 +67,7 @@ class PairRun:
     clean_metric: float
     corrupted_metric: float
     embeds: tuple[torch.Tensor, torch.Tensor] | None = field(repr=False, default=None)  # (clean, corrupted) hook_embed
+    _difference: torch.Tensor | None = field(repr=False, default=None)
 
     @property
     def n_pos(self) -> int:
@@ -83,12 +84,19 @@ class PairRun:
         return self.builtin or bool(getattr(self.metric, "last_only", False))
 
     @property
+    def difference(self) -> torch.Tensor:
+        """a_u^corrupted - a_u^clean [n_src, pos, d_model], computed once."""
+        if self._difference is None:
+            self._difference = self.corrupted.sources - self.clean.sources
+        return self._difference
+
+    @property
     def shared(self) -> int:
         """The first position at which any source writes differently in the two runs (n_pos if none).
 
         Before it the two runs are bit for bit the same, so every patched run is the clean run there (an edge
         adds exactly 0) and starts at this position, reading the earlier keys and values from a cache."""
-        differs = (self.clean.sources != self.corrupted.sources).flatten(2).any(-1).any(0)  # [pos]
+        differs = self.difference.flatten(2).ne(0).any(-1).any(0)  # [pos]
         first = differs.nonzero()
         return int(first[0]) if first.numel() else self.n_pos
 
@@ -261,18 +269,20 @@ def _patched_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], m
     b = len(rows)
     m = torch.stack([masks[s] & real for _, s, _ in rows])  # [b, n_src, n_dst]
     corrupted = torch.stack([r.corrupted.sources[:, at] for r in pairs])  # [b, n_src, pos', d]
-    current = torch.stack([r.clean.sources[:, at] for r in pairs])  # [b, n_src, pos', d]: clean until a patch moves it
+    # a_u^corrupted - a_u of this run: the clean writes' difference until a patch moves a source, then updated as
+    # the source writes again (_Sources)
+    diff = torch.stack([r.difference[:, at] for r in pairs])  # [b, n_src, pos', d]
+    sources = _Sources(corrupted, diff)
     stash: dict[str, torch.Tensor] = {}
 
-    def corrupted_input(what: str, layer: int) -> torch.Tensor:
-        return torch.stack([getattr(r.corrupted, what)[layer, at] for r in pairs])  # [b, pos', d]
+    def corrupted_input(what: str, layer: int) -> Callable[[], torch.Tensor]:
+        return lambda: torch.stack([getattr(r.corrupted, what)[layer, at] for r in pairs])  # [b, pos', d]
 
     hooks: dict[str, Callable] = {}
     for layer in range(start, n_layers):
         slices = graph.target_slices(layer)
         qkv = slice(slices["q"].start, slices["v"].stop)
-        reader = _Reader(m[:, :graph.attn_prefix(layer), qkv], corrupted, current,
-                         lambda layer=layer: corrupted_input("resid_pre", layer))
+        reader = _Reader(m[:, :graph.attn_prefix(layer), qkv], diff, corrupted_input("resid_pre", layer))
         splits = {"q": (0, cfg.n_heads), "k": (cfg.n_heads, cfg.n_kv_heads),
                   "v": (cfg.n_heads + cfg.n_kv_heads, cfg.n_kv_heads)}
         for kind, (offset, count) in splits.items():
@@ -281,12 +291,11 @@ def _patched_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], m
         hooks[f"blocks.{layer}.attn.hook_result"] = _keep(stash)
         if scale is not None:
             hooks[scale] = _keep(stash)
-        hooks[f"blocks.{layer}.hook_attn_out"] = _write_heads(model, layer, graph, current, stash, scale)
-        mlp = _Reader(m[:, :graph.mlp_source(layer), slices["mlp"]], corrupted, current,
-                      lambda layer=layer: corrupted_input("resid_mid", layer))
+        hooks[f"blocks.{layer}.hook_attn_out"] = _write_heads(model, layer, graph, sources, stash, scale)
+        mlp = _Reader(m[:, :graph.mlp_source(layer), slices["mlp"]], diff, corrupted_input("resid_mid", layer))
         hooks[f"blocks.{layer}.hook_mlp_in"] = mlp.part(0, 1)
-        hooks[f"blocks.{layer}.hook_mlp_out"] = _put(current, graph.mlp_source(layer))
-    logits_reader = _Reader(m[:, :, graph.logits_target:], corrupted, current,
+        hooks[f"blocks.{layer}.hook_mlp_out"] = _put(sources, graph.mlp_source(layer))
+    logits_reader = _Reader(m[:, :, graph.logits_target:], diff,
                             lambda: torch.stack([r.corrupted.final[at] for r in pairs]))
     hooks[f"blocks.{n_layers - 1}.hook_resid_post"] = logits_reader.part(0, 1)
     ctx = build_context(model.hook_names, [], hooks, batched=True)
@@ -303,67 +312,67 @@ def _patched_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], m
     return row_metrics(pairs, logits).tolist()
 
 
+class _Sources:
+    """Where a patched run's writes go: `into[:, index] = value` keeps diff[:, index] = corrupted - value."""
+
+    def __init__(self, corrupted: torch.Tensor, diff: torch.Tensor):
+        self.corrupted, self.diff = corrupted, diff
+
+    def __setitem__(self, key: tuple, value: torch.Tensor) -> None:
+        self.diff[key] = self.corrupted[key] - value
+
+
 class _Reader:
     """The hooks of one group of destinations read at one point (a layer's q, k and v inputs; its MLP input; the
     logits' input): each adds its patched edges' a_u^corrupted - a_u to the value it sees.
 
-    mask: Bool [b, n, k], the patched edges from the n sources this point reads into its k destinations. Computed
-    once for the group when its first hook fires (the sources cannot change in between), over the sources that
-    some row patches (`x + sum_patched (corr - cur)`) or, when fewer, over those some row leaves unpatched
-    (`corrupted input - sum_unpatched (corr - cur)`, equal since a destination's input is the sum of its sources'
-    writes plus terms the same in both runs): a circuit's faithfulness run patches all but a few edges.
-    A destination with no patched edge keeps its value bit for bit, and one with every edge patched gets the
-    corrupted run's input itself.
+    mask: Bool [b, n, k], the patched edges from the n sources this point reads into its k destinations; diff
+    [b, n_src, pos, d] holds a_u^corrupted - a_u for the sources written so far. Computed for the whole group
+    when its first hook fires (no source writes in between), as one batched product. A destination with at
+    most half of its edges patched gets `x + sum_patched diff`; one with more gets the equal
+    `corrupted input - sum_unpatched diff` (a destination's input is its sources' writes plus terms the same in
+    both runs), so the sum always runs over the smaller set and rounds least. One with no edge patched keeps
+    its value bit for bit, and one with every edge patched gets the corrupted run's input itself.
     """
 
-    def __init__(self, mask: torch.Tensor, corrupted: torch.Tensor, current: torch.Tensor,
-                 corrupted_input: Callable[[], torch.Tensor]):
-        self.mask, self.corrupted, self.current, self.corrupted_input = mask, corrupted, current, corrupted_input
+    def __init__(self, mask: torch.Tensor, diff: torch.Tensor, corrupted_input: Callable[[], torch.Tensor]):
+        self.mask, self.diff, self.corrupted_input = mask, diff, corrupted_input
         self.active = bool(mask.any())
-        self.delta: torch.Tensor | None = None  # [b, pos, k, d]: what to add; set by the first hook that fires
+        self.out: torch.Tensor | None = None  # [b, pos, k, d]: the group's new inputs, set by its first hook
 
     def part(self, offset: int, count: int) -> Callable:
         def fn(x: torch.Tensor, name: str) -> torch.Tensor | None:
             if not self.active:
                 return None
-            if self.delta is None:
-                self.delta = self._compute(x)
-            new = self.delta[:, :, offset:offset + count]  # [b, pos, count, d]
-            keep = ~self.mask[:, :, offset:offset + count].any(1)  # [b, count]: no edge patched
-            if x.dim() == 3:
-                new, keep = new[:, :, 0], keep[:, :1]
-                return torch.where(keep[:, None], x, new)
-            return torch.where(keep[:, None, :, None], x, new)
+            if self.out is None:
+                self.out = self._compute(x[:, :, 0] if x.dim() == 4 else x)
+            out = self.out[:, :, offset:offset + count]  # [b, pos, count, d]
+            return out if x.dim() == 4 else out[:, :, 0]
 
         return fn
 
     def _compute(self, x: torch.Tensor) -> torch.Tensor:
+        """x [b, pos, d]: the residual every destination of the group sees -> their inputs [b, pos, k, d]."""
         mask = self.mask  # [b, n, k]
         b, n, k = mask.shape
-        unpatched = ~mask
-        patched_sources, unpatched_sources = mask.any(2).any(0), unpatched.any(2).any(0)  # [n]
-        use = patched_sources if int(patched_sources.sum()) <= int(unpatched_sources.sum()) else None
-        value = x if x.dim() == 4 else x[:, :, None]  # [b, pos, 1 | heads, d]: the value any part sees
-        if use is not None:  # x + sum over the patched edges
-            picked = mask[:, use].to(x.dtype)  # [b, n', k]
-            base = value[:, :, :1].expand(*value.shape[:2], k, value.shape[-1])
-            sign = 1.0
-        else:  # the corrupted input - sum over the unpatched edges
-            use = unpatched_sources
-            picked = unpatched[:, use].to(x.dtype)
-            base = self.corrupted_input()[:, :, None].expand(*value.shape[:2], k, value.shape[-1])
-            sign = -1.0
-        full = mask.all(1)  # [b, k]: every edge patched -> the corrupted input itself
-        idx = use.nonzero()[:, 0]
-        n_pos, d = x.shape[1], x.shape[-1]
-        if idx.numel():
-            diff = (self.corrupted[:, idx] - self.current[:, idx]).reshape(b, idx.numel(), -1)  # [b, n', pos * d]
-            delta = torch.bmm(picked.transpose(1, 2), diff).view(b, k, n_pos, d).transpose(1, 2)  # [b, pos, k, d]
-            out = base + sign * delta
+        patched = mask.sum(1)  # [b, k]
+        complement = patched * 2 > n  # [b, k]: sum over the unpatched edges instead
+        weights = torch.where(complement[:, None, :], -(~mask).to(x.dtype), mask.to(x.dtype))  # [b, n, k]
+        diff = self.diff[:, :n].reshape(b, n, -1)  # [b, n, pos * d], a view
+        delta = torch.bmm(weights.transpose(1, 2), diff).view(b, k, *x.shape[1:]).transpose(1, 2)  # [b, pos, k, d]
+        corrupted = self.corrupted_input()[:, :, None] if bool(complement.any()) else None  # [b, pos, 1, d]
+        if corrupted is None:
+            base = x[:, :, None]
+        elif bool(complement.all()):
+            base = corrupted
         else:
-            out = base.clone()
-        if bool(full.any()):
-            out = torch.where(full[:, None, :, None], self.corrupted_input()[:, :, None], out)
+            base = torch.where(complement[:, None, :, None], corrupted, x[:, :, None])
+        out = base + delta
+        untouched, whole = patched == 0, patched == n  # [b, k]
+        if bool(untouched.any()):
+            out = torch.where(untouched[:, None, :, None], x[:, :, None], out)
+        if corrupted is not None and bool(whole.any()):
+            out = torch.where(whole[:, None, :, None], corrupted, out)
         return out
 
 
@@ -464,7 +473,7 @@ def _gradient_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], 
     # Sum each pair's rows (its alphas, consecutive rows) first, then one contraction with that pair's differences.
     pair_ids = list(dict.fromkeys(p for p, _ in rows))
     counts = [sum(1 for q, _ in rows if q == p) for p in pair_ids]
-    diff = torch.stack([runs[p].corrupted.sources[:, at] - runs[p].clean.sources[:, at] for p in pair_ids])
+    diff = torch.stack([runs[p].difference[:, at] for p in pair_ids])  # [P, n_src, pos', d]
     diff = diff.float()
     diff = diff.transpose(0, 1).reshape(graph.n_src, -1)  # [n_src, P * pos * d]
     columns = torch.zeros(diff.shape[1], graph.n_dst)  # [P * pos * d, n_dst]: each destination's summed gradient

@@ -1,0 +1,192 @@
+"""Circuits: what scoring every edge of SmolLM2's component graph costs, and what batching a faithfulness curve saves.
+
+Rows (SmolLM2-135M-Instruct, one IOI pair, alternating rounds after a warm-up, medians):
+- EAP over all 70,651 edges (slmviz.circuit(method="eap"), the whole call: tokenising, both runs' writes, one
+  forward and one backward) ÷ one full trace of the clean prompt (every hook captured): target ≤ 4;
+- EAP-IG with 5 steps (the whole call) ÷ one capture-off forward of the prompt: target ≤ 4 × (5 + 1) = 24;
+- a faithfulness curve of 10 circuit sizes (one batch; the Circuit already holds both runs' writes) ÷ 10 separate
+  patched forwards of the same 10 edge sets through the same engine, one set per call: target ≥ 5;
+- (evidence) the same curve ÷ 10 separate `slmviz.patch_edges` calls, each tokenising and running both prompts.
+`--gemma` adds the EAP and EAP-IG rows for Gemma 3 270M. `--findings 16` instead runs every built-in task on both
+bundled models (EAP-IG, faithfulness, IOI's name-mover attention) and prints markdown (docs/circuits.md).
+
+    .venv/bin/python bench/circuits.py [--repeats 3] [--gemma]
+    .venv/bin/python bench/circuits.py --findings 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from common import Row, main, spread
+
+CLEAN = "When Mary and John went to the store, John gave a drink to"
+CORRUPTED = "When Mary and John went to the store, Tom gave a drink to"
+ANSWER, WRONG = " Mary", " John"
+SIZES = [10, 30, 100, 300, 1000, 3000, 10000, 20000, 40000, 60000]
+
+
+def rounds(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each fn over `repeats` alternating rounds after one untimed round (autograd left on: EAP needs it)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def eap_rows(model, label: str, repeats: int) -> list[Row]:
+    import slmviz
+
+    def eap():
+        return slmviz.circuit(CLEAN, CORRUPTED, answer=ANSWER, wrong=WRONG, model=model, method="eap")
+
+    def eap_ig():
+        return slmviz.circuit(CLEAN, CORRUPTED, answer=ANSWER, wrong=WRONG, model=model, method="eap-ig", steps=5)
+
+    t = rounds({"trace": lambda: model.trace(CLEAN), "forward": lambda: model.logits(CLEAN), "eap": eap,
+                "eap-ig": eap_ig}, repeats)
+    med = {k: statistics.median(v) for k, v in t.items()}
+    n_pos = model.encode(CLEAN).numel()
+    edges = slmviz.circuits.graph.ComponentGraph.of(model).n_edges
+    eap_ratio, ig_ratio = med["eap"] / med["trace"], med["eap-ig"] / med["forward"]
+    return [
+        Row(f"{label}EAP over all {edges:,} edges, one {n_pos}-token IOI pair ÷ one full trace of the pair",
+            f"{med['eap']:.2f} s", f"{med['trace']:.2f} s", eap_ratio, "≤ 4", eap_ratio <= 4,
+            f"spread EAP {spread(t['eap'])}, trace {spread(t['trace'])}"),
+        Row(f"{label}EAP-IG, 5 steps, same pair ÷ one capture-off forward (forward-equivalents)",
+            f"{med['eap-ig']:.2f} s", f"{med['forward']:.3f} s", ig_ratio, "≤ 24", ig_ratio <= 24,
+            f"spread EAP-IG {spread(t['eap-ig'])}, forward {spread(t['forward'])}"),
+    ]
+
+
+def faithfulness_rows(model, repeats: int) -> list[Row]:
+    import slmviz
+    from slmviz.circuits.engine import patched_metrics
+
+    c = slmviz.circuit(CLEAN, CORRUPTED, answer=ANSWER, wrong=WRONG, model=model, method="eap")
+    real = c.graph.real()
+    rank = c._rank()
+    masks = [real & (rank >= n) for n in SIZES]
+
+    def curve():
+        return c.faithfulness(SIZES)
+
+    def separate():
+        return [patched_metrics(model, c.graph, c._runs, [m]) for m in masks]
+
+    def calls():
+        return [slmviz.patch_edges(CLEAN, CORRUPTED, edges=masks[i], answer=ANSWER, wrong=WRONG, model=model)
+                for i in range(len(SIZES))]
+
+    t = rounds({"curve": curve, "separate": separate, "calls": calls}, repeats)
+    med = {k: statistics.median(v) for k, v in t.items()}
+    got = curve()["metric"].tolist()
+    alone = [float(x[0, 0]) for x in separate()]
+    worst = max(abs(a - b) for a, b in zip(got, alone, strict=True))
+    return [
+        Row("faithfulness curve of 10 circuit sizes (one batch) ÷ 10 separate patched forwards, same engine",
+            f"{med['curve']:.2f} s", f"{med['separate']:.2f} s", med["separate"] / med["curve"], "≥ 5",
+            med["separate"] / med["curve"] >= 5,
+            f"sizes {SIZES[0]}–{SIZES[-1]} of {c.graph.n_edges:,} edges; max |Δ metric| batch vs separate "
+            f"{worst:.1e}; spread curve {spread(t['curve'])}, separate {spread(t['separate'])}"),
+        Row("(evidence) the same curve ÷ 10 separate slmviz.patch_edges calls (each runs both prompts too)",
+            f"{med['curve']:.2f} s", f"{med['calls']:.2f} s", med["calls"] / med["curve"], "—", None,
+            f"spread calls {spread(t['calls'])}"),
+    ]
+
+
+def findings(pairs: int) -> None:
+    """Markdown: every built-in task on both bundled models with EAP-IG (5 steps): the top edges, the heads writing
+    most into the logits (for IOI, where each one's attention from the last position goes), faithfulness."""
+    import slmviz
+    from slmviz.circuits import tasks
+
+    for name in (None, "gemma-3-270m"):
+        model = slmviz.load(name)
+        for make in (tasks.ioi_task, tasks.induction_task, tasks.greater_than_task):
+            task = make(model, n=pairs)
+            start = time.perf_counter()
+            c = slmviz.circuit(task, model=model, method="eap-ig", steps=5)
+            scored = time.perf_counter() - start
+            start = time.perf_counter()
+            curve = c.faithfulness()
+            smallest = c.smallest(0.8)
+            timed = time.perf_counter() - start
+            print(f"\n### {model.name}: {task.name} ({len(task)} pairs)\n")
+            print(f"{c}; EAP-IG {scored:.0f} s, faithfulness + smallest-80% search {timed:.0f} s\n")
+            print("Top edges:\n")
+            print(markdown(c.top(12)))
+            into_logits = c.edges[c.edges.target == "logits"].head(8)
+            print("\nInto the logits:\n")
+            print(markdown(into_logits))
+            print("\nFaithfulness:\n")
+            print(markdown(curve))
+            print(f"\nsmallest circuit reaching 0.8: {smallest} edges")
+            if task.name == "ioi":
+                print("\n" + ioi_attention(model, task, into_logits))
+
+
+def markdown(frame) -> str:
+    """A DataFrame as a Markdown table (floats to 3 significant digits), without the tabulate package."""
+    def cell(x):
+        return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + " --- |" * len(frame.columns)]
+    lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def ioi_attention(model, task, into_logits) -> str:
+    """For each head among the top edges into the logits: its mean attention from the last position to the
+    indirect object (IO), to the subject's first mention (S1) and to its second (S2), over the task's clean prompts."""
+    heads = [s for s in into_logits.source if s.startswith("a")]
+    lines = ["| head | attn to IO | to S1 | to S2 |", "| --- | --- | --- | --- |"]
+    for head in heads:
+        layer, h = int(head[1:].split(".")[0]), int(head.split(".h")[1])
+        io = s1 = s2 = 0.0
+        for clean, answer, wrong in zip(task.clean, task.answers, task.wrongs, strict=True):
+            ids = model.encode(clean).tolist()
+            io_id, s_id = model.encode(answer).tolist()[-1], model.encode(wrong).tolist()[-1]
+            t = model.trace(clean, names=[f"blocks.{layer}.attn.hook_pattern"])
+            row = t[f"blocks.{layer}.attn.hook_pattern"][h, -1]  # [pos_k]
+            s_positions = [i for i, x in enumerate(ids) if x == s_id]
+            io += float(row[[i for i, x in enumerate(ids) if x == io_id]].sum())
+            s1 += float(row[s_positions[0]])
+            s2 += float(row[s_positions[-1]]) if len(s_positions) > 1 else 0.0
+        n = len(task.clean)
+        lines.append(f"| {head} | {io / n:.2f} | {s1 / n:.2f} | {s2 / n:.2f} |")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    import slmviz
+
+    torch.manual_seed(0)
+    if args.findings:
+        findings(args.findings)
+        return []
+    model = slmviz.load()
+    rows = eap_rows(model, "", args.repeats)
+    rows += faithfulness_rows(model, args.repeats)
+    if args.gemma:
+        rows += eap_rows(slmviz.load("gemma-3-270m"), "Gemma 3 270M: ", args.repeats)
+    return rows
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gemma", action="store_true", help="also time EAP and EAP-IG on Gemma 3 270M")
+    parser.add_argument("--findings", type=int, default=0, metavar="PAIRS",
+                        help="instead: run every built-in task with this many pairs on both bundled models (markdown)")
+
+
+if __name__ == "__main__":
+    main(run, __doc__, add_args)
