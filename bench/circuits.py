@@ -119,7 +119,7 @@ def findings(pairs: int) -> None:
             scored = time.perf_counter() - start
             start = time.perf_counter()
             curve = c.faithfulness()
-            smallest = c.smallest(0.8)
+            smallest = c.smallest(0.8, count=8, curve=curve)
             timed = time.perf_counter() - start
             print(f"\n### {model.name}: {task.name} ({len(task)} pairs)\n")
             print(f"{c}; EAP-IG {scored:.0f} s, faithfulness + smallest-80% search {timed:.0f} s\n")

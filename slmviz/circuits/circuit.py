@@ -307,13 +307,14 @@ class Circuit:
         frame.attrs["smallest_80"] = int(reached["n_edges"].min()) if len(reached) else None
         return frame
 
-    def smallest(self, fraction: float = 0.8, count: int = 12) -> int | None:
+    def smallest(self, fraction: float = 0.8, count: int = 12, curve: pd.DataFrame | None = None) -> int | None:
         """The smallest circuit (top-n edges) found to recover `fraction` of the clean-corrupted gap: `count` log-spaced
-        sizes, then `count` sizes between the last one short of it and the first one reaching it (two batches).
+        sizes (or the sizes of `curve`, a `faithfulness` frame already measured), then `count` sizes between the last
+        one short of it and the first one reaching it (one more batch).
 
         Faithfulness need not grow monotonically with n; this is the smallest size that was measured to reach it.
         """
-        frame = self.faithfulness(self.default_sizes(count))
+        frame = self.faithfulness(self.default_sizes(count)) if curve is None else curve
         ok = frame["normalized"] >= fraction
         if not ok.any():
             return None
