@@ -262,3 +262,16 @@ def test_nearest_features_rank_by_decoder_cosine():
     assert near.feature.iloc[0] == 4 and near.cosine.iloc[0] > 0.99
     assert near.feature.iloc[-1] == 5 and near.cosine.iloc[-1] == pytest.approx(-1.0)
     assert 1 not in near.feature.tolist() and len(near) == 5
+
+
+def test_a_bundled_name_loads_with_the_model(monkeypatch, tmp_path, gemma):
+    from slmviz.features import bundled
+
+    monkeypatch.setattr(bundled, "BUNDLED_DIR", tmp_path)
+    sae = SAE.random(80, 16, hook_name="blocks.1.hook_resid_post")
+    sae.save(tmp_path / gemma.name / "resid_post_l1")
+    assert slmviz.bundled_saes(gemma) == ["resid_post_l1"]
+    back = slmviz.load_sae("resid_post_l1", model=gemma)
+    assert torch.equal(back.W_enc, sae.W_enc) and back.model is gemma
+    with pytest.raises(SAEError, match="neither a folder"):
+        slmviz.load_sae("resid_post_l1")  # without the model it is not a bundled name

@@ -34,6 +34,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .bundled import bundled_sae_folder
 from .sae import (
     CFG_FILENAME,
     PICKLE_SUFFIXES,
@@ -68,7 +69,8 @@ HUB_TIMEOUT_S = float(os.environ.get("SLMVIZ_HUB_TIMEOUT", "20"))  # the whole d
 
 
 def load_sae(source: str | os.PathLike | SAE, model: Any = None, subfolder: str | None = None) -> SAE:
-    """An SAE / transcoder from a SAELens folder, a Gemma Scope 2 folder, or a hub id (+ subfolder).
+    """An SAE / transcoder from a bundled SAE's name (with model=), a SAELens folder, a Gemma Scope 2 folder, or a
+    hub id (+ subfolder).
 
     With `model=`, the SAE's hooks must exist in the model's family and their widths match d_in / d_out (clear
     errors otherwise), and the SAE keeps a reference to the model (`logit_effects` reads its unembedding).
@@ -80,7 +82,10 @@ def load_sae(source: str | os.PathLike | SAE, model: Any = None, subfolder: str 
         raise TypeError(f"load_sae takes a folder, a hub id or an SAE, not {type(source).__name__}")
     else:
         path = Path(source) / subfolder if subfolder else Path(source)
-        if path.exists():
+        bundled = bundled_sae_folder(str(source), model) if subfolder is None else None
+        if bundled is not None:  # a bundled SAE's name (slmviz.bundled_saes(model)): a plain word, never a path
+            sae = load_folder(bundled)
+        elif path.exists():
             sae = load_folder(path)
         elif _is_hub_id(str(source)) and subfolder:
             sae = load_folder(download(str(source), subfolder))
