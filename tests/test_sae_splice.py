@@ -158,7 +158,9 @@ def test_patch_and_scan_accept_saes(models):
     name = f"{saes[0].hook_name_out}.hook_sae_acts_post"
     docs = ["w1 w2 w3 w4 w5 w6", "w9 w8 w7"]
     s = slmviz.scan(docs, hooks=[name], model=m, saes=saes, top_k=2, progress=False)
-    acts = torch.cat([m.trace(d, saes=saes, names=[name])[name] for d in docs])
+    # the scan zeroes features on the rows the SAE's row rule drops: each window's first (no row here is massive)
+    acts = torch.cat([m.trace(d, saes=saes, names=[name])[name][1:] for d in docs])
+    acts = torch.cat([acts, acts.new_zeros(len(docs), acts.shape[1])])
     torch.testing.assert_close(s.mean(name).float(), acts.mean(0), rtol=1e-5, atol=1e-6)
     top = s.top_examples(name, int(acts.amax(0).argmax()))
     assert float(top.activation.iloc[0]) == pytest.approx(float(acts.max()), rel=1e-5)

@@ -274,6 +274,16 @@ class SAE(torch.nn.Module):
 
         return splice_fns(self, ctx)
 
+    def shown_rows(self, x: torch.Tensor, first: torch.Tensor, *others: torch.Tensor) -> torch.Tensor:
+        """Which rows of one batch this SAE's features count on: bool [n] (activations.sae_rows, the rule training
+        and evaluate_sae use). x [n, d_in] is the SAE's input, `others` its target for a transcoder, `first` [n]
+        True at each window's first position. slmviz.scan calls it (duck-typed: scans may not import features)
+        and zeroes hook_sae_acts_post on the dropped rows; without it every feature's top contexts would be the
+        attention sink's massive first rows, and its density would count them."""
+        from .activations import sae_rows
+
+        return sae_rows(x, first, *others)
+
     def splice_dims(self) -> dict[str, tuple[str, ...]]:
         """SAELens's hook names under `hook_name_out` -> their dims (d_sae_in, d_sae, d_sae_out: `splice_sizes`)."""
         from .splice import splice_dims

@@ -158,9 +158,12 @@ def run_batch(model: Any, batch: Batch, spec: ScanSpec, features: dict[str, Feat
         ids[i, : len(w.ids)] = torch.tensor(w.ids)
     ids = ids.to(model.decoder.params.embed.device)
     need_logits = bool(spec.variants)
-    values, logits = _forward(model, ids, lengths, spec.hooks, need_logits, spec.saes)
+    rules = row_rules(spec)
+    extra = [h for _, x_name, y_name in rules.values() for h in (x_name, y_name) if h and h not in spec.hooks]
+    values, logits = _forward(model, ids, lengths, [*spec.hooks, *dict.fromkeys(extra)], need_logits, spec.saes)
 
     real = torch.arange(longest)[None, :] < lengths[:, None]  # [b, L]
+    _apply_row_rules(values, rules, real)
     docs = torch.tensor([w.doc for w in windows])[:, None].expand(-1, longest)
     positions = torch.tensor([w.offset for w in windows])[:, None] + torch.arange(longest)[None, :]
     keys = token_key(docs[real], positions[real])  # [N], row-major: window by window
@@ -181,6 +184,41 @@ def run_batch(model: Any, batch: Batch, spec: ScanSpec, features: dict[str, Feat
         hooks[name] = HookPartial.of_tokens(x, keys, ctx_rows, flat_ids, raw, spec.top_k)
     damage = _damage(model, ids, lengths, windows, logits, spec) if spec.variants else None
     return BatchResult(batch.index, hooks, damage)
+
+
+def row_rules(spec: ScanSpec) -> dict[str, tuple[Any, str, str | None]]:
+    """Scanned SAE feature hooks the SAE's row rule applies to: {f"{out}.hook_sae_acts_post": (sae.shown_rows,
+    the SAE's input hook, its target hook or None)}, for every spliced SAE that has `shown_rows` (duck-typed:
+    scans sit below slmviz.features, whose SAE.shown_rows is activations.sae_rows).
+
+    On the rows the rule drops (each window's first position, rows whose norm is massive against the batch's
+    median) the SAE's features are zeroed: a feature scan then counts the tokens training and evaluate_sae
+    count. Without it the attention sink's massive first rows top every feature's contexts and pad its density.
+    Only hook_sae_acts_post is ruled; the other hook_sae_* values, and ordinary hooks, are scanned as they are."""
+    rules = {}
+    for sae in spec.saes:
+        rule = getattr(sae, "shown_rows", None)
+        name = f"{sae.hook_name_out}.hook_sae_acts_post"
+        if callable(rule) and name in spec.hooks:
+            target = sae.hook_name_out if getattr(sae, "is_transcoder", False) else None
+            rules[name] = (rule, f"{sae.hook_name_out}.hook_sae_input", target)
+    return rules
+
+
+def _apply_row_rules(values: dict[str, torch.Tensor], rules: dict[str, tuple[Any, str, str | None]],
+                     real: torch.Tensor) -> None:
+    """Zero each ruled hook's values [b, L, d_sae] on the real rows its SAE's rule drops (`row_rules`)."""
+    if not rules:
+        return
+    first = torch.zeros_like(real)
+    first[:, 0] = True  # every row of a batch is one window
+    for name, (rule, x_name, y_name) in rules.items():
+        on = values[name].device
+        x = values[x_name].reshape(*real.shape, -1)[real.to(on)]  # [N, d_in]
+        others = () if y_name is None else (values[y_name].reshape(*real.shape, -1)[real.to(on)],)
+        keep = torch.zeros_like(real)
+        keep[real] = rule(x, first[real].to(on), *others).cpu()
+        values[name] = values[name].masked_fill(~keep.to(on)[..., None], 0)
 
 
 def _rows(t: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:

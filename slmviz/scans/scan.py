@@ -28,7 +28,7 @@ import torch
 
 from ..hooks import checked_saes
 from ..variants import VariantLike, resolve_variant
-from .batches import ScanSpec
+from .batches import ScanSpec, row_rules
 from .corpus import Corpus, count_documents, iter_documents, shard_sources
 from .reduce import EDGES, EMPTY_KEY, POSITION_BITS, DamageTotals, HookPartial, key_doc, key_position
 from .shards import SHARD_DOCS, Shard, ShardResult, empty_partials, iter_shards, run_shard
@@ -75,7 +75,9 @@ def scan(
     workers: Ray actors (engine="ray"). progress: a tqdm bar (True), none (False), or fn(docs_done, total).
     context: tokens kept before and after each top example.
     saes: SAEs spliced into every forward (slmviz.load_sae); scan their features with
-    hooks=[f"{sae.hook_name_out}.hook_sae_acts_post"].
+    hooks=[f"{sae.hook_name_out}.hook_sae_acts_post"]. Those features are 0 on the rows the SAE's `shown_rows`
+    drops (each window's first position and massive rows: the rule training and evaluate_sae use), so a feature's
+    top contexts and density are not the attention sink's; info["sae_rows"] lists the hooks it applied to.
     """
     from ..model_api import load
 
@@ -140,6 +142,7 @@ def scan(
         "tokens_per_s": tally["tokens"] / seconds if seconds > 0 else 0.0, "window": window,
         "batch_tokens": batch_tokens, "top_k": top_k, "context_before": context[0], "context_after": context[1],
         "variants": list(names), "saes": [repr(sae) for sae in sae_list],
+        "sae_rows": list(row_rules(spec)),  # SAE feature hooks zeroed on the rows their SAE drops (batches.row_rules)
     }
     features_info = {h: {"axis": f.axis, "n": f.n, "what": f.what} for h, f in features.items()}
     frame = pd.DataFrame(damage.rows(list(names)), columns=DAMAGE_COLUMNS)
