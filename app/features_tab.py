@@ -19,7 +19,8 @@ A picker value is only ever looked up among these: a client cannot make the serv
 Bad input (an SAE for another model's width, a hook the family lacks, missing, mis-shaped or non-finite tensors,
 a pickle, an unknown architecture, an unreachable hub, a feature out of range) is a one-line message from
 slmviz.load_sae / the SAE object, shown as an error in the page; nothing the session had is lost.
-Stand-ins for what the library does not have yet live in app/feature_adapters.py.
+The card, the prompt's features and the searches are the library's (slmviz.features.dashboard); a notebook shows
+the same card (docs/features.md, "Dashboards in a notebook").
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ from typing import Any
 
 import gradio as gr
 
+from slmviz.features.bundled import bundled_saes
+from slmviz.features.dashboard import acts_hook, feature_card, search_features, top_features
 from slmviz.features.io import load_sae
-from slmviz.features.sae import CFG_FILENAME, SAE, SAEError, check_feature
+from slmviz.features.sae import CFG_FILENAME, SAE, check_feature
 from slmviz.features.steer import steer
 from slmviz.model_api import HUB_ID_PATTERN
+from slmviz.plots.features import FEATURE_LINK, feature_list_html
+from slmviz.plots.trace import show_token
 
-from . import feature_adapters as fa
 from .corpus_tab import SCANS, corpus_size, session
 from .handlers import Handlers, readable_errors
 from .scan_jobs import JobCancelled, wait
@@ -52,15 +56,16 @@ log = logging.getLogger("slmviz.app")
 SAE_DIRS_ENV = "SLMVIZ_SAE_DIRS"
 MAX_LOADED_SAES = 6
 TOP_K = 10  # contexts kept per feature by a feature scan
-EFFECTS_K = 10
-NEAREST_K = 10
+EFFECTS_K = 10  # tokens per side of the logit effects, and nearest features
+PER_TOKEN = 8  # features listed per prompt token
+TOKEN_CHIP = "slmviz-feature-token"
 STEER_TOKENS = 24
-DASHBOARD_ROWS = "+sae_rows"  # in a feature scan's cache key: scanned by feature_adapters.dashboard_sae
+DASHBOARD_ROWS = "+sae_rows"  # in a feature scan's cache key: slmviz.scan zeroes the rows SAE.shown_rows drops
 GEMMA_SCOPE_WEIGHTS = "params.safetensors"
 LINK_JS = ("element.addEventListener('click', (e) => {{ const s = e.target.closest('.{cls}'); "
            "if (s) trigger('click', {{{key}: Number(s.dataset.{key})}}); }});")
-FEATURE_CLICK_JS = LINK_JS.format(cls=fa.FEATURE_LINK, key="feature")
-TOKEN_CLICK_JS = LINK_JS.format(cls=fa.TOKEN_CHIP, key="pos")
+FEATURE_CLICK_JS = LINK_JS.format(cls=FEATURE_LINK, key="feature")
+TOKEN_CLICK_JS = LINK_JS.format(cls=TOKEN_CHIP, key="pos")
 NO_SAE = "No SAE for this model yet: load one in the Model tab (a hub id, or a folder with --allow-local-models)."
 
 
@@ -116,7 +121,7 @@ class SAEStore:
     def names(self, model: Any) -> list[str]:
         """Bundled SAEs, then $SLMVIZ_SAE_DIRS folders that fit this model, then those loaded in the Model tab."""
         m = self.model_key(model)
-        names = fa.bundled_sae_names(model)
+        names = list(bundled_saes(model))
         for folder in sae_dirs():
             name = folder.name
             if (m, str(folder)) in self._misfits:
@@ -141,8 +146,8 @@ class SAEStore:
             if (m, name) in self._loaded:
                 self._loaded.move_to_end((m, name))
                 return self._loaded[(m, name)]
-        if name in fa.bundled_sae_names(model):
-            return self._keep(model, name, load_sae(fa.bundled_sae_source(name, model), model=model))
+        if name in bundled_saes(model):
+            return self._keep(model, name, load_sae(name, model=model))
         source = self._sources.get((m, name))
         if source is None or name not in self.names(model):
             raise ValueError(f"{name!r} is not an SAE for {model.name}; pick one of: "
@@ -188,10 +193,6 @@ class SAEStore:
         return entry
 
 
-def acts_hook(sae: SAE) -> str:
-    return f"{sae.hook_name_out}.hook_sae_acts_post"
-
-
 class FeatureHandlers:
     """The tab's handlers; models come from the page's Handlers, SAEs from an SAEStore."""
 
@@ -206,7 +207,7 @@ class FeatureHandlers:
         return gr.Dropdown(choices=names, value=value)
 
     def _scan_job(self, model: Any, entry: Entry, who: str) -> Any:
-        return SCANS.join(model, [acts_hook(entry.sae)], who, top_k=TOP_K, saes=(fa.dashboard_sae(entry.sae),),
+        return SCANS.join(model, [acts_hook(entry.sae)], who, top_k=TOP_K, saes=(entry.sae,),
                           saes_key=entry.key + DASHBOARD_ROWS)
 
     def _wait_scan(self, model: Any, entry: Entry, who: str, progress: Any, n_outputs: int) -> Iterator[Any]:
@@ -223,14 +224,9 @@ class FeatureHandlers:
         return job.result
 
     def _card(self, model: Any, entry: Entry, feature: int, found: Any = None, note: str = "") -> str:
-        sae = entry.sae
-        try:
-            effects = sae.logit_effects(feature, k=EFFECTS_K, model=model)
-        except SAEError:  # an SAE that does not write the residual stream: the card says so
-            effects = None
         scan, docs = found if found is not None else (None, None)
-        return fa.feature_card_html(sae, feature, entry.name, scan, docs, effects, sae.nearest(feature, NEAREST_K),
-                                    note)
+        return feature_card(entry.sae, feature, scan=scan, model=model, docs=docs, name=entry.name, k=EFFECTS_K,
+                            note=note).html()
 
     @readable_errors
     def show(self, name: str | None, feature: float | None, source: str | None, request: gr.Request,
@@ -257,23 +253,23 @@ class FeatureHandlers:
     def prompt_features(self, prompt: str, chat: bool, name: str | None, source: str | None) -> tuple:
         model = self.h.model(source)
         entry = self.saes.get(model, name)
-        found = fa.prompt_features(model, entry.sae, self.h.checked_prompt(prompt, model), bool(chat))
+        found = prompt_features(model, entry.sae, self.h.checked_prompt(prompt, model), bool(chat))
         first = next((i for i, keep in enumerate(found["kept"]) if keep), 0)
-        return fa.prompt_tokens_html(found), fa.token_features_html(found, len(found["tokens"]) - 1
-                                                                    if found["kept"][-1] else first), found
+        return prompt_tokens_html(found), token_features_html(found, len(found["tokens"]) - 1
+                                                              if found["kept"][-1] else first), found
 
     @readable_errors
     def token(self, evt: gr.EventData, found: dict | None) -> str:
         if not found:
             raise ValueError("Press 'Features of the prompt' first")
-        return fa.token_features_html(found, int(getattr(evt, "pos", -1)))
+        return token_features_html(found, int(getattr(evt, "pos", -1)))
 
     @readable_errors
     def token_at(self, found: dict | None, pos: float | None) -> str:
         """The same as clicking token `pos` (for gradio_client)."""
         if not found:
             raise ValueError("Press 'Features of the prompt' first")
-        return fa.token_features_html(found, _whole(pos))
+        return token_features_html(found, _whole(pos))
 
     @readable_errors
     def search(self, name: str | None, token: str, mode: str, source: str | None, request: gr.Request,
@@ -283,19 +279,19 @@ class FeatureHandlers:
         if not (token or "").strip():
             raise ValueError("Type a token to search for, e.g. ' God'")
         if mode == "promotes":
-            table = fa.features_promoting(entry.sae, model, token)
+            table = search_features(entry.sae, token, by="promotes", model=model)
             items = [(r.feature, f"{r.effect:+.3g}") for r in table.itertuples()]
             what = f"Features whose logit effect on <code>{_esc(token)}</code> is largest"
         else:
             yield "Scanning the corpus for this SAE first..."
             scan, _ = yield from self._wait_scan(model, entry, session(request), progress, 1)
-            table = fa.features_firing_on(scan, acts_hook(entry.sae), token)
+            table = search_features(entry.sae, token, by="fires", scan=scan)
             items = [(r.feature, f"{r.contexts} contexts, max {r.activation:.3g}") for r in table.itertuples()]
             what = f"Features whose top contexts sit on <code>{_esc(token)}</code>"
         if not items:
             yield f"<p>No feature found: {what[0].lower() + what[1:]}.</p>"
             return
-        yield f"<p>{what} (click one to open its page):</p>" + fa.feature_list_html(items)
+        yield f"<p>{what} (click one to open its page):</p>" + feature_list_html(items)
 
     @readable_errors
     def steer(self, prompt: str, chat: bool, name: str | None, feature: float | None, strength: float | None,
@@ -333,6 +329,53 @@ class FeatureHandlers:
         names = self.saes.names(self.h.model(source))
         note = "" if names else NO_SAE
         return gr.Dropdown(choices=names, value=names[0] if names else None), note, "", "", None
+
+
+def prompt_features(model: Any, sae: SAE, prompt: str, chat: bool = False, k: int = PER_TOKEN) -> dict[str, Any]:
+    """slmviz's top_features of the prompt as plain lists for gr.State: tokens, features [pos][k], acts [pos][k],
+    kept [pos] (False where SAE.shown_rows drops the row: the first position and massive ones)."""
+    names = [acts_hook(sae), sae.hook_name] + ([sae.hook_name_out] if sae.is_transcoder else [])
+    trace = model.trace(prompt, chat=chat, saes=[sae], names=list(dict.fromkeys(names)))
+    table = top_features(trace, sae, k)
+    by_pos = table.groupby("position", sort=True)
+    return {"tokens": list(trace.tokens), "features": [g.feature.tolist() for _, g in by_pos],
+            "acts": [g.activation.tolist() for _, g in by_pos], "kept": [bool(g.kept.iloc[0]) for _, g in by_pos],
+            "sae": repr(sae)}
+
+
+def prompt_tokens_html(found: dict[str, Any]) -> str:
+    """The prompt as token chips, each shaded by its strongest feature's activation; click one for its features."""
+    kept = [a[0] for a, keep in zip(found["acts"], found["kept"], strict=True) if keep and a]
+    scale = max(kept, default=0.0) or 1.0
+    chips = []
+    for pos, (tok, acts, keep) in enumerate(zip(found["tokens"], found["acts"], found["kept"], strict=True)):
+        alpha = min(max(acts[0], 0.0) / scale, 1.0) if keep and acts else 0.0
+        note = f"strongest feature {found['features'][pos][0]}: {acts[0]:.3g}" if keep and acts else \
+            "skipped: a window's first position or a massive activation (sae_rows)"
+        chips.append(
+            f'<span class="{TOKEN_CHIP}" data-pos="{pos}" title="position {pos}; {html.escape(note)}" '
+            f'style="cursor:pointer;display:inline-block;border:1px solid #c8ccd2;border-radius:4px;padding:1px 5px;'
+            f'margin:2px;background:rgba(255,140,0,{alpha:.2f});color:#111;font-family:ui-monospace,monospace;'
+            f'font-size:13px{"" if keep else ";opacity:0.5"}">{html.escape(show_token(tok))}</span>'
+        )
+    return (f'<div class="slmviz-prompt-features"><div style="font-size:12px;color:#667">{len(found["tokens"])} '
+            "tokens, shaded by their strongest feature; click a token for its features</div>" + "".join(chips)
+            + "</div>")
+
+
+def token_features_html(found: dict[str, Any], pos: int) -> str:
+    """One token's strongest features as links (click one to open its page)."""
+    if not 0 <= pos < len(found["tokens"]):
+        raise ValueError(f"position {pos} is not a token of the prompt (0..{len(found['tokens']) - 1})")
+    token = html.escape(show_token(found["tokens"][pos]))
+    if not found["kept"][pos]:
+        return (f"<p>Position {pos} (<code>{token}</code>) is skipped: it is a window's first position or carries a "
+                "massive activation, where an SAE's features say nothing about the token (sae_rows).</p>")
+    items = [(f, a) for f, a in zip(found["features"][pos], found["acts"][pos], strict=True) if a > 0]
+    if not items:
+        return f"<p>No feature fires at position {pos} (<code>{token}</code>).</p>"
+    return (f"<p>Strongest features at position {pos} (<code>{token}</code>); click one to open its page:</p>"
+            + feature_list_html([(f, f"{a:.3g}") for f, a in items]))
 
 
 def _whole(value: Any) -> int:

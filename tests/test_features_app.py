@@ -21,9 +21,9 @@ from safetensors.torch import save_file
 
 import slmviz
 from app.corpus_tab import corpus_docs
-from app.feature_adapters import dashboard_sae, features_promoting, firing_stats
 from app.features_tab import SAEStore
 from slmviz import SAE
+from slmviz.features.dashboard import firing_stats, search_features, top_features
 
 pytestmark = pytest.mark.app
 
@@ -68,11 +68,11 @@ def test_the_feature_endpoints_are_named(client):
 def test_a_features_page_shows_the_scans_numbers_logit_effects_and_nearest_features(client, model, test_sae):
     acts = f"{TEST_SAE_HOOK}.hook_sae_acts_post"
     scan = slmviz.scan(corpus_docs(TEST_CORPUS_DOCS), hooks=[acts], top_k=10, model=model,
-                       saes=[dashboard_sae(test_sae)], progress=False)
+                       saes=[test_sae], progress=False)
     feature = int(scan.max(acts).argmax())  # the hardest-firing feature: it has contexts to show
     shown, card = client.predict(TEST_SAE_NAME, feature, api_name="/feature_show")
     assert shown == feature and f"Feature {feature} of {TEST_SAE_NAME}" in card
-    stats = firing_stats(scan, acts, feature)
+    stats = firing_stats(scan, test_sae, feature)
     assert f"max activation <b>{stats['max']:.3g}</b>" in card and f"of {stats['tokens']} scanned tokens" in card
     assert card.count('class="slmviz-feature-context"') >= 1 and "quantile band" in card
     effects = test_sae.logit_effects(feature, k=10, model=model)
@@ -83,15 +83,15 @@ def test_a_features_page_shows_the_scans_numbers_logit_effects_and_nearest_featu
 
 
 def test_a_feature_scan_drops_the_rows_training_drops_and_leaves_the_model_unchanged(model, test_sae):
-    """The first position's massive activation would otherwise top every feature's contexts (feature_adapters)."""
+    """The first position's massive activation would otherwise top every feature's contexts (SAE.shown_rows)."""
     acts = f"{TEST_SAE_HOOK}.hook_sae_acts_post"
-    plain = model.trace(PROMPT, saes=[test_sae])
-    shown = model.trace(PROMPT, saes=[dashboard_sae(test_sae)])
-    assert torch.equal(shown.logits, plain.logits)
-    assert not shown[acts][0].any() and plain[acts][0].any()
-    assert torch.equal(shown[acts][1:], plain[acts][1:])  # no other row of this prompt is massive
-    scan = slmviz.scan(corpus_docs(8), hooks=[acts], top_k=5, model=model, saes=[dashboard_sae(test_sae)],
-                       progress=False)
+    plain = model.trace(PROMPT)
+    spliced = model.trace(PROMPT, saes=[test_sae])
+    assert torch.equal(spliced.logits, plain.logits)
+    kept = top_features(spliced, test_sae).groupby("position").kept.first()
+    assert spliced[acts][0].any() and not kept[0] and kept[1:].all()  # no other row of this prompt is massive
+    scan = slmviz.scan(corpus_docs(8), hooks=[acts], top_k=5, model=model, saes=[test_sae], progress=False)
+    assert scan.info["sae_rows"] == [acts]
     top = scan.all_top_examples()
     assert not (top[top.activation > 0].position == 0).any()
 
@@ -109,7 +109,7 @@ def test_the_prompts_features_per_token_and_a_click_on_a_token(client, model, te
 
 def test_searching_for_features_that_promote_or_fire_on_a_token(client, model, test_sae):
     promoting = client.predict(TEST_SAE_NAME, " the", "promotes", api_name="/feature_search")
-    expected = features_promoting(test_sae, model, " the").feature.tolist()
+    expected = search_features(test_sae, " the", model=model).feature.tolist()
     assert [int(f) for f in FEATURE_LINK.findall(promoting)] == expected
     firing = client.predict(TEST_SAE_NAME, " God", "fires", api_name="/feature_search")
     assert FEATURE_LINK.findall(firing)  # " God" is all over Genesis
