@@ -119,3 +119,32 @@ def test_kv_cache_appends_in_place_and_grows():
     assert torch.equal(keys, torch.cat((first_k, more_k), dim=2))
     assert torch.equal(values, torch.cat((first_v, more_v), dim=2))
     assert torch.equal(cache.k[1][:, :, :2], first_k)  # the other layer's entries survived the growth
+
+
+@pytest.mark.parametrize("h,g", [(6, 2), (4, 4), (4, 1)])
+def test_gathering_kv_heads_by_copy_equals_the_index_gather(h, g):
+    """gather_kv's expand-and-copy (contiguous groups) gives exactly what indexing with kv_head_index gives."""
+    from slmviz.model.attention import gather_kv
+
+    torch.manual_seed(0)
+    k = torch.randn(2, g, 5, 8)
+    index = kv_head_index(h, g)
+    assert torch.equal(gather_kv(k, index, grouped=True), k[:, index])
+    tiled = kv_head_index(h, g, "tile")
+    assert torch.equal(gather_kv(k, tiled, grouped=False), k[:, tiled])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weight_in_fp32", [False, True])
+def test_the_unhooked_low_precision_norm_equals_the_hooked_formula(dtype, weight_in_fp32):
+    """normalize's torch.rms_norm shortcut in bf16 / fp16 is bit-identical to the step-by-step path that hooks take
+    (x.float() * rsqrt(mean(x²) + eps), the weight after the cast back, or before it in fp32)."""
+    from slmviz.model.norm import normalize
+
+    torch.manual_seed(0)
+    x = (torch.randn(3, 7, 64) * 30).to(dtype)
+    weight = 1 + 0.5 * torch.randn(64)
+    weight = weight if weight_in_fp32 else weight.to(dtype)
+    fast = normalize(x, weight, 1e-6, weight_in_fp32=weight_in_fp32)
+    slow = normalize(x, weight, 1e-6, on_scale=lambda s: s, weight_in_fp32=weight_in_fp32)  # a hook: the long path
+    assert fast.dtype == dtype and torch.equal(fast, slow)

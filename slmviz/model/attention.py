@@ -29,6 +29,23 @@ def kv_head_index(n_heads: int, n_kv_heads: int, mapping: str = "grouped") -> to
     return torch.tensor([pick(q) for q in range(n_heads)], dtype=torch.long)
 
 
+def gather_kv(x: torch.Tensor, kv_index: torch.Tensor, grouped: bool) -> torch.Tensor:
+    """[b, g, pos_k, dh] -> [b, h, pos_k, dh]: for each query head, the KV head `kv_index` says it reads.
+
+    With contiguous groups (`grouped`, the `kv_head_of` mapping) this is transformers' repeat_kv: an expand
+    and one reshape copy, a memcpy's cost (and no copy at all when every query head has its own KV head);
+    any other mapping (the `gqa_tile` variant) gathers with an index, which on a CPU costs several times
+    more. Both give the same values.
+    """
+    if not grouped:
+        return x[:, kv_index]
+    b, g, n, dh = x.shape
+    h = kv_index.numel()
+    if h == g:
+        return x
+    return x[:, :, None].expand(b, g, h // g, n, dh).reshape(b, h, n, dh)  # [b, g, n_rep, pos_k, dh] -> [b, h, ...]
+
+
 def attention_scale(d_head: int, query_pre_attn_scalar: float | None = None) -> float:
     """Scores are q·k / sqrt(d_head), with d_head the per-head size (config.head_dim when given); Gemma
     scales by query_pre_attn_scalar ** -0.5 instead (its config's own number, 256 for Gemma 3 270M).

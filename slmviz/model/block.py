@@ -13,7 +13,7 @@ import torch
 from ..config import ArchConfig
 from ..hooks import INPUT_HOOKS, HookContext, layer_hook_name, layer_hooks
 from ..variants import Conventions
-from .attention import attention_scale, eager_attention, fused_attention, softmax_pattern
+from .attention import attention_scale, eager_attention, fused_attention, gather_kv, softmax_pattern
 from .kv_cache import KVCache
 from .mlp import ACTIVATIONS, MLP_FORMS
 from .norm import norm_weight, normalize, skip_norm, unhooked
@@ -294,7 +294,7 @@ class Block:
         scale = attention_scale(dh, cfg.query_pre_attn_scalar)
 
         if hook.wants("attn.hook_attn_scores") or hook.wants("attn.hook_pattern"):
-            k, v = k[:, kv_index], v[:, kv_index]  # [b, g, pos_k, dh] -> [b, h, pos_k, dh]
+            k, v = gather_kv(k, kv_index, kv_grouped), gather_kv(v, kv_index, kv_grouped)  # [b, h, pos_k, dh]
             scores, pattern = eager_attention(q, k, allowed, scale)
             hooked_scores = hook("attn.hook_attn_scores", scores)
             if hooked_scores is not scores:  # edited scores must decide the pattern

@@ -71,13 +71,19 @@ def normalize(
     If a hook replaces the scale, the replacement is what divides.
     When neither part is hooked (both callbacks are `unhooked`), an fp32 RMSNorm is one call to
     `torch.rms_norm` (the same arithmetic inside ATen, bit-identical to LlamaRMSNorm in fp32) instead of
-    seven Python-dispatched ops: ~2x cheaper for the one-row norms of a decoding step.
-    Pinned by tests/test_conventions.py::test_rms_norm_matches_transformers_bit_for_bit.
+    seven Python-dispatched ops: ~2x cheaper for the one-row norms of a decoding step. In bf16 / fp16 the
+    normalisation runs the same way on the fp32 upcast (bit-identical to `x.float() * rsqrt(...)`), and the
+    weight multiplies after or before the cast back exactly as below.
+    Pinned by tests/test_conventions.py::test_rms_norm_matches_transformers_bit_for_bit and, in bf16,
+    tests/test_dtype.py::test_bf16_matches_transformers_bf16_within_its_own_eager_vs_sdpa_difference.
     """
     statistics = NORM_STATISTICS[norm_type]
     hooked = on_scale is not unhooked or on_normalized is not unhooked
-    if not hooked and statistics is rms_statistics and x.dtype == torch.float32:
-        return torch.rms_norm(x, weight.shape, weight, eps)
+    if not hooked and statistics is rms_statistics:
+        if x.dtype == torch.float32:
+            return torch.rms_norm(x, weight.shape, weight, eps)
+        normalized = torch.rms_norm(x.float(), weight.shape, None, eps)
+        return (weight * normalized).to(x.dtype) if weight_in_fp32 else weight * normalized.to(x.dtype)
     dtype = x.dtype
     centred, var = statistics(x.float())
     var_eps = var + eps
