@@ -153,6 +153,8 @@ def test_a_transcoder_trains_and_saves_as_jumprelu(tiny, corpus, tmp_path):
     tc = train_sae(tiny, "blocks.1.mlp.hook_in", corpus, hook_out="blocks.1.hook_mlp_out", architecture="batchtopk",
                    tokens=1500, out=tmp_path / "tc", **SMALL)
     assert tc.is_transcoder and tc.architecture == "jumprelu" and tc.threshold.min() > 0
+    l0 = evaluate_sae(tc, corpus, model=tiny, progress=False)["l0"]
+    assert 0.5 * SMALL["k"] <= l0 <= 1.5 * SMALL["k"], l0  # the threshold keeps ~k per token, as training did
     loaded = slmviz.load_sae(tmp_path / "tc", model=tiny)
     assert loaded.hook_name_out == "blocks.1.hook_mlp_out" and torch.equal(loaded.W_enc, tc.W_enc)
 
