@@ -61,7 +61,8 @@ def github_slug(heading: str) -> str:
 def heading_text(raw: str) -> str:
     """A heading as text: links by their text, no emphasis or code marks."""
     raw = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", raw)
-    return re.sub(r"[*_`]", "", raw)
+    raw = re.sub(r"(?<!\w)_+|_+(?!\w)", "", raw)  # _emphasis_ marks, not the underscore inside hook_in
+    return re.sub(r"[*`]", "", raw)
 
 
 def anchors(path: Path, seen: frozenset[Path] = frozenset()) -> set[str]:
