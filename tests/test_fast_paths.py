@@ -148,3 +148,22 @@ def test_the_unhooked_low_precision_norm_equals_the_hooked_formula(dtype, weight
     fast = normalize(x, weight, 1e-6, weight_in_fp32=weight_in_fp32)
     slow = normalize(x, weight, 1e-6, on_scale=lambda s: s, weight_in_fp32=weight_in_fp32)  # a hook: the long path
     assert fast.dtype == dtype and torch.equal(fast, slow)
+
+
+def test_one_thread_restores_the_thread_count_and_changes_no_number():
+    """The decoding step's attention runs on one thread (params.one_thread): the same values as its three ops on
+    every thread, and torch's thread count is back afterwards, also when the block raises."""
+    torch.manual_seed(0)
+    h, g, dh, n_k = 9, 3, 64, 40
+    q, k, v = torch.randn(1, h, 1, dh), torch.randn(1, g, n_k, dh), torch.randn(1, g, n_k, dh)
+    scores = torch.baddbmm(torch.empty(()), q.reshape(g, h // g, dh), k.reshape(g, n_k, dh).transpose(1, 2), beta=0,
+                           alpha=dh**-0.5)
+    all_threads = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(g, n_k, dh)).view(1, h, 1, dh)
+    threads = torch.get_num_threads()
+    with params.one_thread(torch.device("cpu")):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == threads
+    assert torch.equal(fused_attention(q, k, v, None, dh**-0.5), all_threads)
+    with pytest.raises(RuntimeError), params.one_thread(torch.device("cpu")):
+        raise RuntimeError("inside")
+    assert torch.get_num_threads() == threads

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .params import one_thread
+
 
 def kv_head_of(q_head: int, n_rep: int) -> int:
     """Query head q reads KV head q // n_rep: contiguous groups of n_rep query heads share a KV head.
@@ -134,10 +136,11 @@ def _one_query_attention(
     g, n_k = k.shape[1], k.shape[2]
     grouped_q = q.reshape(b * g, h // g, dh)  # [b, h, 1, dh] -> [b·g, n_rep, dh]
     keys = k.reshape(b * g, n_k, dh)  # a view for the cache's [1, g, pos_k, dh] slice
-    scores = torch.baddbmm(_empty(q), grouped_q, keys.transpose(1, 2), beta=0, alpha=scale)  # [b·g, n_rep, pos_k]
-    if allowed is not None:  # [1, pos_k], e.g. a sliding window
-        scores.masked_fill_(~allowed, float("-inf"))
-    z = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(b * g, n_k, dh))  # [b·g, n_rep, dh]
+    with one_thread(q.device):
+        scores = torch.baddbmm(_empty(q), grouped_q, keys.transpose(1, 2), beta=0, alpha=scale)  # [b·g, n_rep, pos_k]
+        if allowed is not None:  # [1, pos_k], e.g. a sliding window
+            scores.masked_fill_(~allowed, float("-inf"))
+        z = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(b * g, n_k, dh))  # [b·g, n_rep, dh]
     return z.view(b, h, 1, dh)
 
 

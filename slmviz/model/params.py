@@ -11,6 +11,8 @@ layer instead of 7. Only slmviz/weights.py knows how HF names map onto these fie
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -96,13 +98,17 @@ def row_split_wins() -> bool:
     product on one core and the split streamed SmolLM2's weights 2.5x faster (bench/decode_floor.py);
     on an Intel Xeon of this kind F.linear used both cores and the split was 2.5x *slower* on Gemma's
     [262144, 640] unembedding (135 vs 53 ms a pass, timed by hand; bench/gemma.py's evidence row shows the
-    unembedding's share of a step). Both give the same numbers to fp32 rounding. Timed once per process on
-    an [8192 · threads, 1024] matrix (64 MB on 2 threads; min of 3 alternating runs, ~0.15 s);
-    $SLMVIZ_ONE_ROW_KERNEL=split|linear decides instead.
+    unembedding's share of a step). On a busy machine (more runnable processes than cores) the split's
+    fork/join waits for the OS to run its second thread again, and it lost 25x to F.linear on this kind's AMD
+    EPYC at a load average of 6 (940 vs 35 ms over SmolLM2's weights). Both give the same numbers to fp32
+    rounding. Timed once per process on matrices the size of a decoder layer's (16 of [768 · threads, 576],
+    ~56 MB on 2 threads: as many fork/joins as a few layers make), the median of 5 alternating passes after a
+    warm-up (~0.2 s); $SLMVIZ_ONE_ROW_KERNEL=split|linear decides instead.
     """
     global _row_split_wins
     if _row_split_wins is None:
         import os
+        import statistics
         import time
 
         forced = os.environ.get(ONE_ROW_KERNEL_ENV)
@@ -113,21 +119,50 @@ def row_split_wins() -> bool:
             if threads < 2:
                 _row_split_wins = False
             else:
-                w = torch.randn(8192 * threads, 1024)
-                x = torch.randn(1, 1024)
-                rows = w.view(threads, -1, 1024)
+                ws = [torch.randn(768 * threads, 576) for _ in range(16)]
+                x = torch.randn(1, 576)
                 column = x.t().expand(threads, -1, 1)
-                split, plain = [], []
-                with torch.inference_mode():
-                    for _ in range(3):
-                        start = time.perf_counter()
-                        torch.bmm(rows, column)
-                        split.append(time.perf_counter() - start)
-                        start = time.perf_counter()
+
+                def split() -> None:
+                    for w in ws:
+                        torch.bmm(w.view(threads, -1, 576), column)
+
+                def plain() -> None:
+                    for w in ws:
                         F.linear(x, w)
-                        plain.append(time.perf_counter() - start)
-                _row_split_wins = min(split) < min(plain)
+
+                times: dict[str, list[float]] = {"split": [], "plain": []}
+                with torch.inference_mode():
+                    split(), plain()
+                    for _ in range(5):
+                        for name, fn in (("split", split), ("plain", plain)):
+                            start = time.perf_counter()
+                            fn()
+                            times[name].append(time.perf_counter() - start)
+                _row_split_wins = statistics.median(times["split"]) < statistics.median(times["plain"])
     return _row_split_wins
+
+
+@contextlib.contextmanager
+def one_thread(device: torch.device) -> Iterator[None]:
+    """Run the ops inside on one CPU thread (torch's thread count is restored after; no-op off the CPU).
+
+    A decoding step's attention is three ops on a few thousand numbers (baddbmm, softmax, bmm), and ATen still
+    splits each over every thread. Each split is an OpenMP fork/join: on a quiet machine a few µs, 90 of them a
+    step; on a busy one (more runnable processes than cores) the join waits until the OS runs the other thread
+    again, ~1.5 ms each: a tiny 30-layer model's step took 61 ms on 2 threads and 5.8 ms on one. On one thread
+    they compute the same numbers (each output is one thread's dot product either way).
+    Pinned by tests/test_fast_paths.py::test_one_thread_restores_the_thread_count_and_changes_no_number.
+    """
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 _bf16_slowdown: float | None = None  # measured on first use; tests set it to exercise the warning
