@@ -255,3 +255,11 @@ def test_bundled_saes_load_on_their_model(name):
     for sae_name in names:
         sae = slmviz.load_sae(bundled_sae_folder(sae_name, model), model=model)
         assert sae.dtype == torch.float32 and sae.hook_name in model.hook_names
+
+
+def test_the_default_dtype_is_measured():
+    """fastest_dtype times bf16 and fp32 matmuls here; which one wins depends on the CPU (AMX / avx512_bf16 or not),
+    so the test pins only the contract, not the answer."""
+    from slmviz.features.train import fastest_dtype
+
+    assert fastest_dtype("cpu") in ("float32", "bfloat16")
