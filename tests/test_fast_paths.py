@@ -18,6 +18,7 @@ from slmviz.model.params import _MIN_SPLIT, linear
 def row_split(monkeypatch):
     """Exercise the row-split kernel whichever kernel this CPU's measurement picked (params.row_split_wins)."""
     monkeypatch.setattr(params, "_row_split_wins", True)
+    monkeypatch.setattr(params, "_online", None)
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -93,15 +94,43 @@ def test_one_query_attention_takes_a_query_transposed_from_pos_major():
 
 
 def test_the_one_row_kernel_is_measured_once_or_forced(monkeypatch):
-    monkeypatch.setattr(params, "_row_split_wins", None)
-    monkeypatch.setenv(params.ONE_ROW_KERNEL_ENV, "linear")
-    assert params.row_split_wins() is False and params._row_blocks(torch.randn(1, 576), torch.randn(1536, 576)) == 1
-    monkeypatch.setattr(params, "_row_split_wins", None)
-    monkeypatch.setenv(params.ONE_ROW_KERNEL_ENV, "split")
-    assert params.row_split_wins() is True and params._row_blocks(torch.randn(1, 576), torch.randn(1536, 576)) > 1
+    """Forced by $SLMVIZ_ONE_ROW_KERNEL: a fixed choice. Measured: the first choice, then an OnlineChoice."""
+    for forced, split in (("linear", False), ("split", True)):
+        monkeypatch.setattr(params, "_row_split_wins", None)
+        monkeypatch.setattr(params, "_online", None)
+        monkeypatch.setenv(params.ONE_ROW_KERNEL_ENV, forced)
+        assert params.row_split_wins() is split and params._online is None
     monkeypatch.setattr(params, "_row_split_wins", None)
     monkeypatch.delenv(params.ONE_ROW_KERNEL_ENV)
-    assert params.row_split_wins() in (True, False)  # measured: either kernel, the same numbers
+    wins = params.row_split_wins()  # measured: either kernel, the same numbers
+    if torch.get_num_threads() > 1:
+        assert isinstance(params._online, params.OnlineChoice)
+        assert (params._online.cost["split"] < params._online.cost["linear"]) is wins
+
+
+def test_the_online_choice_follows_the_cheaper_kernel_and_retries_the_other_less_and_less():
+    choice = params.OnlineChoice(split=1.0, linear=2.0)
+    tried = []
+    for call in range(1, 8 * choice.EXPLORE):
+        kernel = choice.pick()
+        if kernel == "linear":
+            tried.append(call)
+        choice.record(kernel, 1.0 if kernel == "split" else 2.0)
+    E = choice.EXPLORE
+    assert tried == [E, 3 * E, 7 * E]  # retried after 32 calls, then 64 more, then 128 more: the split stayed cheaper
+    for _ in range(20):  # the split gets slow (a busy machine): its average passes the other's
+        choice.record("split", 5.0)
+    assert choice.pick() == "linear"
+
+
+def test_the_adaptive_one_row_product_equals_f_linear(monkeypatch):
+    """With an OnlineChoice, whichever kernel each call runs, the product equals F.linear to fp32 rounding."""
+    monkeypatch.setattr(params, "_online", params.OnlineChoice(split=1.0, linear=1.0))
+    torch.manual_seed(0)
+    w, b, x = torch.randn(1536, 576), torch.randn(1536), torch.randn(1, 576)
+    for _ in range(2 * params.OnlineChoice.EXPLORE):
+        assert _relative(linear(x, w, b), F.linear(x, w, b)) <= 1e-6
+    assert params._online.calls == (2 * params.OnlineChoice.EXPLORE if torch.get_num_threads() > 1 else 0)
 
 
 def test_kv_cache_appends_in_place_and_grows():

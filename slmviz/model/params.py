@@ -12,6 +12,7 @@ layer instead of 7. Only slmviz/weights.py knows how HF names map onto these fie
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -59,10 +60,25 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     row with x, summed in another order than F.linear's: on SmolLM2's matrices they differ by up to ~6e-7
     relative, the size of fp32 rounding, which
     tests/test_conventions.py::test_cached_decoding_matches_one_full_forward bounds.
+    Which of the two a one-row product runs is measured (`row_split_wins`), and then kept measuring: every
+    one-row call is timed, and the slower kernel is retried every OnlineChoice.EXPLORE calls, so a machine
+    whose load changes (the split's fork/join is what a busy machine punishes) switches to the faster one.
     """
     blocks = _row_blocks(x, w)
     if blocks == 1:
         return F.linear(x, w, b)
+    online = _online
+    if online is None:  # a fixed choice: forced by $SLMVIZ_ONE_ROW_KERNEL, one thread, or a test
+        return _split_linear(x, w, b, blocks) if row_split_wins() else F.linear(x, w, b)
+    kernel = online.pick()
+    start = time.perf_counter()
+    out = _split_linear(x, w, b, blocks) if kernel == "split" else F.linear(x, w, b)
+    online.record(kernel, (time.perf_counter() - start) / w.numel())
+    return out
+
+
+def _split_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, blocks: int) -> torch.Tensor:
+    """One row times w split into `blocks` row blocks, as one batched matmul (see `linear`)."""
     lead = x.shape[:-1]  # (1,) or (1, 1): one row
     x = x.reshape(1, x.shape[-1])
     rows = w.view(blocks, w.shape[0] // blocks, w.shape[1])  # [out, in] -> [blocks, out/blocks, in] (no copy)
@@ -77,17 +93,56 @@ _MIN_SPLIT = 1 << 16  # below ~256 KB of weights one core's read is too short to
 
 
 def _row_blocks(x: torch.Tensor, w: torch.Tensor) -> int:
-    """How many row blocks `linear` splits a one-row product into: one per thread, 1 = no split."""
+    """How many row blocks a one-row product could be split into: one per thread; 1 = never split (several rows,
+    a small or strided w, not on the CPU, one thread), and then `linear` is F.linear with no measurement."""
     if x.numel() != x.shape[-1] or not w.is_contiguous() or w.numel() < _MIN_SPLIT or w.device.type != "cpu":
         return 1
-    if not row_split_wins():
-        return 1
     threads = torch.get_num_threads()
+    if threads < 2:
+        return 1
     n_out = w.shape[0]
     return next((k for k in range(threads, 1, -1) if n_out % k == 0), 1)
 
 
+class OnlineChoice:
+    """The two one-row kernels' recent cost, seconds per weight element, each an exponential moving average of
+    its own timed calls. `pick` returns the cheaper one, and now and then the other so that its cost stays
+    current: after EXPLORE calls, then after twice as many each time the retried kernel is still the slower
+    one (up to MAX_INTERVAL: on a busy machine a retried split can cost a few ms), and again after EXPLORE
+    once the choice flips. Both kernels give the same values to fp32 rounding (see `linear`), so switching
+    changes no result beyond that; timing a call costs two clock reads (~0.1 µs) against a ~0.1-1 ms product.
+    """
+
+    EXPLORE = 32
+    MAX_INTERVAL = 4096
+    DECAY = 0.2
+
+    def __init__(self, split: float, linear: float):
+        self.cost = {"split": split, "linear": linear}
+        self.calls = 0
+        self.interval = self.EXPLORE
+        self.next_try = self.EXPLORE
+
+    def best(self) -> str:
+        return "split" if self.cost["split"] < self.cost["linear"] else "linear"
+
+    def pick(self) -> str:
+        self.calls += 1
+        best = self.best()
+        if self.calls >= self.next_try:
+            return "linear" if best == "split" else "split"
+        return best
+
+    def record(self, kernel: str, seconds_per_element: float) -> None:
+        before = self.best()
+        self.cost[kernel] += self.DECAY * (seconds_per_element - self.cost[kernel])
+        if kernel != before:  # a retry: back off while the other kernel stays ahead
+            self.interval = self.EXPLORE if self.best() != before else min(2 * self.interval, self.MAX_INTERVAL)
+            self.next_try = self.calls + self.interval
+
+
 _row_split_wins: bool | None = None  # measured on first use; tests set it to exercise one kernel
+_online: OnlineChoice | None = None  # set by the measurement (not when forced); None: the choice is fixed
 ONE_ROW_KERNEL_ENV = "SLMVIZ_ONE_ROW_KERNEL"  # "split" or "linear": skip the measurement
 
 
@@ -103,13 +158,13 @@ def row_split_wins() -> bool:
     EPYC at a load average of 6 (940 vs 35 ms over SmolLM2's weights). Both give the same numbers to fp32
     rounding. Timed once per process on matrices the size of a decoder layer's (16 of [768 · threads, 576],
     ~56 MB on 2 threads: as many fork/joins as a few layers make), the median of 5 alternating passes after a
-    warm-up (~0.2 s); $SLMVIZ_ONE_ROW_KERNEL=split|linear decides instead.
+    warm-up (~0.2 s), which also seeds the OnlineChoice that `linear` keeps updating from then on;
+    $SLMVIZ_ONE_ROW_KERNEL=split|linear decides instead, once and for all.
     """
-    global _row_split_wins
+    global _row_split_wins, _online
     if _row_split_wins is None:
         import os
         import statistics
-        import time
 
         forced = os.environ.get(ONE_ROW_KERNEL_ENV)
         if forced in ("split", "linear"):
@@ -139,7 +194,10 @@ def row_split_wins() -> bool:
                             start = time.perf_counter()
                             fn()
                             times[name].append(time.perf_counter() - start)
-                _row_split_wins = statistics.median(times["split"]) < statistics.median(times["plain"])
+                elements = sum(w.numel() for w in ws)
+                split_cost, plain_cost = (statistics.median(times[k]) / elements for k in ("split", "plain"))
+                _row_split_wins = split_cost < plain_cost
+                _online = OnlineChoice(split_cost, plain_cost)
     return _row_split_wins
 
 
@@ -179,8 +237,6 @@ def bf16_matmul_slowdown() -> float:
     """
     global _bf16_slowdown
     if _bf16_slowdown is None:
-        import time
-
         torch.manual_seed(0)
         x, w = torch.randn(64, 512), torch.randn(512, 512)
         pairs = {torch.float32: (x, w), torch.bfloat16: (x.bfloat16(), w.bfloat16())}
