@@ -8,7 +8,8 @@ Rows (SmolLM2-135M-Instruct, one IOI pair, alternating rounds after a warm-up, m
   patched forwards of the same 10 edge sets through the same engine, one set per call: target ≥ 5;
 - (evidence) the same curve ÷ 10 separate `slmviz.patch_edges` calls, each tokenising and running both prompts.
 `--gemma` adds the EAP and EAP-IG rows for Gemma 3 270M. `--findings 16` instead runs every built-in task on both
-bundled models (EAP-IG, faithfulness, IOI's name-mover attention) and prints markdown (docs/circuits.md).
+bundled models (EAP-IG, faithfulness, IOI's name-mover attention) and writes bench/circuits_findings.md, which
+docs/circuits.md includes.
 
     .venv/bin/python bench/circuits.py [--repeats 3] [--gemma]
     .venv/bin/python bench/circuits.py --findings 16
@@ -20,9 +21,10 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
-from common import Row, main, spread
+from common import BENCH_DIR, Row, main, spread
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPTED = "When Mary and John went to the store, Tom gave a drink to"
@@ -58,17 +60,20 @@ def eap_rows(model, label: str, repeats: int) -> list[Row]:
     n_pos = model.encode(CLEAN).numel()
     edges = slmviz.circuits.graph.ComponentGraph.of(model).n_edges
     eap_ratio, ig_ratio = med["eap"] / med["trace"], med["eap-ig"] / med["forward"]
+    fastest = {k: min(v) for k, v in t.items()}
     return [
         Row(f"{label}EAP over all {edges:,} edges, one {n_pos}-token IOI pair ÷ one full trace of the pair",
             f"{med['eap']:.2f} s", f"{med['trace']:.2f} s", eap_ratio, "≤ 4", eap_ratio <= 4,
-            f"spread EAP {spread(t['eap'])}, trace {spread(t['trace'])}"),
+            f"spread EAP {spread(t['eap'])}, trace {spread(t['trace'])}; fastest rounds "
+            f"{fastest['eap'] / fastest['trace']:.2f}"),
         Row(f"{label}EAP-IG, 5 steps, same pair ÷ one capture-off forward (forward-equivalents)",
             f"{med['eap-ig']:.2f} s", f"{med['forward']:.3f} s", ig_ratio, "≤ 24", ig_ratio <= 24,
-            f"spread EAP-IG {spread(t['eap-ig'])}, forward {spread(t['forward'])}"),
+            f"spread EAP-IG {spread(t['eap-ig'])}, forward {spread(t['forward'])}; fastest rounds "
+            f"{fastest['eap-ig'] / fastest['forward']:.2f}"),
     ]
 
 
-def faithfulness_rows(model, repeats: int) -> list[Row]:
+def faithfulness_rows(model, repeats: int, calls: bool = True) -> list[Row]:
     import slmviz
     from slmviz.circuits.engine import patched_metrics
 
@@ -83,11 +88,11 @@ def faithfulness_rows(model, repeats: int) -> list[Row]:
     def separate():
         return [patched_metrics(model, c.graph, c._runs, [m]) for m in masks]
 
-    def calls():
+    def patch_calls():
         return [slmviz.patch_edges(CLEAN, CORRUPTED, edges=masks[i], answer=ANSWER, wrong=WRONG, model=model)
                 for i in range(len(SIZES))]
 
-    t = rounds({"curve": curve, "separate": separate, "calls": calls}, repeats)
+    t = rounds({"curve": curve, "separate": separate, **({"calls": patch_calls} if calls else {})}, repeats)
     med = {k: statistics.median(v) for k, v in t.items()}
     got = curve()["metric"].tolist()
     alone = [float(x[0, 0]) for x in separate()]
@@ -98,18 +103,25 @@ def faithfulness_rows(model, repeats: int) -> list[Row]:
             med["separate"] / med["curve"] >= 5,
             f"sizes {SIZES[0]}–{SIZES[-1]} of {c.graph.n_edges:,} edges; max |Δ metric| batch vs separate "
             f"{worst:.1e}; spread curve {spread(t['curve'])}, separate {spread(t['separate'])}"),
-        Row("(evidence) the same curve ÷ 10 separate slmviz.patch_edges calls (each runs both prompts too)",
-            f"{med['curve']:.2f} s", f"{med['calls']:.2f} s", med["calls"] / med["curve"], "—", None,
-            f"spread calls {spread(t['calls'])}"),
-    ]
+    ] + ([Row("(evidence) the same curve ÷ 10 separate slmviz.patch_edges calls (each runs both prompts too)",
+              f"{med['curve']:.2f} s", f"{med['calls']:.2f} s", med["calls"] / med["curve"], "—", None,
+              f"spread calls {spread(t['calls'])}")] if calls else [])
 
 
-def findings(pairs: int) -> None:
-    """Markdown: every built-in task on both bundled models with EAP-IG (5 steps): the top edges, the heads writing
-    most into the logits (for IOI, where each one's attention from the last position goes), faithfulness."""
+def findings(pairs: int, out: Path) -> None:
+    """Write Markdown to `out`: every built-in task on both bundled models with EAP-IG (5 steps): the top edges, the
+    edges into the logits (for IOI, where each head's attention from the last position goes), faithfulness."""
+    from common import load_average, machine
+
     import slmviz
     from slmviz.circuits import tasks
 
+    facts = machine()
+    lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `bench/circuits.py --findings {pairs}` "
+             f"on {facts['nproc']} cores ({facts['cpu']}), torch {facts['torch']}, shared with other agents' work "
+             f"(load average before: {load_average()}). EAP-IG with 5 steps, {pairs} pairs per task; faithfulness "
+             "of the top-n edges (every other edge patched from the corrupted run), normalized: 0 = corrupted, "
+             "1 = clean."]
     for name in (None, "gemma-3-270m"):
         model = slmviz.load(name)
         for make in (tasks.ioi_task, tasks.induction_task, tasks.greater_than_task):
@@ -121,24 +133,23 @@ def findings(pairs: int) -> None:
             curve = c.faithfulness()
             smallest = c.smallest(0.8, count=8, curve=curve)
             timed = time.perf_counter() - start
-            print(f"\n### {model.name}: {task.name} ({len(task)} pairs)\n")
-            print(f"{c}; EAP-IG {scored:.0f} s, faithfulness + smallest-80% search {timed:.0f} s\n")
-            print("Top edges:\n")
-            print(markdown(c.top(12)))
             into_logits = c.edges[c.edges.target == "logits"].head(8)
-            print("\nInto the logits:\n")
-            print(markdown(into_logits))
-            print("\nFaithfulness:\n")
-            print(markdown(curve))
-            print(f"\nsmallest circuit reaching 0.8: {smallest} edges")
+            lines += [f"\n### {model.name}: {task.name} ({len(task)} pairs)\n",
+                      f"{c}; EAP-IG {scored:.0f} s, faithfulness + smallest-80% search {timed:.0f} s\n",
+                      "Top edges:\n", markdown(c.top(12)), "\nInto the logits:\n", markdown(into_logits),
+                      "\nFaithfulness:\n", markdown(curve), f"\nsmallest circuit reaching 0.8: {smallest} edges"]
             if task.name == "ioi":
-                print("\n" + ioi_attention(model, task, into_logits))
+                lines += ["\nAttention from the last position of the heads above (mean over the clean prompts):\n",
+                          ioi_attention(model, task, into_logits)]
+            print(lines[-1], flush=True)
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
 
 
 def markdown(frame) -> str:
     """A DataFrame as a Markdown table (floats to 3 significant digits), without the tabulate package."""
-    def cell(x):
-        return f"{x:.3g}" if isinstance(x, float) else str(x)
+    def cell(x):  # node names in code spans: "<q>" would otherwise read as an HTML tag
+        return f"{x:.3g}" if isinstance(x, float) else f"`{x}`" if isinstance(x, str) else str(x)
 
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + " --- |" * len(frame.columns)]
     lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in frame.itertuples(index=False)]
@@ -163,7 +174,7 @@ def ioi_attention(model, task, into_logits) -> str:
             s1 += float(row[s_positions[0]])
             s2 += float(row[s_positions[-1]]) if len(s_positions) > 1 else 0.0
         n = len(task.clean)
-        lines.append(f"| {head} | {io / n:.2f} | {s1 / n:.2f} | {s2 / n:.2f} |")
+        lines.append(f"| `{head}` | {io / n:.2f} | {s1 / n:.2f} | {s2 / n:.2f} |")
     return "\n".join(lines)
 
 
@@ -172,11 +183,13 @@ def run(args: argparse.Namespace) -> list[Row]:
 
     torch.manual_seed(0)
     if args.findings:
-        findings(args.findings)
+        findings(args.findings, args.out)
         return []
     model = slmviz.load()
-    rows = eap_rows(model, "", args.repeats)
-    rows += faithfulness_rows(model, args.repeats)
+    groups = set(args.groups.split(","))
+    rows = eap_rows(model, "", args.repeats) if "eap" in groups else []
+    if "faithfulness" in groups:
+        rows += faithfulness_rows(model, args.repeats, calls="calls" in groups)
     if args.gemma:
         rows += eap_rows(slmviz.load("gemma-3-270m"), "Gemma 3 270M: ", args.repeats)
     return rows
@@ -184,8 +197,12 @@ def run(args: argparse.Namespace) -> list[Row]:
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gemma", action="store_true", help="also time EAP and EAP-IG on Gemma 3 270M")
+    parser.add_argument("--groups", default="eap,faithfulness,calls",
+                        help="comma-separated subset of eap, faithfulness, calls (the patch_edges evidence row)")
     parser.add_argument("--findings", type=int, default=0, metavar="PAIRS",
-                        help="instead: run every built-in task with this many pairs on both bundled models (markdown)")
+                        help="instead: run every built-in task with this many pairs on both bundled models")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "circuits_findings.md",
+                        help="where --findings writes its Markdown (docs/circuits.md includes it)")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,15 @@ import pandas as pd
 import torch
 
 from ..metrics import check_same_length
-from .engine import PairRun, capture, check_conventions, gradient_scores, patched_metrics, row_metrics
+from .engine import (
+    PairRun,
+    capture,
+    check_conventions,
+    gradient_scores,
+    outputs_metrics,
+    patched_metrics,
+    reads_of,
+)
 from .graph import ComponentGraph
 
 METHODS = ("eap", "eap-ig", "exact")
@@ -90,16 +98,15 @@ def prepare(model: Any, clean: Any, corrupted: Any, answer: Any = None, wrong: A
         for start in range(0, len(group), CAPTURE_ROWS // 2):
             part = group[start:start + CAPTURE_ROWS // 2]
             ids = torch.stack([pending[i]["ids"][0] for i in part] + [pending[i]["ids"][1] for i in part])
-            last_only = all(pending[i]["answer"] is not None or getattr(pending[i]["metric"], "last_only", False)
-                            for i in part)
-            writes, logits, embeds = capture(model, graph, ids, last_only)  # clean rows, then corrupted rows
+            shells = [PairRun(pending[i]["ids"][0], pending[i]["ids"][1], pending[i]["metric"], pending[i]["answer"],
+                              pending[i]["wrong"], None, None, float("nan"), float("nan")) for i in part]
+            reads = reads_of(shells)
+            writes, outputs, embeds = capture(model, graph, ids, reads)  # clean rows, then corrupted rows
+            values = outputs_metrics(model, shells + shells, outputs, reads)
             k = len(part)
-            for j, i in enumerate(part):
-                item = pending[i]
-                run = PairRun(item["ids"][0], item["ids"][1], item["metric"], item["answer"], item["wrong"],
-                              writes[j], writes[k + j], float("nan"), float("nan"), (embeds[j], embeds[k + j]))
-                values = row_metrics([run, run], logits[[j, k + j]])
-                run.clean_metric, run.corrupted_metric = float(values[0]), float(values[1])
+            for j, (i, run) in enumerate(zip(part, shells, strict=True)):
+                run.clean, run.corrupted, run.embeds = writes[j], writes[k + j], (embeds[j], embeds[k + j])
+                run.clean_metric, run.corrupted_metric = float(values[j]), float(values[k + j])
                 runs[i] = run
     builtin = all(item["answer"] is not None for item in pending)
     name = names.pop() if len(names) == 1 else ("logit(answer) - logit(wrong)" if builtin else "metric (one per pair)")

@@ -141,10 +141,10 @@ def post_scale_hook(model: Any, layer: int) -> str | None:
     return f"blocks.{layer}.{slot}.hook_scale"
 
 
-def capture(model: Any, graph: ComponentGraph, ids: torch.Tensor, last_only: bool = False
+def capture(model: Any, graph: ComponentGraph, ids: torch.Tensor, reads: str = "all"
             ) -> tuple[list[Writes], torch.Tensor, torch.Tensor]:
-    """Run a batch of prompts [b, pos] of one length; return each one's Writes, the logits [b, pos | 1, vocab] and
-    the embeddings [b, pos, d_model] (hook_embed)."""
+    """Run a batch of prompts [b, pos] of one length; return each one's Writes, what its metric reads (`outputs`,
+    see `metric_outputs`) and the embeddings [b, pos, d_model] (hook_embed)."""
     cfg = model.cfg
     n_layers = cfg.n_layers
     b, n_pos = ids.shape
@@ -170,9 +170,55 @@ def capture(model: Any, graph: ComponentGraph, ids: torch.Tensor, last_only: boo
     final: dict[str, torch.Tensor] = {}
     hooks[f"blocks.{n_layers - 1}.hook_resid_post"] = lambda x, name: final.__setitem__("x", x)
     ctx = build_context(model.hook_names, [], hooks, batched=True)
-    logits = model.decoder.forward(ids, ctx, resolve_variant(None, cfg), last_only=last_only)  # [b, pos | 1, vocab]
+    outputs = model.decoder.forward(ids, ctx, resolve_variant(None, cfg), **metric_outputs(model, reads))
     writes = [Writes(sources[i], resid_pre[i], resid_mid[i], final["x"][i], keys[i], values[i]) for i in range(b)]
-    return writes, logits, sources[:, 0]
+    return writes, outputs, sources[:, 0]
+
+
+def reads_of(pairs: Sequence[PairRun]) -> str:
+    """What the metrics of a batch read: "answer" (all built-in: two logits of the last position), "last" (fns
+    marked last_only) or "all" (the logits of every position)."""
+    if all(r.builtin for r in pairs):
+        return "answer"
+    return "last" if all(r.last_only for r in pairs) else "all"
+
+
+def metric_outputs(model: Any, reads: str) -> dict[str, Any]:
+    """The decoder's arguments for what the metric reads: the built-in logit difference needs no unembedding of the
+    whole vocabulary (a forward that stops after the last block; `answer_logit_diff` reads two rows of W_U)."""
+    if reads == "answer":
+        return {"stop_after_layer": model.cfg.n_layers - 1}
+    return {"last_only": reads == "last"}
+
+
+def outputs_metrics(model: Any, pairs: Sequence[PairRun], outputs: torch.Tensor, reads: str) -> torch.Tensor:
+    """Each row's metric from the decoder's outputs under `metric_outputs(reads)`, float64 [b]."""
+    if reads == "answer":
+        return answer_logit_diff(model, pairs, outputs[:, -1])
+    return row_metrics(pairs, outputs)
+
+
+def answer_logit_diff(model: Any, pairs: Sequence[PairRun], resid: torch.Tensor) -> torch.Tensor:
+    """logit(answer) - logit(wrong) of each row from the last position's resid_post [b, d_model], float64 [b]: the
+    final norm, then only the answer's and wrong token's rows of the unembedding (and the softcap, if any), as the
+    decoder computes those two logits. Gemma's unembedding is 640 MiB: reading two rows of it instead of all of it
+    (forward and backward) is most of what a gradient run costs there."""
+    decoder = model.decoder
+    c = decoder.conventions(resolve_variant(None, model.cfg))
+    x = decoder.final_norm(resid[:, None], c)[:, 0].float()  # [b, d]
+    unembed = decoder.params.unembed  # [vocab, d]
+    cap = model.cfg.final_logit_softcap
+
+    def logit(ids: list[int]) -> torch.Tensor:
+        value = (x * unembed[torch.tensor(ids)].float()).sum(-1)  # [b]
+        return value if cap is None else torch.tanh(value / cap) * cap
+
+    value = logit([r.answer for r in pairs]).double()
+    wrong = [r.wrong for r in pairs]
+    if any(w is not None for w in wrong):
+        has = torch.tensor([w is not None for w in wrong])
+        value = value - torch.where(has, logit([w or 0 for w in wrong]).double(), 0.0)
+    return value
 
 
 def _put(into: torch.Tensor, index: int, transpose: bool = False) -> Callable:
@@ -262,8 +308,8 @@ def _patched_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], m
     n_layers = cfg.n_layers
     start = min(min(r[0] for r in rows), n_layers - 1)
     pairs = [runs[p] for _, _, p in rows]
-    last_only = all(r.last_only for r in pairs)
-    first = min(r.shared for r in pairs) if last_only else 0
+    reads = reads_of(pairs)
+    first = min(r.shared for r in pairs) if reads != "all" else 0
     first = min(first, pairs[0].n_pos - 1)  # the last position always runs: the metric reads it
     at = slice(first, None)
     b = len(rows)
@@ -308,8 +354,8 @@ def _patched_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], m
             cache.v[layer][:, :, :first] = torch.stack([r.clean.values[layer, :, :first] for r in pairs])
         cache.length = first
     variant = resolve_variant(None, cfg)
-    logits = model.decoder.forward_from(x, start, ctx, variant, last_only=last_only, cache=cache)  # [b, pos'|1, vocab]
-    return row_metrics(pairs, logits).tolist()
+    outputs = model.decoder.forward_from(x, start, ctx, variant, cache=cache, **metric_outputs(model, reads))
+    return outputs_metrics(model, pairs, outputs, reads).tolist()
 
 
 class _Sources:
@@ -429,11 +475,11 @@ def _gradient_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], 
                     scores: torch.Tensor) -> None:
     cfg = model.cfg
     pairs = [runs[p] for p, _ in rows]
-    last_only = all(r.last_only for r in pairs)
+    reads = reads_of(pairs)
     # Positions before the first difference have a zero source difference, so their gradients add nothing: the run
     # starts there, with the clean run's keys and values of the earlier positions (the same in every row: the two
     # embeddings, and so every interpolation, agree there bit for bit).
-    first = min(min(r.shared for r in pairs), pairs[0].n_pos - 1) if last_only else 0
+    first = min(min(r.shared for r in pairs), pairs[0].n_pos - 1) if reads != "all" else 0
     at = slice(first, None)
     clean_e = torch.stack([r.embeds[0][at] for r in pairs])  # [b, pos', d]
     corrupted_e = torch.stack([r.embeds[1][at] for r in pairs])
@@ -462,9 +508,9 @@ def _gradient_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], 
             cache.v[layer][:, :, :first] = torch.stack([r.clean.values[layer, :, :first] for r in pairs])
         cache.length = first
     x = embeds.detach().requires_grad_()  # the leaf autograd starts from: hook_embed's value, from position `first`
-    logits = model.decoder.forward_from(x, 0, ctx, resolve_variant(None, cfg), last_only=last_only, grad=True,
-                                        cache=cache)  # [b, pos' | 1, vocab]
-    values = row_metrics(pairs, logits)
+    outputs = model.decoder.forward_from(x, 0, ctx, resolve_variant(None, cfg), grad=True, cache=cache,
+                                         **metric_outputs(model, reads))
+    values = outputs_metrics(model, pairs, outputs, reads)
     if not values.requires_grad:
         raise ValueError("EAP differentiates the metric: it must return a tensor computed from the logits "
                          "(e.g. logits[-1, a] - logits[-1, b]), not a float")

@@ -136,17 +136,19 @@ class Decoder:
         last_only: bool = False,
         grad: bool = False,
         cache: KVCache | None = None,
+        stop_after_layer: int | None = None,
     ) -> torch.Tensor:
         """Resume a forward at block `start_layer` from its resid_pre x [b, pos, d_model] -> logits [b, pos, vocab].
 
         Patching sweeps use this: every patched copy of a run shares the layers before the patch, so they
         start here from the cached residual instead of recomputing them. With `cache` (keys and values of
         the positions before x's, for layers >= start_layer), x holds only the later positions.
+        `stop_after_layer` as in `forward` (circuits read two logits off the last resid_post themselves).
         """
         if not 0 <= start_layer < self.cfg.n_layers:
             raise ValueError(f"start_layer must be in [0, {self.cfg.n_layers}), got {start_layer}")
         with _autograd(grad):
-            return self._run(x, start_layer, ctx, self.conventions(variant), cache, last_only)
+            return self._run(x, start_layer, ctx, self.conventions(variant), cache, last_only, stop_after_layer)
 
     def _run(
         self, x: torch.Tensor, start_layer: int, ctx: HookContext, c: Conventions, cache: KVCache | None,
