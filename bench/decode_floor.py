@@ -32,7 +32,7 @@ def floor_passes(params) -> dict[str, Pass]:
     """One bare matrix-vector pass over all weights per layout. The [in, out] copies are made once here."""
     out_in = weight_matrices(params)
     in_out = [w.t().contiguous() for w in out_in]
-    rows = {w.shape[0]: torch.ones(1, w.shape[0]) for w in in_out}
+    rows = {w.shape[0]: torch.ones(1, w.shape[0], dtype=w.dtype) for w in in_out}  # the weights' dtype (bf16 too)
     vecs = {n: r[0] for n, r in rows.items()}
 
     def x_at_w() -> None:  # x [1, in] @ W [in, out]

@@ -1,5 +1,8 @@
 """What bf16 costs against fp32, and what it buys, on both bundled models (slmviz.load(dtype="bfloat16")).
 
+Also SmolLM2's greedy generation in bf16 against transformers' in bf16, and its decoding steps against the
+weight-read floor of its bf16 weights (the floor in the dtype being run).
+
 Accuracy (the model's own fp32 run is the reference; transformers' bf16 gives the same numbers bit for bit,
 tests/test_dtype.py): KL(fp32 ‖ bf16) of the next-token distribution, top-1 agreement, and the residual
 stream's relative error, over a 128-token passage and `slmviz check`'s three prompts. Speed, on this CPU: the
@@ -16,7 +19,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from common import Row, interleaved, main, median, prompt_ids, spread
+from common import GENERATE_PROMPT, Row, interleaved, main, median, per_step, prompt_ids, spread
 
 import slmviz
 from slmviz.analysis.diff import kl_per_position, relative_difference
@@ -64,8 +67,59 @@ def accuracy(fp32: slmviz.Model, bf16: slmviz.Model, prompts: list[torch.Tensor]
             "positions": n}
 
 
+def generate_rows(repeats: int, n: int = 48) -> list[Row]:
+    """SmolLM2 in bf16: greedy generate ÷ transformers' bf16 generate, and the decoding steps ÷ the bf16
+    weight-read floor (bench/decode_floor.py's passes over the bf16 weights: half the bytes of fp32's)."""
+    from decode_floor import floor_passes, floor_seconds
+
+    from slmviz.loading.reference import load_reference
+
+    model = slmviz.load(dtype="bfloat16")
+    hf = load_reference(model.path, "sdpa", dtype=torch.bfloat16)
+    ids = model.encode(GENERATE_PROMPT, chat=True)
+    steps: list[float] = []
+
+    def ours() -> list[int]:
+        stamps, tokens = [], []
+        for step in model.stream(ids, n, stop_at_eos=False):
+            stamps.append(time.perf_counter())
+            tokens.append(step.token_id)
+        steps.append(per_step(stamps))
+        return tokens
+
+    def theirs() -> list[int]:
+        out = hf.generate(ids[None], attention_mask=torch.ones_like(ids)[None], max_new_tokens=n, min_new_tokens=n,
+                          do_sample=False, pad_token_id=hf.config.eos_token_id)
+        return out[0, ids.numel():].tolist()
+
+    with torch.inference_mode():
+        same = ours() == theirs()
+    steps.clear()
+    passes = floor_passes(model.decoder.params)
+    times: dict[str, list[float]] = {"slmviz": [], "transformers": []}
+    floor_times: dict[str, list[float]] = {name: [] for name in passes}
+    interleaved(passes, warmup=1, repeats=0)
+    for _ in range(repeats):
+        interleaved({"slmviz": ours, "transformers": theirs}, warmup=0, repeats=1, into=times)
+        interleaved(passes, warmup=0, repeats=2, into=floor_times)
+    a, b = n / median(times["slmviz"]), n / median(times["transformers"])
+    layout, floor = floor_seconds(floor_times)
+    decode = 1 / median(steps)
+    return [
+        Row(f"bf16 greedy generate, {n} new tokens: tokens/s ÷ transformers bf16 generate", f"{a:.1f} tok/s",
+            f"{b:.1f} tok/s", a / b, "≥ 1.5", a / b >= 1.5,
+            f"SmolLM2 in bf16 on both sides; {'same tokens' if same else 'TOKENS DIFFER'}; spread slmviz "
+            f"{spread(times['slmviz'])}, transformers {spread(times['transformers'])}"),
+        Row(f"bf16 greedy generate, {n} new tokens: decoding steps alone, tokens/s ÷ bf16 weight-read floor",
+            f"{decode:.1f} tok/s", f"{1 / floor:.1f} tok/s ({floor * 1e3:.1f} ms/pass)", decode * floor, "≥ 0.85",
+            decode * floor >= 0.85,
+            f"floor over the bf16 weights (269 MB), layout {layout}; every layout: "
+            + ", ".join(f"{k} {median(v) * 1e3:.1f} ms" for k, v in floor_times.items())),
+    ]
+
+
 def run(args: argparse.Namespace) -> list[Row]:
-    rows = gemm_rows(args.repeats)
+    rows = gemm_rows(args.repeats) + generate_rows(max(3, args.repeats // 2))
     for name, label in MODELS.items():
         fp32 = slmviz.load(name)
         bf16 = slmviz.load(name, dtype="bfloat16")

@@ -126,11 +126,13 @@ def test_the_online_choice_follows_the_cheaper_kernel_and_retries_the_other_less
 def test_the_adaptive_one_row_product_equals_f_linear(monkeypatch):
     """With an OnlineChoice, whichever kernel each call runs, the product equals F.linear to fp32 rounding."""
     monkeypatch.setattr(params, "_online", params.OnlineChoice(split=1.0, linear=1.0))
+    monkeypatch.setattr(params, "_online_by_dtype", {})
     torch.manual_seed(0)
     w, b, x = torch.randn(1536, 576), torch.randn(1536), torch.randn(1, 576)
     for _ in range(2 * params.OnlineChoice.EXPLORE):
         assert _relative(linear(x, w, b), F.linear(x, w, b)) <= 1e-6
-    assert params._online.calls == (2 * params.OnlineChoice.EXPLORE if torch.get_num_threads() > 1 else 0)
+    if torch.get_num_threads() > 1:
+        assert params._online_by_dtype[torch.float32].calls == 2 * params.OnlineChoice.EXPLORE
 
 
 def test_kv_cache_appends_in_place_and_grows():

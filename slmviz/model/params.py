@@ -67,9 +67,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     blocks = _row_blocks(x, w)
     if blocks == 1:
         return F.linear(x, w, b)
-    online = _online
-    if online is None:  # a fixed choice: forced by $SLMVIZ_ONE_ROW_KERNEL, one thread, or a test
+    if _online is None:  # a fixed choice: forced by $SLMVIZ_ONE_ROW_KERNEL, one thread, or a test
         return _split_linear(x, w, b, blocks) if row_split_wins() else F.linear(x, w, b)
+    online = _online_by_dtype.get(w.dtype)
+    if online is None:  # each dtype learns its own costs (bf16's kernels are not fp32's), seeded by fp32's
+        online = _online_by_dtype.setdefault(w.dtype, OnlineChoice(**_online.cost))
     kernel = online.pick()
     start = time.perf_counter()
     out = _split_linear(x, w, b, blocks) if kernel == "split" else F.linear(x, w, b)
@@ -143,6 +145,7 @@ class OnlineChoice:
 
 _row_split_wins: bool | None = None  # measured on first use; tests set it to exercise one kernel
 _online: OnlineChoice | None = None  # set by the measurement (not when forced); None: the choice is fixed
+_online_by_dtype: dict[torch.dtype, OnlineChoice] = {}  # what `linear` updates, one per weight dtype
 ONE_ROW_KERNEL_ENV = "SLMVIZ_ONE_ROW_KERNEL"  # "split" or "linear": skip the measurement
 
 
