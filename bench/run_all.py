@@ -7,7 +7,9 @@ vs the weight-read floor of decode_floor.py), compare_presets.py, memory.py (pea
 app.py (startup and Run through gradio_client, if app/ exists), op_profile.py (torch.profiler: where the time
 of a trace and of a decoding step goes), patching.py (patching sweeps vs one hooked forward per cell),
 sae_splice.py (a trace with one SAE spliced ÷ the same trace without), circuits.py (EAP / EAP-IG over every edge
-÷ a trace / a forward; a batched faithfulness curve ÷ separate patched forwards).
+÷ a trace / a forward; a batched faithfulness curve ÷ separate patched forwards), dtype.py (bf16 against fp32
+and against transformers in bf16), tl_compare.py (the trace against TransformerLens 4.3's run_with_cache, run in
+its own venv). Hand-written sections of the results file (from its first "## " heading on) are kept.
 Timing on a shared 2-core machine is noisy:
 the load average before and after is written next to the table; re-run when it was high.
 """
@@ -26,7 +28,7 @@ from pathlib import Path
 from common import BENCH_DIR, Row, fmt_ratio, load_average, machine
 
 SCRIPTS = ["forward", "generate", "compare_presets", "memory", "app", "op_profile", "scan", "patching", "gemma",
-           "sae_splice", "circuits"]
+           "sae_splice", "circuits", "dtype", "tl_compare"]
 RESULTS = BENCH_DIR / "results.md"
 
 # What bounds a target when it is missed (profiled with torch.profiler; see each script's docstring).
@@ -34,10 +36,27 @@ RESULTS = BENCH_DIR / "results.md"
 BOUNDS = {
     "trace, 128 tokens": (
         "the GEMMs, most of a trace's time in both implementations (the profile row), and run-to-run noise "
-        "(the notes' spread). attn.hook_result, the one computation transformers never does, is derived from "
-        "hook_z only when read (evidence row: the cost of reading all of them). The GEMMs are MKL's, exactly "
-        "as in transformers, because the parity tests hold slmviz to 1e-4 of transformers' logits; oneDNN's "
-        "kernels are the other evidence row."
+        "(the notes' spread). Both run the same work on the same MKL kernels; slmviz dispatches fewer ATen ops "
+        "(fused q|k|v and gate|up, one RoPE for q and k). attn.hook_result, the one computation transformers "
+        "never does, is derived from hook_z only when read (evidence row). oneDNN's kernels run the trace's "
+        "GEMMs faster on this CPU (the oneDNN evidence row) but move the logits by up to 1.5e-4 from "
+        "transformers' over the parity prompts (tests/test_parity.py holds slmviz to 1e-4, residuals to 1e-5 "
+        "relative, and oneDNN reaches 1.6e-5), so slmviz keeps MKL: a faithful trace cannot use them."
+    ),
+    "full trace, 128 tokens, all hooks: TransformerLens": (
+        "the trace row: TransformerLens 4.3's TransformerBridge runs transformers' own eager model underneath "
+        "(the same MKL GEMMs, values equal to slmviz's: the notes' max |Δ|) and adds its hook wrappers (a "
+        "hook_in and hook_out around every submodule: 1393 cached tensors to slmviz's 693). The ratio is "
+        "(transformers' forward + the bridge's hooks) ÷ slmviz's trace, and slmviz's trace is about "
+        "transformers' forward (the first row), so 2x needs the bridge's hooks to cost as much as the whole "
+        "forward; at 128 tokens they cost a third to two thirds of it."
+    ),
+    "bf16 greedy generate, 48 new tokens: decoding steps alone": (
+        "the bf16 matrix-vector products themselves: PyTorch's CPU bf16 one-row product (oneDNN, the weight "
+        "reordered on every call) streams 1.5-3 GB/s here against fp32's 12-16 GB/s, so the bf16 floor pass is "
+        "no faster than fp32's despite half the bytes, and slmviz's bf16 step pays those products plus the "
+        "one-row kernel choice. On this CPU bf16 does not win for decoding: load with the default float32 to "
+        "generate (bf16 wins for many-row work: the GEMM row, traces, scans)."
     ),
     "Gemma 3 270M: trace, 128 tokens": (
         "as for SmolLM2's trace row: the same MKL GEMMs on both sides, and the notes' spread."
@@ -49,17 +68,20 @@ BOUNDS = {
         "is what slmviz saves in the small ops, a few ms of a ~80 ms step."
     ),
     "greedy generate, 48 new tokens: tokens/s ÷ weight-read floor": (
-        "the small ops between the weight matmuls. The evidence row splits a decoding step: its matmuls run "
-        "close to the floor pass (slmviz streams the weights in the floor's own layout and kernel, "
-        "params.linear), and the rest is ~30 eager PyTorch ops per layer (two RMSNorms, RoPE, two cache "
-        "writes, attention, SwiGLU, two residual adds; with their views and inner calls ~160 ATen dispatches "
-        "per layer, the profile row), each a few µs because the weight stream has just evicted the caches. "
-        "The whole-call row also pays the prompt's prefill, which is compute-bound (its time is in the "
-        "decoding-steps row's notes). Tried and dropped: torch.compile of a layer (tens of seconds to "
-        "compile, recompiled per layer, no faster step); OMP_WAIT_POLICY=ACTIVE (no change)."
+        "the prompt's prefill: the whole-call row pays 46 tokens of compute-bound GEMMs (their time is in the "
+        "decoding-steps row's notes), which the weight-read floor does not bound; the decoding steps are the "
+        "row below."
     ),
     "greedy generate, 48 new tokens: decoding steps alone": (
-        "as for the row above: the ~30 small ops per layer between the weight matmuls (evidence row)."
+        "the weight matmuls and the small ops between them (the evidence row splits a step). On a busy machine "
+        "each OpenMP fork/join waits until the OS runs the second thread again (~1.5 ms at load 6): the "
+        "attention's three tiny ops now run on one thread (params.one_thread; a tiny 30-layer model's step went "
+        "from 61 to 5.8 ms there) and the one-row kernel follows the load (params.OnlineChoice: the two-thread "
+        "row split where it is faster, F.linear's one-core product where fork/joins are slow), but the floor "
+        "pass (the fastest layout, timed alone) and the step's products still see different moments of a "
+        "shared machine. The remaining small ops are ~30 eager PyTorch ops per layer (the profile row). "
+        "Tried and dropped: torch.compile of a layer (tens of seconds to compile, recompiled per layer, no "
+        "faster step); oneDNN for the weights (not within the parity tolerance, see the trace row)."
     ),
     "forward, capture off": (
         "noise: the spread in the notes overlaps transformers' (same MKL GEMMs, fused q|k|v and gate|up)."
@@ -70,6 +92,16 @@ BOUNDS = {
         "residuals (0.07 GB: resid_pre[L+1] is resid_post[L], stored once)."
     ),
 }
+
+
+def kept_sections(path: Path) -> str:
+    """The hand-written sections of an existing results file (from its first "## " heading on): a run rewrites
+    the generated table above them and keeps them, so a section another script or a person added survives."""
+    if not path.exists():
+        return ""
+    text = path.read_text(encoding="utf-8")
+    start = text.find("\n## ")
+    return "" if start < 0 else text[start:].strip("\n") + "\n"
 
 
 def run_script(name: str) -> tuple[list[Row], float]:
@@ -123,8 +155,15 @@ def main() -> None:
     note = ("Ratios are slmviz ÷ transformers (same process, same weights, same token ids, alternating rounds "
             "after warm-up, medians). Scripts: " + ", ".join(f"bench/{n}.py ({s:.0f} s)" for n, s in durations.items())
             + ".")
+    busiest = max(float(x) for x in (load_before + " " + load_after).split() if x.replace(".", "").isdigit())
+    if busiest > int(info["nproc"]):
+        note += (f" The cores were shared with other work while this ran (load average up to {busiest:.1f} on "
+                 f"{info['nproc']} cores): the ratios are noisier than on a quiet machine, and the notes' spreads "
+                 "show by how much.")
     print("\n" + header + "\n\n" + body + "\n\n" + note)
-    args.out.write_text(f"# slmviz benchmark results\n\n{header}\n\n{body}\n\n{note}\n", encoding="utf-8")
+    kept = kept_sections(args.out)
+    args.out.write_text(f"# slmviz benchmark results\n\n{header}\n\n{body}\n\n{note}\n"
+                        + (f"\n{kept}" if kept else ""), encoding="utf-8")
     print(f"\nwritten to {args.out}")
 
 
