@@ -167,3 +167,11 @@ def test_bundled_models_in_bf16_match_transformers_bf16(name):
     assert relative_error(sdpa.logits, m.logits(ids)) <= logit_tol
     for layer, resid in enumerate(eager.resid_post):
         assert relative_error(resid, t[f"blocks.{layer}.hook_resid_post"]) <= resid_tol, layer
+
+
+def test_slmviz_check_refuses_float16_on_the_cpu(tiny_dir, capsys):
+    from slmviz.cli import main
+
+    assert main(["check", "--model", str(tiny_dir), "--dtype", "float16"]) == 2
+    err = capsys.readouterr().err
+    assert "float16" in err and "CUDA only" in err
