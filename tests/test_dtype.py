@@ -109,6 +109,14 @@ def test_every_variant_and_hook_runs_in_bf16(bf16_models):
         m.trace(IDS, hooks={"blocks.0.hook_attn_out": lambda x, _n: x.float()})
 
 
+def test_a_bf16_traces_views_and_plots_work(bf16_models):
+    """The pandas views and figures of a bf16 trace (numpy has no bf16: each view upcasts what it shows)."""
+    t = bf16_models["gemma3"].trace(IDS)
+    assert len(t.logit_lens()) and len(t.top_tokens()) and len(t.residual_norms())
+    assert t.plot_attention(1) is not None and t.plot_residual_norms() is not None
+    assert len(t.logit_attribution(20, 21, by="head"))
+
+
 def test_a_bf16_trace_saves_and_loads_in_bf16(bf16_models, tmp_path):
     t = bf16_models["gemma3"].trace(IDS)
     back = slmviz.Trace.load(t.save(tmp_path / "t.safetensors"))

@@ -51,7 +51,7 @@ def logit_lens(trace: Trace, k: int = 5, start: int = 0) -> pd.DataFrame:
     x, unembed, _ = _lens_inputs(trace, layers, start)
     values, indices, finite = [], [], []
     for chunk in x.split(ROWS_PER_CHUNK):
-        logits = F.linear(chunk, unembed)  # [rows, vocab]
+        logits = F.linear(chunk, unembed).float()  # [rows, vocab]; fp32 for a bf16 model (logsumexp, numpy)
         ok = torch.isfinite(logits).all(-1)
         top = torch.nan_to_num(logits, nan=-torch.inf).topk(k, dim=-1)
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)
