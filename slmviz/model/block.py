@@ -404,7 +404,11 @@ def per_head_result(z: torch.Tensor, w_o: torch.Tensor, cfg: ArchConfig) -> torc
     z [..., pos, h, dh] -> [..., pos, h, d_model], z_h @ W_o[:, h·dh:(h+1)·dh].T, all heads in one matmul.
 
     Their sum over heads is o_proj's output; Trace derives hook_result from hook_z with this on demand.
+    One matmul per head over every row and position (bmm with the heads as its batch): a broadcast matmul of
+    [b, h, pos, dh] by [h, dh, d] would first copy W_o once per row of the batch.
     """
     h, dh = cfg.n_heads, cfg.d_head
     w = w_o.t().reshape(h, dh, cfg.d_model)  # [d_model, h * dh] -> [h, dh, d_model]: head i's columns
-    return torch.matmul(z.transpose(-2, -3), w).transpose(-2, -3)  # [..., h, pos, d] -> [..., pos, h, d]
+    rows = z.reshape(-1, h, dh).transpose(0, 1)  # [..., pos, h, dh] -> [h, rows, dh]
+    out = torch.bmm(rows, w)  # [h, rows, d_model]
+    return out.transpose(0, 1).reshape(*z.shape[:-1], cfg.d_model)  # [..., pos, h, d] (a view)
