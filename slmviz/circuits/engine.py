@@ -3,9 +3,9 @@ gradient of the metric with respect to every destination's input.
 
 Sources write into the residual stream and destinations read it (circuits.graph), so the residual a destination v
 reads is the sum of the writes of the sources before it, plus terms no source owns and that are the same in every
-run (o_proj's bias on pre-norm families: no head owns it; down_proj's is part of the MLP's write). Patching edge (u, v) therefore means adding
-(a_u^corrupted - a_u) to v's input, and only v's: the input hooks (hooks.INPUT_HOOKS) give every head's query,
-every KV group's key and value, and the MLP their own copy of the residual.
+run (o_proj's bias on pre-norm families: no head owns it; down_proj's is part of the MLP's write). Patching edge
+(u, v) therefore means adding (a_u^corrupted - a_u) to v's input, and only v's: the input hooks (hooks.INPUT_HOOKS)
+give every head's query, every KV group's key and value, and the MLP their own copy of the residual.
 
 Which a_u: the value of u *in the patched run itself* (EAP-IG's evaluate_graph: its clean hooks subtract the
 activations of the run they fire in). For a single edge, or edges into one destination, that is u's clean value;
