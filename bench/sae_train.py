@@ -176,7 +176,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=24 * 4096, help="tokens each side trains on")
     parser.add_argument("--eval-tokens", type=int, default=20_000, help="held-out tokens for EV / L0 / CE")
     parser.add_argument("--memory", action="store_true", help="only the peak-RSS rows")
-    parser.add_argument("--memory-tokens", type=int, default=32_768)
+    parser.add_argument("--memory-tokens", type=int, default=65_536)
 
 
 if __name__ == "__main__":

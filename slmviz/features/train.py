@@ -34,6 +34,7 @@ cursor is all a resume needs; the file is written to a temporary name and rename
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import math
@@ -358,6 +359,8 @@ class Trainer:
                     cur.block, cur.batch = block.index + 1, 0
                     self.save_checkpoint(out)  # always at a block's end: a resume there runs no forward twice
                     last_save = time.monotonic()
+                    del rows, x, y
+                    release_freed_memory()
                 if cur.tokens >= cfg.tokens:
                     break
                 if not any_block or cur.steps == 0:
@@ -517,6 +520,15 @@ def read_checkpoint(out: Path) -> tuple[TrainConfig, dict[str, torch.Tensor], di
         raise CheckpointError(f"{path} is not a train_sae checkpoint this version reads ({e}); train into another "
                               "out= folder") from e
     return cfg, tensors, meta
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed by the last block back to the OS (glibc's malloc_trim; a no-op elsewhere).
+
+    Blocks and forward batches of varying shapes leave holes in glibc's heap, and a run's RSS crept up by ~20 %
+    over 300k tokens without this (bench/sae_train.py --memory measures the peak at 1x and 4x the tokens)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _unit_scale(x: torch.Tensor) -> float:
