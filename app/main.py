@@ -26,6 +26,7 @@ from slmviz.model_api import Model  # noqa: E402
 from slmviz.plots.trace import NEXT_TOKEN_COLUMNS, STAGE_NAMES  # noqa: E402
 from slmviz.variants import BASE  # noqa: E402
 
+from .circuits_tab import build_circuits_tab  # noqa: E402
 from .features_tab import FeatureHandlers, build_features_tab, build_sae_loader  # noqa: E402
 from .handlers import (  # noqa: E402
     FIELD_CHOICES,
@@ -186,6 +187,7 @@ def build(handlers: Handlers) -> gr.Blocks:
                                               elem_id="generate-faithful")
                     gen_broken = gr.Textbox(label="variant", lines=10, interactive=False, elem_id="generate-variant")
             build_patch_tab(handlers, source, model_kw, light_kw, scan_kw)
+            build_circuits_tab(handlers, source, model_kw, light_kw, scan_kw, features)
             with gr.Tab("Model", id="tab-model"):
                 allowed = "a hub id (owner/name)" + (" or a local folder" if handlers.store.allow_local else "")
                 gr.Markdown(f"Load another model ({allowed}), or pick a bundled one above; leave empty for the "
