@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from . import _moved
+from .circuits.attribution import AttributionGraph, AttributionGraphError, attribution_graph
 from .circuits.circuit import Circuit, circuit, patch_edges
 from .circuits.graph import graph_edges
 from .config import ArchConfig, UnsupportedModelError
@@ -49,6 +50,7 @@ __all__ = [
     "SAE", "SAEError", "load_sae", "steer",
     "bundled_saes", "evaluate_sae", "train_sae",
     "Circuit", "circuit", "graph_edges", "patch_edges",
+    "AttributionGraph", "AttributionGraphError", "attribution_graph",
 ]
 
 

@@ -40,12 +40,14 @@ UPWARD = {
     ("slmviz.trace", "Trace.plot_logit_lens", "plots"),
     ("slmviz.trace", "Trace._repr_html_", "plots"),  # the notebook card is a figure too
     ("slmviz.interventions.result", "PatchResult.plot", "plots"),
+    ("slmviz.interventions.features", "FeaturePatchResult.plot", "plots"),
     ("slmviz.scans.scan", "Scan.plot_histogram", "plots"),
     ("slmviz.scans.scan", "Scan.examples_html", "plots"),
     ("slmviz.circuits.circuit", "Circuit.plot", "plots"),
     ("slmviz.features.dashboard", "FeatureCard.html", "plots"),
     ("slmviz.features.dashboard", "FeatureCard._repr_html_", "plots"),  # the notebook card
     ("slmviz.circuits.circuit", "Circuit.plot_faithfulness", "plots"),
+    ("slmviz.circuits.attribution", "AttributionGraph.plot", "plots"),
 }
 
 

@@ -1,0 +1,409 @@
+"""Attribution graphs over transcoder features (circuit-tracer's `attribute`, DESIGN.md "Circuits").
+
+    g = slmviz.attribution_graph("The capital of France is", transcoders=[tc3, tc6], model=m)
+    g.nodes            # DataFrame: one row per node (kind feature | error | embedding | logit, layer, position, ...)
+    g.links            # DataFrame: source, target, weight (node ids), every nonzero edge
+    p = g.prune(node_threshold=0.8, edge_threshold=0.98)   # a smaller AttributionGraph, by influence
+    p.plot(); p.to_json(); p.save_json("graph.json")      # circuit-tracer's graph JSON
+
+Nodes, in circuit-tracer's order: the active features (layer, position, feature), one error node per (layer,
+position) for every layer (a layer without a transcoder is all error), one embedding per position, and the top
+logits at the last position (up to `max_n_logits` with cumulative probability `desired_logit_prob`). In the local
+replacement model (replacement.py) every target (a feature's pre-activation, a demeaned logit) is linear in the
+sources, so the edge weight A[t, s] is source s's direct effect on target t:
+
+    feature / error / embedding source s at (layer Ls, position ps), vector v_s written into the residual stream;
+    target t read through vector u_t (W_enc[:, f] at blocks.Lt.mlp.hook_in, or W_U[tok] - mean(W_U) after ln_final)
+    A[t, s] = v_s · ∂(u_t · read_t) / ∂(what enters the residual at Ls, ps)
+
+computed like circuit-tracer: one forward of `batch_size` copies of the prompt, then one backward per batch of
+targets with each row's gradient injected at its own target. Σ_s A[t, s] + constant[t] is the target's value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..tokens import PromptError
+from .attribution_json import graph_json
+from .attribution_prune import prune_masks
+from .replacement import (
+    AttributionGraphError,
+    PromptState,
+    checked_transcoders,
+    decoder_vectors,
+    frozen_forward,
+    prompt_state,
+    skip_of,
+)
+
+DEFAULT_MEMORY_BUDGET_GB = 4.0
+KINDS = ("feature", "error", "embedding", "logit")
+
+
+@dataclass
+class AttributionGraph:
+    """An attribution graph: `adjacency` [n_nodes, n_nodes] (rows targets, columns sources, circuit-tracer's
+    orientation and node order) and `nodes` (a DataFrame in that order). `links` lists the nonzero edges.
+
+    `constant` [n_nodes]: each target's part carried by no node (biases, b_dec; 0 for non-targets), so that
+    adjacency.sum(1) + constant == `target_values` (a feature's pre-activation minus b_enc, a demeaned logit).
+    `node_mask` / `edge_mask` are all-True until `prune` returns a pruned copy; `influence` then holds the
+    cumulative influence of each node (circuit-tracer's `cumulative_scores`).
+    """
+
+    prompt: str
+    tokens: list[str]
+    input_ids: list[int]
+    nodes: pd.DataFrame
+    adjacency: torch.Tensor
+    constant: torch.Tensor
+    target_values: torch.Tensor
+    logit_probabilities: torch.Tensor
+    n_layers: int
+    model_name: str = ""
+    transcoder_names: list[str] = field(default_factory=list)
+    node_mask: torch.Tensor | None = None
+    edge_mask: torch.Tensor | None = None
+    influence: torch.Tensor | None = None
+    node_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.nodes)
+        if self.node_mask is None:
+            self.node_mask = torch.ones(n, dtype=torch.bool)
+        if self.edge_mask is None:
+            self.edge_mask = self.adjacency != 0
+
+    def __repr__(self) -> str:
+        counts = self.nodes.loc[self.node_mask.numpy(), "kind"].value_counts()
+        parts = ", ".join(f"{int(counts.get(k, 0))} {k}" for k in KINDS)
+        return f"AttributionGraph({self.prompt!r}: {parts}; {int(self.edge_mask.sum())} links)"
+
+    @property
+    def n_features(self) -> int:
+        return int((self.nodes["kind"] == "feature").sum())
+
+    @property
+    def kept_nodes(self) -> pd.DataFrame:
+        """The nodes the masks keep (all of them before `prune`)."""
+        return self.nodes[self.node_mask.numpy()]
+
+    @property
+    def links(self) -> pd.DataFrame:
+        """source, target (node ids) and weight of every kept edge (nonzero before pruning), largest |weight| first."""
+        dst, src = torch.nonzero(self.edge_mask & self.node_mask[:, None] & self.node_mask[None, :], as_tuple=True)
+        weights = self.adjacency[dst, src].numpy()
+        ids = self.nodes["node_id"].to_numpy()
+        df = pd.DataFrame({"source": ids[src.numpy()], "target": ids[dst.numpy()], "weight": weights})
+        return df.iloc[np.argsort(-np.abs(weights), kind="stable")].reset_index(drop=True)
+
+    def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> AttributionGraph:
+        """A copy keeping the nodes and edges that carry `node_threshold` / `edge_threshold` of the cumulative
+        influence on the logits (circuit-tracer's prune_graph: logit-probability-weighted influence through the
+        row-normalised |adjacency|; embeddings and logits always kept, features and errors left without a kept
+        outgoing edge, and features without a kept incoming one, dropped until nothing changes)."""
+        kinds = self.nodes["kind"].to_numpy()
+        n_logits = int((kinds == "logit").sum())
+        n_tokens = int((kinds == "embedding").sum())
+        node_mask, edge_mask, cumulative = prune_masks(
+            self.adjacency, self.logit_probabilities, n_logits, n_tokens, self.n_features,
+            node_threshold, edge_threshold)
+        return AttributionGraph(
+            prompt=self.prompt, tokens=self.tokens, input_ids=self.input_ids, nodes=self.nodes,
+            adjacency=self.adjacency, constant=self.constant, target_values=self.target_values,
+            logit_probabilities=self.logit_probabilities, n_layers=self.n_layers, model_name=self.model_name,
+            transcoder_names=self.transcoder_names, node_mask=node_mask, edge_mask=edge_mask, influence=cumulative,
+            node_threshold=node_threshold)
+
+    def to_json(self, slug: str = "slmviz-graph", scan: str | None = None) -> dict[str, Any]:
+        """circuit-tracer's graph JSON (create_graph_files' `{slug}.json`): metadata, qParams, nodes, links.
+
+        Without `prune`, every node is kept and influence is computed with thresholds 1.0, like create_graph_files
+        run with node_threshold=1.0 and edge_threshold=1.0 (its influence fields need a prune)."""
+        g = self if self.influence is not None else self.prune(1.0, 1.0)
+        return graph_json(g, slug=slug, scan=scan)
+
+    def save_json(self, path: str | Path, slug: str | None = None, scan: str | None = None) -> Path:
+        """Write `to_json()` to `path` (circuit-tracer's frontend reads it; the slug defaults to the file's stem)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(slug=slug or path.stem, scan=scan), indent=2))
+        return path
+
+    def plot(self, **kwargs: Any):
+        """The kept nodes by position (x) and layer (y), edges width |weight| and colour sign (plotly Figure).
+        Each node's customdata is [node_id, kind, layer, position, feature, hook]: a click opens a feature."""
+        from ..plots.attribution import attribution_graph_figure
+
+        return attribution_graph_figure(self, **kwargs)
+
+
+def estimate_memory_bytes(n_nodes: int, n_pos: int, batch_size: int, cfg: Any, bytes_per: int = 4) -> int:
+    """What attribution_graph holds at its peak, roughly: the dense adjacency (twice: built, then reordered), the
+    batched forward's saved activations (~16 d_model-wide values per token per layer, the patterns and the MLP's
+    hidden layer while it runs) and the per-layer gradient buffers."""
+    adjacency = 2 * n_nodes * n_nodes * 4
+    per_token_layer = 16 * cfg.d_model + cfg.n_heads * n_pos + 3 * cfg.d_mlp
+    forward = batch_size * n_pos * cfg.n_layers * per_token_layer * bytes_per
+    grads = 2 * batch_size * n_pos * (cfg.n_layers + 1) * cfg.d_model * 4
+    return adjacency + forward + grads
+
+
+def salient_logits(logits: torch.Tensor, unembed: torch.Tensor, max_n_logits: int, desired_logit_prob: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """circuit-tracer's compute_salient_logits: the smallest top set whose cumulative probability reaches
+    `desired_logit_prob`, at most `max_n_logits`; returns (ids [k], probs [k], demeaned unembedding rows [k, d]).
+
+    Demeaned: W_U[tok] - mean over the vocabulary of W_U, so a target is logit[tok] - mean(logits), which is what
+    moves the token's probability (a shift of every logit does not)."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    top_p, top_idx = torch.topk(probs, min(max_n_logits, probs.shape[-1]))
+    cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), desired_logit_prob)) + 1
+    top_p, top_idx = top_p[:cutoff], top_idx[:cutoff]
+    w = unembed.float()  # [vocab, d_model]
+    return top_idx, top_p, w[top_idx] - w.mean(0, keepdim=True)
+
+
+def prepend_special(tokenizer: Any, ids: torch.Tensor) -> torch.Tensor:
+    """circuit-tracer 0.5's ensure_tokenized: unless the prompt already starts with a special token, put one in
+    front (the tokenizer's BOS, else PAD, else EOS, else its first special id; ids 0 are skipped, as its
+    `filter(None, ...)` does). Position 0 carries massive activations in these models (an attention sink) and its
+    features and error are zeroed anyway (`zero_bos`), so a dummy token there keeps the prompt's first real token
+    in the graph. A tokenizer without special tokens (toy models) leaves the ids as they are."""
+    if tokenizer is None:
+        return ids
+    special = [int(i) for i in (getattr(tokenizer, "all_special_ids", None) or [])]
+    if len(ids) and int(ids[0]) in special:
+        return ids
+    candidates = [getattr(tokenizer, a, None) for a in ("bos_token_id", "pad_token_id", "eos_token_id")] + special
+    first = next(filter(None, candidates), None)
+    return ids if first is None else torch.cat([ids.new_tensor([int(first)]), ids])
+
+
+def attribution_graph(
+    prompt: str | list[int] | torch.Tensor,
+    transcoders: Any = None,
+    model: Any = None,
+    *,
+    max_n_logits: int = 10,
+    desired_logit_prob: float = 0.95,
+    batch_size: int = 64,
+    prepend_bos: bool = True,
+    zero_bos: bool = True,
+    memory_budget_gb: float = DEFAULT_MEMORY_BUDGET_GB,
+    chat: bool = False,
+) -> AttributionGraph:
+    """The attribution graph of one prompt over `transcoders` (slmviz SAEs reading blocks.L.mlp.hook_in and writing
+    blocks.L.hook_mlp_out; any subset of layers). See the module docstring for the semantics.
+
+    `prepend_bos`: put a special token in front unless the prompt starts with one (`prepend_special`).
+    `zero_bos`: drop position 0's features and errors (circuit-tracer 0.5 always does; the embedding stays).
+    `memory_budget_gb`: refuse (AttributionGraphError, with the estimate) a prompt whose graph would need more.
+    `batch_size`: prompt copies per backward pass (targets attributed at once); more is faster and uses more memory.
+    """
+    if model is None:
+        from ..model_api import load
+
+        model = load()
+    cfg = model.cfg
+    by_layer = checked_transcoders(transcoders, cfg.d_model, cfg.n_layers)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise AttributionGraphError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if not 0 < desired_logit_prob <= 1 or not isinstance(max_n_logits, int) or max_n_logits < 1:
+        raise AttributionGraphError(
+            f"max_n_logits must be a positive integer and desired_logit_prob in (0, 1]; got {max_n_logits!r}, "
+            f"{desired_logit_prob!r}")
+    ids = model.encode(prompt, chat)
+    if prepend_bos:
+        ids = prepend_special(model.tokenizer, ids)
+    if len(ids) == 0:
+        raise PromptError("the prompt is empty: an attribution graph needs at least one token")
+    n_pos, n_layers = len(ids), cfg.n_layers
+    state = prompt_state(model, ids)
+
+    # Phase 0: active features, errors, embeddings (circuit-tracer's setup_attribution).
+    bos = zero_bos
+    feat_layer, feat_pos, feat_idx, feat_act, feat_vec, enc_rows, feat_hook = [], [], [], [], [], [], []
+    errors = torch.zeros(n_layers, n_pos, cfg.d_model)
+    for layer in range(n_layers):
+        out = state.mlp_out[layer].float()
+        sae = by_layer.get(layer)
+        if sae is None:
+            errors[layer] = out
+            continue
+        with torch.no_grad():
+            x = state.mlp_in[layer]
+            acts = sae.encode(x).float()  # [pos, d_sae]
+            recon = sae.decode(sae.encode(x), x).float()
+            errors[layer] = out - recon
+        if bos:
+            acts[0] = 0
+        pos, idx = torch.nonzero(acts, as_tuple=True)  # row-major: position, then feature
+        feat_layer.append(torch.full_like(pos, layer))
+        feat_pos.append(pos)
+        feat_idx.append(idx)
+        feat_act.append(acts[pos, idx])
+        feat_vec.append(decoder_vectors(sae, idx, acts[pos, idx]))
+        enc_rows.append(sae.W_enc.detach()[:, idx].T.float())  # [n, d_model]
+        feat_hook += [sae.hook_name_out] * len(pos)
+    if bos:
+        errors[:, 0] = 0
+
+    def cat(xs: list[torch.Tensor], w: int = 0) -> torch.Tensor:
+        return torch.cat(xs) if xs else torch.zeros((0, w)) if w else torch.zeros(0, dtype=torch.long)
+
+    f_layer, f_pos, f_idx = cat(feat_layer), cat(feat_pos), cat(feat_idx)
+    f_act = torch.cat(feat_act) if feat_act else torch.zeros(0)
+    f_vec, f_enc = cat(feat_vec, cfg.d_model), cat(enc_rows, cfg.d_model)
+    n_feat = len(f_layer)
+    token_vecs = state.embed.float()  # [pos, d_model]
+
+    unembed = model.decoder.params.unembed
+    logit_idx, logit_p, logit_vecs = salient_logits(state.logits[-1], unembed, max_n_logits, desired_logit_prob)
+    n_logits = len(logit_idx)
+    err_off = n_feat
+    tok_off = err_off + n_layers * n_pos
+    logit_off = tok_off + n_pos
+    n_nodes = logit_off + n_logits
+
+    bytes_per = torch.finfo(model.dtype).bits // 8
+    estimate = estimate_memory_bytes(n_nodes, n_pos, min(batch_size, n_feat + n_logits), cfg, bytes_per)
+    budget = memory_budget_gb * 2**30
+    if estimate > budget:
+        raise AttributionGraphError(
+            f"this prompt ({n_pos} tokens, {n_feat} active features, {n_nodes} nodes) needs about "
+            f"{estimate / 2**30:.2f} GiB for its attribution graph, over the memory budget of "
+            f"{memory_budget_gb:g} GiB: "
+            f"shorten the prompt, lower batch_size, or raise memory_budget_gb")
+
+    # Phase 1: one forward of the batch, with a zero leaf added wherever a source writes, to read gradients at.
+    adjacency = torch.zeros(n_nodes, n_nodes)
+    targets = [(n_layers, n_pos - 1, logit_vecs[i], logit_off + i) for i in range(n_logits)]
+    targets += [(int(f_layer[i]), int(f_pos[i]), f_enc[i], i) for i in range(n_feat)]
+    rows = min(batch_size, max(len(targets), 1))
+    dtype = model.dtype
+    embed_leaf = state.embed[None].expand(rows, -1, -1).clone().requires_grad_(True)  # [b, pos, d_model]
+    deltas = [torch.zeros(rows, n_pos, cfg.d_model, dtype=dtype, requires_grad=True) for _ in range(n_layers)]
+    mlp_in, normed = frozen_forward(model, state, by_layer, embed_leaf, deltas, grad=True)
+    reads = [*mlp_in, normed]  # read point of a target at layer L (n_layers: the logits)
+
+    # Phase 2: one backward per batch of targets; row b's gradient is injected at its own target only.
+    for start in range(0, len(targets), rows):
+        batch = targets[start:start + rows]
+        inject: dict[int, torch.Tensor] = {}
+        for b, (layer, pos, vec, _) in enumerate(batch):
+            g = inject.setdefault(layer, torch.zeros(rows, n_pos, cfg.d_model, dtype=dtype))
+            g[b, pos] = vec.to(dtype)
+        top = max(inject)
+        inputs = [embed_leaf, *deltas[:top]]
+        grads = torch.autograd.grad([reads[L] for L in inject], inputs, [inject[L] for L in inject],
+                                    retain_graph=start + rows < len(targets), allow_unused=True)
+        g_embed = grads[0].float()  # [b, pos, d_model]
+        g_layers = torch.zeros(rows, n_layers, n_pos, cfg.d_model)
+        for L, g in enumerate(grads[1:]):
+            if g is not None:
+                g_layers[:, L] = g.float()
+        block = torch.zeros(rows, n_nodes)
+        for layer in range(n_layers):
+            sel = (f_layer == layer).nonzero(as_tuple=True)[0]
+            if len(sel):
+                m = g_layers[:, layer] @ f_vec[sel].T  # [b, pos, n_L]
+                block[:, sel] = m[:, f_pos[sel], torch.arange(len(sel))]
+        block[:, err_off:tok_off] = torch.einsum("blpd,lpd->blp", g_layers, errors).reshape(rows, -1)
+        block[:, tok_off:logit_off] = torch.einsum("bpd,pd->bp", g_embed, token_vecs)
+        for b, (_, _, _, node) in enumerate(batch):
+            adjacency[node] = block[b]
+
+    # Target values (what the rows sum to with `constant`), from the prompt's own run.
+    target_values = torch.zeros(n_nodes)
+    if n_feat:
+        mlp_in_rows = torch.stack([state.mlp_in[int(L)][int(p)].float() for L, p in zip(f_layer, f_pos, strict=True)])
+        target_values[:n_feat] = (mlp_in_rows * f_enc).sum(-1)
+    last = state.logits[-1].float()
+    if cfg.final_logit_softcap is None:
+        target_values[logit_off:] = last[logit_idx] - last.mean()
+    else:  # the graph's logit is the one before the softcap
+        pre = _pre_softcap(model, state)
+        target_values[logit_off:] = pre[logit_idx] - pre.mean()
+    constant = replacement_constant(model, state, by_layer, f_layer, f_pos, f_vec, errors, f_enc, logit_vecs,
+                                    n_nodes, logit_off)
+    nodes = node_table(model, ids, f_layer, f_pos, f_idx, f_act, feat_hook, n_layers, logit_idx, logit_p, by_layer)
+    return AttributionGraph(
+        prompt=prompt if isinstance(prompt, str) else "".join(model.to_strings(ids)),
+        tokens=model.to_strings(ids), input_ids=[int(i) for i in ids], nodes=nodes, adjacency=adjacency,
+        constant=constant, target_values=target_values, logit_probabilities=logit_p, n_layers=n_layers,
+        model_name=str(getattr(model, "name", "")),
+        transcoder_names=[transcoder_name(sae) for sae in by_layer.values()])
+
+
+def _pre_softcap(model: Any, state: PromptState) -> torch.Tensor:
+    """The last position's logits before the final softcap: cap · atanh(logit / cap)."""
+    cap = model.cfg.final_logit_softcap
+    return torch.atanh((state.logits[-1].float() / cap).clamp(-1 + 1e-7, 1 - 1e-7)) * cap
+
+
+def transcoder_name(sae: Any) -> str:
+    """A transcoder's name in the JSON's transcoder_list: its bundled/hub name when it has one, else its hooks."""
+    meta = getattr(sae, "metadata", {}) or {}
+    return str(meta.get("name") or meta.get("release") or f"{sae.hook_name}->{sae.hook_name_out}")
+
+
+def replacement_constant(model: Any, state: PromptState, by_layer: dict[int, Any], f_layer: torch.Tensor,
+                         f_pos: torch.Tensor, f_vec: torch.Tensor, errors: torch.Tensor, f_enc: torch.Tensor,
+                         logit_vecs: torch.Tensor, n_nodes: int, logit_off: int) -> torch.Tensor:
+    """Each target's value with every node removed: the replacement model run with the embeddings zeroed and every
+    feature's and error's vector subtracted from its MLP output (what remains is b_dec, biases, a zeroed BOS)."""
+    cfg = model.cfg
+    n_pos = len(state.ids)
+    deltas = -errors.clone()
+    deltas.index_put_((f_layer, f_pos), -f_vec, accumulate=True)
+    deltas = [d[None].to(model.dtype) for d in deltas]
+    zero = torch.zeros(1, n_pos, cfg.d_model, dtype=model.dtype)
+    mlp_in, normed = frozen_forward(model, state, by_layer, zero, deltas)
+    out = torch.zeros(n_nodes)
+    n_feat = len(f_layer)
+    for i in range(n_feat):
+        out[i] = mlp_in[int(f_layer[i])][0, int(f_pos[i])].float() @ f_enc[i]
+    out[logit_off:] = logit_vecs @ normed[0, -1].float()
+    return out
+
+
+def node_table(model: Any, ids: torch.Tensor, f_layer: torch.Tensor, f_pos: torch.Tensor, f_idx: torch.Tensor,
+               f_act: torch.Tensor, feat_hook: list[str], n_layers: int, logit_idx: torch.Tensor,
+               logit_p: torch.Tensor, by_layer: dict[int, Any]) -> pd.DataFrame:
+    """One row per node in adjacency order, with circuit-tracer's node ids (frontend/graph_models.Node)."""
+    n_pos = len(ids)
+    strings = model.to_strings(ids)
+    rows: list[dict[str, Any]] = []
+    for L, p, f, a, hook in zip(f_layer.tolist(), f_pos.tolist(), f_idx.tolist(), f_act.tolist(), feat_hook,
+                                strict=True):
+        rows.append({"node_id": f"{L}_{f}_{p}", "kind": "feature", "layer": L, "position": p, "feature": f,
+                     "activation": a, "hook": hook, "token": strings[p], "probability": math.nan})
+    for L in range(n_layers):
+        hook = f"blocks.{L}.hook_mlp_out"
+        for p in range(n_pos):
+            rows.append({"node_id": f"0_{L}_{p}", "kind": "error", "layer": L, "position": p, "feature": -1,
+                         "activation": math.nan, "hook": hook, "token": strings[p], "probability": math.nan})
+    for p in range(n_pos):
+        rows.append({"node_id": f"E_{int(ids[p])}_{p}", "kind": "embedding", "layer": -1, "position": p,
+                     "feature": int(ids[p]), "activation": math.nan, "hook": "hook_embed", "token": strings[p],
+                     "probability": math.nan})
+    logit_strings = model.to_strings(logit_idx)
+    for i, (tok, prob) in enumerate(zip(logit_idx.tolist(), logit_p.tolist(), strict=True)):
+        rows.append({"node_id": f"{n_layers + 1}_{tok}_{n_pos - 1}", "kind": "logit", "layer": n_layers,
+                     "position": n_pos - 1, "feature": tok, "activation": math.nan, "hook": "logits",
+                     "token": logit_strings[i], "probability": prob})
+    return pd.DataFrame(rows, columns=["node_id", "kind", "layer", "position", "feature", "activation", "hook",
+                                       "token", "probability"])
+
+
+__all__ = ["AttributionGraph", "AttributionGraphError", "attribution_graph", "skip_of"]

@@ -1,0 +1,83 @@
+"""Pruning an attribution graph by influence: circuit-tracer's graph.prune_graph, formula for formula.
+
+Influence: normalise |A| so each target's incoming weights sum to 1 (row-normalised), weight the logits by their
+probabilities, and sum that weight over every path into each node: w·Â + w·Â² + ... = w·((I - Â)⁻¹ - I). The graph is
+acyclic (sources only reach later layers), so the series ends after at most depth-many terms.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def normalize_matrix(matrix: torch.Tensor) -> torch.Tensor:
+    """|A| with each row (a target's incoming edges) scaled to sum 1 (rows of zeros stay zero)."""
+    normalized = matrix.abs()
+    return normalized / normalized.sum(dim=1, keepdim=True).clamp(min=1e-10)
+
+
+def compute_influence(a: torch.Tensor, logit_weights: torch.Tensor, max_iter: int = 1000) -> torch.Tensor:
+    """logit_weights · (Â + Â² + ...), summed until a term is exactly zero (a DAG's paths end)."""
+    current = logit_weights @ a
+    influence = current
+    iterations = 0
+    while current.any():
+        if iterations >= max_iter:
+            raise RuntimeError(f"influence did not converge after {iterations} iterations: the graph has a cycle")
+        current = current @ a
+        influence = influence + current
+        iterations += 1
+    return influence
+
+
+def find_threshold(scores: torch.Tensor, threshold: float) -> torch.Tensor:
+    """The score at which the largest scores first reach `threshold` of their total (circuit-tracer's rule)."""
+    sorted_scores = torch.sort(scores, descending=True).values
+    cumulative = torch.cumsum(sorted_scores, dim=0) / torch.sum(sorted_scores)
+    index = min(int(torch.searchsorted(cumulative, threshold)), len(cumulative) - 1)
+    return sorted_scores[index]
+
+
+def prune_masks(
+    adjacency: torch.Tensor, logit_probabilities: torch.Tensor, n_logits: int, n_tokens: int, n_features: int,
+    node_threshold: float = 0.8, edge_threshold: float = 0.98,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(node_mask [n], edge_mask [n, n], cumulative influence [n]) of circuit-tracer's prune_graph.
+
+    Node order: features, errors, embeddings (n_tokens), logits (n_logits), as in the adjacency.
+    """
+    for name, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be between 0.0 and 1.0, got {value!r}")
+    n = adjacency.shape[0]
+    logit_weights = torch.zeros(n)
+    logit_weights[n - n_logits:] = logit_probabilities.float()
+
+    node_influence = compute_influence(normalize_matrix(adjacency), logit_weights)
+    node_mask = node_influence >= find_threshold(node_influence, node_threshold)
+    node_mask[n - n_logits - n_tokens:] = True  # embeddings and logits always stay
+
+    pruned = adjacency.clone()
+    pruned[~node_mask] = 0
+    pruned[:, ~node_mask] = 0
+    normalized_pruned = normalize_matrix(pruned)
+    edge_influence = compute_influence(normalized_pruned, logit_weights) + logit_weights
+    edge_scores = normalized_pruned * edge_influence[:, None]
+    edge_mask = edge_scores >= find_threshold(edge_scores.flatten(), edge_threshold)
+
+    inner = n - n_logits - n_tokens  # features and errors
+    old = node_mask.clone()
+    node_mask[:inner] &= edge_mask[:, :inner].any(0)  # a feature or error needs a kept outgoing edge
+    node_mask[:n_features] &= edge_mask[:n_features].any(1)  # a feature needs a kept incoming edge
+    while not torch.equal(node_mask, old):  # each removal may strand another node; at most depth rounds
+        old[:] = node_mask
+        edge_mask[~node_mask] = False
+        edge_mask[:, ~node_mask] = False
+        node_mask[:inner] &= edge_mask[:, :inner].any(0)
+        node_mask[:n_features] &= edge_mask[:n_features].any(1)
+
+    sorted_scores, order = torch.sort(node_influence, descending=True)
+    cumulative = torch.cumsum(sorted_scores, dim=0) / torch.sum(sorted_scores)
+    scores = torch.zeros_like(node_influence)
+    scores[order] = cumulative
+    return node_mask, edge_mask, scores

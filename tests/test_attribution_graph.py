@@ -1,0 +1,298 @@
+"""Attribution graphs over transcoder features (slmviz.attribution_graph, circuit-tracer's semantics).
+
+Checked against references that do not share the graph's backward-injection code: the model's own logits and
+mlp.hook_in values (a plain forward), the frozen replacement model run forward with one node removed (linearity),
+a hand-written formula for the embedding -> layer-0 feature edges (attention with its pattern frozen), the closed
+form w·((I - Â)⁻¹ - I) of influence, and circuit-tracer 0.5.0's JSON field lists (frontend/graph_models.py).
+Not covered here: agreement with circuit-tracer's own numbers (bench/attribution_graph_circuit_tracer.py records
+that), cross-layer transcoders (slmviz has none), bf16 models.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import slmviz
+from slmviz.circuits.attribution import AttributionGraphError, attribution_graph
+from slmviz.circuits.attribution_prune import compute_influence, find_threshold, normalize_matrix
+from slmviz.circuits.replacement import frozen_forward, prompt_state
+from slmviz.features.sae import SAE
+
+PROMPT = "w3 w5 w7 w9 w11 w4"
+
+
+def transcoder(model, layer: int, seed: int = 0, skip: bool = False, architecture: str = "relu", **kw) -> SAE:
+    d = model.cfg.d_model
+    return SAE.random(d, d, seed=seed, architecture=architecture, skip=skip, hook_name=f"blocks.{layer}.mlp.hook_in",
+                      hook_name_out=f"blocks.{layer}.hook_mlp_out", **kw)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dirs):
+    return {arch: slmviz.load(tiny_dirs[arch]) for arch in ("llama_gqa", "llama_bias", "gemma3", "qwen3", "olmo2")}
+
+
+def targets_from_a_plain_forward(model, graph):
+    """Each target's value from the model's own forward: W_enc[:, f] · mlp.hook_in for features (b_enc excluded,
+    as in the graph), logit - mean(logits) at the last position for logits."""
+    ids = torch.tensor(graph.input_ids)
+    names = [f"blocks.{L}.mlp.hook_in" for L in range(model.cfg.n_layers)]
+    t = model.trace(ids, names=names)
+    out = torch.zeros(len(graph.nodes))
+    kinds = graph.nodes["kind"].to_numpy()
+    encoders = graph._encoders  # set by the test below: {layer: W_enc}
+    for i in np.nonzero(kinds == "feature")[0]:
+        row = graph.nodes.iloc[i]
+        out[i] = t[f"blocks.{row.layer}.mlp.hook_in"][row.position] @ encoders[row.layer][:, row.feature]
+    last = t.logits[-1]
+    for i in np.nonzero(kinds == "logit")[0]:
+        out[i] = last[graph.nodes.iloc[i].feature] - last.mean()
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama_gqa", "llama_bias", "gemma3", "qwen3", "olmo2"])
+@pytest.mark.parametrize("skip", [False, True])
+def test_the_graphs_linear_model_reproduces_the_logits_and_feature_inputs(models, arch, skip):
+    """Σ over every node's edge (errors and embeddings included) + the bias constant = each target's value from a
+    plain forward, within fp32 rounding; and the frozen replacement model, run forward unedited, gives the logits."""
+    m = models[arch]
+    tcs = [transcoder(m, L, seed=L, skip=skip) for L in range(m.cfg.n_layers - 1)]  # the last layer: all error
+    g = attribution_graph(PROMPT, transcoders=tcs, model=m, batch_size=16)
+    g._encoders = {int(tc.hook_name.split(".")[1]): tc.W_enc.detach() for tc in tcs}
+    expected = targets_from_a_plain_forward(m, g)
+    is_target = torch.tensor(g.nodes["kind"].isin(["feature", "logit"]).to_numpy())
+    got = g.adjacency.sum(1) + g.constant
+    scale = expected[is_target].abs().max()
+    assert torch.allclose(got[is_target], expected[is_target], atol=2e-5 * scale, rtol=0), \
+        (got - expected)[is_target].abs().max()
+    assert g.n_features > 0 and (g.adjacency[~is_target] == 0).all()  # errors and embeddings are never targets
+
+    state = prompt_state(m, torch.tensor(g.input_ids))
+    by_layer = {L: tc for L, tc in enumerate(tcs)}
+    zeros = [torch.zeros(1, len(g.input_ids), m.cfg.d_model) for _ in range(m.cfg.n_layers)]
+    _, normed = frozen_forward(m, state, by_layer, state.embed[None], zeros)
+    logits = normed[0] @ m.decoder.params.unembed.T
+    assert torch.allclose(logits, m.logits(torch.tensor(g.input_ids)), atol=1e-4, rtol=1e-5)
+
+
+def removed(g, state, i, n_layers, d_model, f_vecs):
+    """(embed, deltas) of the replacement model with node i removed."""
+    n_pos = len(g.input_ids)
+    embed = state.embed[None].clone()
+    deltas = [torch.zeros(1, n_pos, d_model) for _ in range(n_layers)]
+    row = g.nodes.iloc[i]
+    if row.kind == "embedding":
+        embed[0, row.position] = 0
+    elif row.kind == "error":
+        deltas[row.layer][0, row.position] = -g._errors[row.layer][row.position]
+    else:
+        deltas[row.layer][0, row.position] = -f_vecs[i]
+    return embed, deltas
+
+
+@pytest.mark.parametrize("arch,skip", [("llama_gqa", True), ("gemma3", False), ("llama_bias", True)])
+def test_removing_a_node_changes_each_target_by_exactly_its_edge_weights(models, arch, skip):
+    """Zeroing one feature (its decoder vector leaves the MLP output), one error or one embedding in the frozen
+    linear model moves every target by minus that node's column of the adjacency: edge weights are direct effects."""
+    m = models[arch]
+    n_layers, d = m.cfg.n_layers, m.cfg.d_model
+    tcs = [transcoder(m, L, seed=10 + L, skip=skip) for L in range(n_layers)]
+    g = attribution_graph(PROMPT, transcoders=tcs, model=m, batch_size=32)
+    ids = torch.tensor(g.input_ids)
+    state = prompt_state(m, ids)
+    by_layer = {L: tc for L, tc in enumerate(tcs)}
+    with torch.no_grad():
+        g._errors = [state.mlp_out[L] - tcs[L](state.mlp_in[L]) for L in range(n_layers)]
+    kinds = g.nodes["kind"].to_numpy()
+    feats = np.nonzero(kinds == "feature")[0]
+    f_vecs = {int(i): g.nodes.iloc[i].activation * tcs[g.nodes.iloc[i].layer].W_dec.detach()[g.nodes.iloc[i].feature]
+              for i in feats}
+    layer0 = [i for i in feats if g.nodes.iloc[i].layer == 0]
+    errors = np.nonzero((kinds == "error") & (g.nodes["layer"].to_numpy() == 0) & (g.nodes["position"] > 0))[0]
+    chosen = [*layer0[:3], *layer0[-2:], *errors[:2], *np.nonzero(kinds == "embedding")[0][-2:]]
+
+    def targets(embed, deltas):
+        mlp_in, normed = frozen_forward(m, state, by_layer, embed, deltas)
+        out = torch.zeros(len(g.nodes))
+        for i in feats:
+            row = g.nodes.iloc[i]
+            out[i] = mlp_in[row.layer][0, row.position] @ tcs[row.layer].W_enc.detach()[:, row.feature]
+        last = normed[0, -1] @ m.decoder.params.unembed.T
+        for i in np.nonzero(kinds == "logit")[0]:
+            out[i] = last[g.nodes.iloc[i].feature] - last.mean()
+        return out
+
+    with torch.no_grad():
+        base = targets(state.embed[None], [torch.zeros(1, len(ids), d) for _ in range(n_layers)])
+        for i in chosen:
+            change = targets(*removed(g, state, i, n_layers, d, f_vecs)) - base
+            column = g.adjacency[:, i]
+            assert column.abs().max() > 0, g.nodes.iloc[i]
+            scale = max(float(base.abs().max()), float(column.abs().max()), 1.0)
+            assert torch.allclose(change, -column, atol=2e-5 * scale, rtol=0), \
+                (g.nodes.iloc[i], (change + column).abs().max())
+
+
+def test_embedding_to_layer0_feature_edges_equal_the_hand_formula(models):
+    """A[t, E_p] for a layer-0 feature t at position q, written out: the embedding reaches mlp.hook_in[q] through
+    the residual (p = q) and through every head's value at p weighted by the frozen pattern, each norm dividing by
+    its frozen scale:
+    W_enc[:, t] · (w2 / s2[q]) ⊙ (δ_pq e_p + Σ_h pattern[h, q, p] W_o,h W_v,g(h) ((w1 / s1[p]) ⊙ e_p))."""
+    m = models["llama_gqa"]
+    cfg = m.cfg
+    tc = transcoder(m, 0, seed=3)
+    g = attribution_graph(PROMPT, transcoders=[tc], model=m)
+    ids = torch.tensor(g.input_ids)
+    t = m.trace(ids, names=["hook_embed", "blocks.0.attn.hook_pattern", "blocks.0.ln1.hook_scale",
+                            "blocks.0.ln2.hook_scale"])
+    lp = m.decoder.params.layers[0]
+    h, kv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+    w_v = lp.w_qkv[(h + kv) * dh:].view(kv, dh, cfg.d_model)  # [g, dh, d]
+    w_o = lp.w_o.view(cfg.d_model, h, dh)  # [d, h, dh]
+    e, pattern = t["hook_embed"], t["blocks.0.attn.hook_pattern"]
+    s1, s2 = t["blocks.0.ln1.hook_scale"], t["blocks.0.ln2.hook_scale"]
+    kinds = g.nodes["kind"].to_numpy()
+    tok = {int(g.nodes.iloc[i].position): i for i in np.nonzero(kinds == "embedding")[0]}
+    checked = 0
+    for i in np.nonzero(kinds == "feature")[0][:12]:
+        row = g.nodes.iloc[i]
+        q, u = row.position, tc.W_enc.detach()[:, row.feature]
+        for p in range(q + 1):
+            x = lp.ln1 * e[p] / s1[p]
+            v = torch.einsum("ged,d->ge", w_v, x)  # [g, dh]
+            heads = torch.stack([w_o[:, j] @ v[j // (h // kv)] for j in range(h)])  # [h, d]
+            into = (pattern[:, q, p, None] * heads).sum(0) + (e[p] if p == q else 0)
+            expected = u @ (lp.ln2 * into / s2[q])
+            assert math.isclose(float(g.adjacency[i, tok[p]]), float(expected), rel_tol=1e-4, abs_tol=1e-5)
+            checked += 1
+    assert checked > 12
+
+
+def test_influence_is_the_closed_form_and_pruning_keeps_the_most_influential_nodes(models):
+    """Node influence = w·((I - Â)⁻¹ - I) with Â the row-normalised |A| and w the logit probabilities; before its
+    connectivity clean-up, pruning keeps exactly the nodes whose influence is among the top that reach 80 % of the
+    total; every kept feature then has a kept edge in and out; thresholds of 1 keep every node with influence."""
+    m = models["llama_gqa"]
+    g = attribution_graph(PROMPT, transcoders=[transcoder(m, L, seed=L) for L in range(2)], model=m)
+    a = normalize_matrix(g.adjacency).double()
+    n = a.shape[0]
+    w = torch.zeros(n, dtype=torch.float64)
+    w[-len(g.logit_probabilities):] = g.logit_probabilities.double()
+    closed = w @ (torch.linalg.inv(torch.eye(n, dtype=torch.float64) - a) - torch.eye(n, dtype=torch.float64))
+    influence = compute_influence(normalize_matrix(g.adjacency), w.float())
+    assert torch.allclose(influence.double(), closed, rtol=1e-4, atol=1e-7)
+
+    p = g.prune(node_threshold=0.8, edge_threshold=0.98)
+    kinds = g.nodes["kind"].to_numpy()
+    order = np.argsort(-influence.numpy(), kind="stable")
+    share = np.cumsum(influence.numpy()[order]) / influence.numpy().sum()
+    top = set(order[: int(np.searchsorted(share, 0.8)) + 1].tolist())
+    kept = set(np.nonzero(p.node_mask.numpy())[0].tolist())
+    inner = set(np.nonzero(np.isin(kinds, ["feature", "error"]))[0].tolist())
+    assert kept & inner <= top  # nothing below the threshold survives
+    assert set(np.nonzero(np.isin(kinds, ["embedding", "logit"]))[0].tolist()) <= kept
+    edges = p.edge_mask & p.node_mask[:, None] & p.node_mask[None, :]
+    for i in kept & set(np.nonzero(kinds == "feature")[0].tolist()):
+        assert edges[i].any() and edges[:, i].any()
+    assert len(kept & inner) < len(inner)
+    assert float(find_threshold(influence, 0.8)) > 0
+    everything = g.prune(1.0, 1.0)
+    assert set(np.nonzero(everything.node_mask.numpy())[0].tolist()) >= kept
+
+
+# circuit-tracer 0.5.0, frontend/graph_models.py: Metadata, QParams, Node fields in order.
+CT_METADATA = ["slug", "scan", "transcoder_list", "prompt_tokens", "prompt", "node_threshold", "schema_version"]
+CT_QPARAMS = ["pinnedIds", "supernodes", "linkType", "clickedId", "sg_pos"]
+CT_NODE = ["node_id", "feature", "layer", "ctx_idx", "feature_type", "token_prob", "is_target_logit", "run_idx",
+           "reverse_ctx_idx", "jsNodeId", "clerp", "influence", "activation"]
+
+
+def test_json_has_circuit_tracers_schema_and_node_ids(models, tmp_path):
+    """The JSON has circuit-tracer's keys, node id scheme (feature L_f_p, error 0_L_p, embedding E_tok_p, logit
+    (n_layers+1)_tok_p), Cantor-paired feature numbers, and links between listed nodes; save_json round-trips."""
+    m = models["llama_gqa"]
+    g = attribution_graph(PROMPT, transcoders=[transcoder(m, 0, seed=5)], model=m).prune()
+    j = g.to_json(slug="tiny")
+    assert list(j) == ["metadata", "qParams", "nodes", "links"]
+    assert list(j["metadata"]) == CT_METADATA and list(j["qParams"]) == CT_QPARAMS
+    assert j["metadata"]["prompt_tokens"] == g.tokens and j["metadata"]["node_threshold"] == 0.8
+    ids = {n["node_id"] for n in j["nodes"]}
+    L = m.cfg.n_layers
+    for n in j["nodes"]:
+        assert list(n) == CT_NODE
+        kind = n["feature_type"]
+        if kind == "cross layer transcoder":
+            layer, feat, pos = map(int, n["node_id"].split("_"))
+            assert n["layer"] == str(layer) and n["ctx_idx"] == pos and n["jsNodeId"] == f"{layer}_{feat}-0"
+            assert n["feature"] == (layer + feat) * (layer + feat + 1) // 2 + feat and n["activation"] > 0
+        elif kind == "mlp reconstruction error":
+            assert n["node_id"] == f"0_{n['layer']}_{n['ctx_idx']}" and n["feature"] == -1
+        elif kind == "embedding":
+            assert n["node_id"] == f"E_{g.input_ids[n['ctx_idx']]}_{n['ctx_idx']}" and n["layer"] == "E"
+        else:
+            assert kind == "logit" and n["layer"] == str(L + 1) and n["ctx_idx"] == len(g.input_ids) - 1
+            assert n["node_id"] == f"{L + 1}_{n['feature']}_{n['ctx_idx']}" and n["clerp"].startswith("Output ")
+    logits = [n for n in j["nodes"] if n["feature_type"] == "logit"]
+    assert [n["is_target_logit"] for n in logits] == [True] + [False] * (len(logits) - 1)
+    assert sum(n["feature_type"] == "embedding" for n in j["nodes"]) == len(g.input_ids)
+    assert j["links"] and all({"source", "target", "weight"} == set(x) for x in j["links"])
+    assert all(x["source"] in ids and x["target"] in ids for x in j["links"])
+    assert len(j["links"]) == len(g.links)
+    path = g.save_json(tmp_path / "tiny.json")
+    assert json.loads(path.read_text()) == json.loads(json.dumps(j))
+
+
+def test_nodes_frame_has_what_the_app_needs_and_plot_draws_them(models):
+    m = models["llama_gqa"]
+    tc = transcoder(m, 1, seed=2)
+    g = attribution_graph(PROMPT, transcoders=[tc], model=m)
+    assert {"node_id", "kind", "layer", "position", "feature", "hook"} <= set(g.nodes.columns)
+    feats = g.nodes[g.nodes["kind"] == "feature"]
+    assert (feats["hook"] == tc.hook_name_out).all() and (feats["layer"] == 1).all()
+    assert (feats["position"] > 0).all()  # position 0 (the prepended special token) is zeroed, as circuit-tracer
+    assert g.tokens[0] == "w1"  # the tiny tokenizer's only special token (its EOS) went in front
+    errs = g.nodes[g.nodes["kind"] == "error"]
+    assert len(errs) == m.cfg.n_layers * len(g.input_ids)
+    fig = g.prune().plot()
+    custom = [tuple(c) for trace in fig.data if trace.mode == "markers" for c in trace.customdata]
+    assert any(c[1] == "feature" and c[5] == tc.hook_name_out for c in custom)
+    assert {c[1] for c in custom} >= {"embedding", "logit"}
+
+
+def test_bad_input_gets_a_clear_error(models):
+    m = models["llama_gqa"]
+    with pytest.raises(AttributionGraphError, match="needs transcoders"):
+        attribution_graph(PROMPT, transcoders=[], model=m)
+    with pytest.raises(AttributionGraphError, match="another model"):
+        wide = SAE.random(m.cfg.d_model + 8, 32, hook_name="blocks.0.mlp.hook_in",
+                          hook_name_out="blocks.0.hook_mlp_out")
+        attribution_graph(PROMPT, transcoders=[wide], model=m)
+    with pytest.raises(AttributionGraphError, match="mlp.hook_in"):
+        attribution_graph(PROMPT, transcoders=[SAE.random(m.cfg.d_model, 32, hook_name="blocks.0.hook_resid_post")],
+                          model=m)
+    with pytest.raises(AttributionGraphError, match="two transcoders for layer 0"):
+        attribution_graph(PROMPT, transcoders=[transcoder(m, 0), transcoder(m, 0, seed=1)], model=m)
+    with pytest.raises(AttributionGraphError, match=r"over the memory budget of 0.0001 GiB") as e:
+        attribution_graph(PROMPT, transcoders=[transcoder(m, 0)], model=m, memory_budget_gb=1e-4)
+    assert "needs about" in str(e.value) and "tokens" in str(e.value)
+
+
+@pytest.mark.slow
+def test_smollm2_graph_with_the_bundled_transcoders_reproduces_its_logits(model):
+    """The real thing: SmolLM2 with transcoder_l3 and transcoder_l6 (every other layer all error)."""
+    tcs = [slmviz.load_sae(name, model=model) for name in ("transcoder_l3", "transcoder_l6")]
+    g = attribution_graph("The capital of France is", transcoders=tcs, model=model)
+    last = model.logits(torch.tensor(g.input_ids))[-1]
+    logit = torch.tensor((g.nodes["kind"] == "logit").to_numpy())
+    expected = last[torch.tensor(g.nodes.loc[logit.numpy(), "feature"].to_numpy())] - last.mean()
+    got = (g.adjacency.sum(1) + g.constant)[logit]
+    assert torch.allclose(got, expected, atol=1e-3 * float(expected.abs().max()), rtol=0)
+    assert set(g.nodes.loc[g.nodes["kind"] == "feature", "layer"]) == {3, 6}
+    assert g.nodes.loc[logit.numpy(), "token"].iloc[0] == " Paris"
+    p = g.prune()
+    assert 0 < p.kept_nodes.shape[0] < g.nodes.shape[0]
