@@ -42,6 +42,8 @@ from ..hooks import HookFn, build_context
 from ..metrics import Metric, as_float, check_same_length, first_difference, logit_diff, single_token_id
 from ..variants import Variant, VariantLike, resolve_variant
 from .attribution import attribution_sweep
+from .features import SITE as FEATURE_SITE
+from .features import check_saes, feature_sweep
 from .result import PatchResult, _writer
 from .sites import Site, axis_sizes, site_hook_name, site_of
 
@@ -67,6 +69,7 @@ def patch(
     chat: bool = False,
     progress: Callable[[int, int], None] | None = None,
     saes: Sequence[Any] | None = None,
+    top: int | None = None,
 ) -> PatchResult:
     """Patch every cell of `site` (see the module table) one at a time and return the sweep.
 
@@ -77,10 +80,13 @@ def patch(
     from one forward and one backward pass; see slmviz.interventions.attribution).
     progress(done, total) is called as cells finish. The prompts must have the same number of tokens.
     saes: SAEs spliced into every run (clean, corrupted and patched), as in `Model.trace`.
+    site="sae" patches the SAEs' features (slmviz.interventions.features): one cell per (SAE, feature, position)
+    active in either run, each estimated by attribution, and the `top` cells (default 20; 0 with
+    method="attribution") also run exactly; returns a FeaturePatchResult.
     """
     result = None
     for result in patch_steps(clean, corrupted, answer, wrong, site, model, metric, direction, method, engine,
-                              variant, chat, saes):
+                              variant, chat, saes, top):
         if progress is not None:
             progress(result.done, result.total)
     assert result is not None
@@ -101,6 +107,7 @@ def patch_steps(
     variant: VariantLike = None,
     chat: bool = False,
     saes: Sequence[Any] | None = None,
+    top: int | None = None,
 ) -> Iterator[PatchResult]:
     """`patch`, yielding a partial PatchResult after each batch of cells (the app draws and cancels with it).
 
@@ -110,16 +117,31 @@ def patch_steps(
         from ..model_api import load
 
         model = load()
-    s = site_of(site)
+    features = site == FEATURE_SITE
+    s = None if features else site_of(site)
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if engine is not None and engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if top is not None and not features:
+        raise ValueError(f"top= is the number of feature cells to run exactly, for site='sae' only (site is {site!r})")
+    if features:
+        check_saes(saes, model)
+        if method == "attribution" and top:
+            raise ValueError("method='attribution' runs no cell exactly; use method='exact' with top=n")
     v = resolve_variant(variant)
     clean_ids, corrupted_ids = model.encode(clean, chat), model.encode(corrupted, chat)
     check_same_length(model, clean_ids, corrupted_ids)
     fn, name, default_metric = resolve_metric(model, answer, wrong, metric)
     target_ids, source_ids = (corrupted_ids, clean_ids) if direction == "denoise" else (clean_ids, corrupted_ids)
+
+    if features:
+        yield feature_sweep(model, saes, clean_ids, corrupted_ids, target_ids, source_ids, fn, name, default_metric,
+                            direction, v, 0 if method == "attribution" else top, per_cell=engine == "per_cell")
+        return
+    assert s is not None
 
     if method == "attribution":
         yield attribution_sweep(model, s, site, clean_ids, corrupted_ids, target_ids, source_ids, fn, name,

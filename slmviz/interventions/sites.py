@@ -59,7 +59,8 @@ SITES: dict[str, Site] = {
 
 def site_of(name: str) -> Site:
     if name not in SITES:
-        raise ValueError(f"Unknown patching site {name!r}; sites are: {', '.join(SITES)}")
+        raise ValueError(f"Unknown patching site {name!r}; sites are: {', '.join(SITES)}, and 'sae' (SAE features, "
+                         "with saes=[...])")
     return SITES[name]
 
 

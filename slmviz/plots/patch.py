@@ -164,3 +164,44 @@ def logit_attribution_bars(frame: pd.DataFrame, top: int = 20) -> go.Figure:
     )
     fig.update_xaxes(tickangle=-60)
     return fig
+
+
+def feature_patch_bars(result: Any, n: int = 20) -> go.Figure:
+    """A feature sweep (patch(..., site="sae")) as horizontal bars: the n cells (SAE hook, feature, position) of
+    largest |attribution|, each bar the estimated change of the metric when that one feature's activation at that
+    position takes the other prompt's value, and a diamond at the exact patched run's change where it was run.
+
+    Changes are in normalized units (1 = the whole clean - corrupted gap) when the two runs differ, raw otherwise;
+    red moves the metric towards the corrupted run, blue towards the clean one, as in the heatmaps.
+    """
+    top = result.top(n)
+    span = result.clean - result.corrupted
+    scale = span if span != 0 else 1.0
+    unit = "normalized change (1 = the clean - corrupted gap)" if span != 0 else f"change of {result.metric_name}"
+    labels = [f"{h.removeprefix('blocks.')} f{f} @ {p}: {show_token(result.tokens[p])}"
+              for h, f, p in zip(top["hook"], top["feature"], top["position"], strict=True)]
+    estimate = ((top["value"] - result.target_metric) / scale).to_numpy()
+    exact = ((top["exact"] - result.target_metric) / scale).to_numpy()
+    fig = go.Figure(go.Bar(
+        y=labels, x=estimate, orientation="h", name="attribution (Δf · ∂metric/∂f)",
+        marker_color=np.where(estimate >= 0, "#2166ac", "#b2182b"),
+        customdata=np.stack([top["source_act"], top["target_act"]], -1) if len(top) else None,
+        hovertemplate="%{y}<br>estimate %{x:.3f}<br>f source %{customdata[0]:.3g}, target %{customdata[1]:.3g}"
+                      "<extra></extra>"))
+    ran = np.isfinite(exact)
+    if ran.any():
+        fig.add_trace(go.Scatter(y=np.array(labels)[ran], x=exact[ran], mode="markers", name="exact patched run",
+                                 marker={"symbol": "diamond", "size": 10, "color": "#222222"},
+                                 hovertemplate="%{y}<br>exact %{x:.3f}<extra></extra>"))
+    into = "corrupted → clean" if result.direction == "denoise" else "clean → corrupted"
+    subtitle = (f"{len(result.cells)} cells (every feature active in either run, at every position); the {len(top)} "
+                f"largest by |attribution|. Each sets one feature at one position to the other run's value ({into}), "
+                f"error terms on.")
+    fig.update_layout(
+        title={"text": "Feature patching: " + result.metric_name, "subtitle": {"text": subtitle}, "x": 0.0,
+               "xanchor": "left"},
+        template="plotly_white", height=max(320, 26 * len(top) + 140), margin={"t": 110, "l": 260, "r": 30, "b": 60},
+        xaxis_title=unit, yaxis={"autorange": "reversed"}, font={"size": 12},
+        legend={"orientation": "h", "y": -0.12},
+    )
+    return fig
