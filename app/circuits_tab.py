@@ -19,6 +19,7 @@ app/scan_jobs.py's worker, waited for in the page's "jobs" queue, so another ses
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -101,12 +102,16 @@ def faithfulness_figure(curve: pd.DataFrame, smallest: int | None, n: int | None
     from slmviz.plots.circuits import faithfulness_curve
 
     fig = faithfulness_curve(curve)
-    if smallest is not None:
-        fig.add_vline(x=max(smallest, 0.5), line={"dash": "dash", "color": "#2471a3"},
-                      annotation_text=f"80 %: {smallest} edges", annotation_position="top left")
+    # on a log axis plotly.js places a shape at the data value but an annotation at log10 of it
+    marks = [(smallest, f"80 %: {smallest} edges", "#2471a3", "dash", 1.0)] if smallest is not None else []
     if n:
-        fig.add_vline(x=n, line={"dash": "dot", "color": "#888"}, annotation_text=f"top {n}",
-                      annotation_position="bottom right")
+        marks.append((n, f"top {n}", "#888", "dot", 0.06))
+    for value, text, colour, dash, y in marks:
+        x = max(value, 0.5)
+        fig.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, xref="x", yref="y domain",
+                      line={"dash": dash, "color": colour})
+        fig.add_annotation(x=math.log10(x), y=y, xref="x", yref="y domain", text=text, showarrow=False,
+                           xanchor="left", yanchor="top" if y > 0.5 else "bottom", font={"color": colour})
     fig.update_layout(height=420, margin={"l": 60, "r": 20, "t": 60, "b": 50})
     return fig
 
@@ -369,7 +374,8 @@ def build_circuits_tab(handlers: Handlers, source: gr.State, model_kw: dict, lig
         with gr.Row():
             with gr.Column(scale=2):
                 edges = gr.Dataframe(label="top edges", interactive=False, elem_id="circuit-edges",
-                                     latex_delimiters=[], max_height=420)
+                                     headers=["rank", "source", "target", "score"], latex_delimiters=[],
+                                     max_height=420)
             with gr.Column(scale=3):
                 with gr.Row():
                     edge_box = gr.Textbox(label="edge", placeholder="a23.h3->logits", elem_id="circuit-edge",
@@ -377,6 +383,7 @@ def build_circuits_tab(handlers: Handlers, source: gr.State, model_kw: dict, lig
                     edge_btn = gr.Button("Patch this edge", elem_id="circuit-edge-run", scale=1)
                 edge_text = gr.Markdown(elem_id="circuit-edge-text")
                 edge_table = gr.Dataframe(label="exact edge patching", interactive=False,
+                                          headers=["run", "edges patched", "metric", "normalized"],
                                           elem_id="circuit-edge-table", latex_delimiters=[])
 
     fill_outputs = [clean, corrupted, answer, wrong, bound, status]

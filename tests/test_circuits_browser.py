@@ -1,0 +1,71 @@
+"""The Circuits tab in headless Chromium: run EAP on the example IOI pair, see the graph beside the faithfulness curve,
+move the top-n slider, select an edge in the table and see its exact patches; a bad pair shows an error and keeps
+the last circuit.
+
+Saves assets/screenshot-circuits.png for the docs. Does not check the numbers (tests/test_circuits_app.py compares
+them with the library).
+"""
+
+from __future__ import annotations
+
+import pytest
+from app_helpers import CHROMIUM, NO_CHROMIUM, app_server
+from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server, _origin
+
+pytestmark = pytest.mark.browser
+
+if not CHROMIUM.exists():
+    pytest.skip(NO_CHROMIUM, allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with app_server() as url:
+        yield url
+
+
+@pytest.fixture()
+def page(browser, server):
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    pg = context.new_page()
+    pg.hosts = set()
+    pg.on("request", lambda r: pg.hosts.add(_origin(r.url)))
+    pg.on("websocket", lambda ws: pg.hosts.add(_origin(ws.url)))
+    pg.goto(server)
+    pg.wait_for_selector("#prompt textarea")
+    yield pg
+    context.close()
+
+
+def test_run_see_the_graph_and_the_curve_and_select_an_edge(page, server):
+    page.get_by_role("tab", name="Circuits").click()
+    page.wait_for_selector("#circuit-clean textarea")
+    assert "John gave" in page.locator("#circuit-clean textarea").input_value()
+    assert "Mary gave" in page.locator("#circuit-corrupted textarea").input_value()
+    page.click("#circuit-run")
+    page.wait_for_function("document.querySelector('#circuit-status').innerText.includes('Scored in')",
+                           timeout=PLOT_TIMEOUT_MS)
+    page.wait_for_selector("#circuit-graph .js-plotly-plot .nsewdrag")
+    page.wait_for_selector("#circuit-faithfulness .js-plotly-plot .nsewdrag")
+    assert "Top 30 of 70651 edges (eap)" in page.locator("#circuit-graph").inner_text()
+    assert "80 %:" in page.locator("#circuit-faithfulness").inner_text()
+    assert "smallest circuit found to recover 80 %" in page.locator("#circuit-status").inner_text()
+
+    # select the first edge of the table: its exact patches, alone and as the circuit without it
+    page.locator("#circuit-edges [data-testid=cell-0-1]").click()
+    page.wait_for_function("document.querySelector('#circuit-edge-text').innerText.includes('Alone')",
+                           timeout=PLOT_TIMEOUT_MS)
+    assert "->" in page.locator("#circuit-edge textarea, #circuit-edge input").first.input_value()
+    assert "without this edge" in page.locator("#circuit-edge-table").inner_text()
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(ASSETS / "screenshot-circuits.png"), full_page=True)
+    _no_error_toast(page)
+
+    # a pair of unequal lengths: an error toast, and the last circuit stays
+    page.fill("#circuit-corrupted textarea", "When Mary went to the store, Mary gave a drink to")
+    page.click("#circuit-run")
+    toast = page.locator(".toast-body.error")
+    toast.first.wait_for(timeout=60_000)
+    assert "same number of tokens" in toast.first.inner_text()
+    assert "Top 30 of 70651 edges" in page.locator("#circuit-graph").inner_text()
+    _only_the_server(page, server)
