@@ -31,6 +31,7 @@ from slmviz.plots.scan import STRIP_CLASS, examples_html, histogram
 from slmviz.scans.corpus import bundled_corpus
 from slmviz.scans.scan import FORMAT_VERSION, Scan, scan
 
+from .fast_mode import SCAN_COST, dtype_for, fast_checkbox
 from .handlers import readable_errors
 from .scan_jobs import RUNNER, Job, JobCancelled, Jobs, wait
 
@@ -62,10 +63,13 @@ def corpus_docs(n: int) -> list[str]:
 def scan_folder(model: Any, n: int, hooks: list[str], top_k: int = TOP_K, saes_key: str = "") -> Path:
     """The cache folder of a scan; `saes_key` names the SAEs spliced into it (their weights' fingerprint)."""
     root = Path(os.environ.get("SLMVIZ_SCAN_CACHE") or cache_dir() / "scans")
+    dtype = str(getattr(model, "dtype", "torch.float32")).removeprefix("torch.")
+    low_precision = [dtype] if dtype != "float32" else []  # a bf16 scan (the "fast" switch) is a scan of its own
     what = [model.name, str(model.path), hooks, n, FORMAT_VERSION] + ([top_k] if top_k != TOP_K else []) + (
-        [saes_key] if saes_key else [])
+        [saes_key] if saes_key else []) + low_precision
     key = hashlib.sha1(json.dumps(what).encode()).hexdigest()
-    return root / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', model.name)}-kjv{n}-{key[:10]}"
+    suffix = "".join(f"-{d}" for d in low_precision)
+    return root / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', model.name)}-kjv{n}{suffix}-{key[:10]}"
 
 
 class CorpusScans:
@@ -176,6 +180,7 @@ def build_corpus_tab(handlers: Any, prompt: gr.Textbox, source: gr.State, model_
             show_btn = gr.Button("Show", elem_id="corpus-show", scale=1)
             load_btn = gr.Button("Load the scan", elem_id="corpus-load", scale=1)
             cancel_btn = gr.Button("Cancel", elem_id="corpus-cancel", scale=1)
+        fast = fast_checkbox("corpus-fast", SCAN_COST)
         status = gr.Markdown("Open this tab to load the scan (the first visit computes it).", elem_id="corpus-status")
         with gr.Row():
             with gr.Column(scale=3):
@@ -184,28 +189,28 @@ def build_corpus_tab(handlers: Any, prompt: gr.Textbox, source: gr.State, model_
                 hist = gr.Plot(show_label=False, elem_id="corpus-histogram")
 
     @readable_errors
-    def load(hook_name: str, source_name: str | None, request: gr.Request,
+    def load(hook_name: str, source_name: str | None, fast_scan: bool | None, request: gr.Request,
              progress=gr.Progress()):  # noqa: B008 - gradio reads this default
-        m = handlers.model(source_name)
+        m = handlers.model(source_name, dtype=dtype_for(fast_scan))
         running = ("Scanning the corpus (its first visit computes the scan; everyone else's requests go on). "
                    "**Cancel** stops waiting.", gr.skip(), gr.skip(), gr.skip(), gr.skip())
         s, docs = yield from wait_for_scan(lambda who: SCANS.tab_scan(m, who), session(request), progress, 5, running)
         names = scan_hooks(m)
         hook_name = hook_name if hook_name in names else names[0]
         best = strongest(s, hook_name)
-        yield (_status(s, hook_name, best), gr.Dropdown(choices=names, value=hook_name), best[0],
+        yield (_status(s, hook_name, best, fast_scan), gr.Dropdown(choices=names, value=hook_name), best[0],
                examples_html(s, hook_name, best[0], docs), histogram(s, hook_name, best[0]))
 
     @readable_errors
-    def show(hook_name: str, index: float | None, source_name: str | None):
-        s, docs = _tab_scan(handlers.model(source_name))
+    def show(hook_name: str, index: float | None, source_name: str | None, fast_scan: bool | None):
+        s, docs = _tab_scan(handlers.model(source_name, dtype=dtype_for(fast_scan)))
         i = _index(s, hook_name, index)
-        return _status(s, hook_name, strongest(s, hook_name)), examples_html(s, hook_name, i, docs), \
+        return _status(s, hook_name, strongest(s, hook_name), fast_scan), examples_html(s, hook_name, i, docs), \
             histogram(s, hook_name, i)
 
     @readable_errors
     def pick(evt: gr.EventData, source_name: str | None):
-        _, docs = _tab_scan(handlers.model(source_name))
+        docs = corpus_docs(corpus_size())  # the same verses in either precision
         doc = int(getattr(evt, "doc", -1))
         if not 0 <= doc < len(docs):
             raise gr.Error("Click a strip to load its verse")
@@ -223,12 +228,13 @@ def build_corpus_tab(handlers: Any, prompt: gr.Textbox, source: gr.State, model_
 
     outputs = [status, hook, feature, strips, hist]
     shown = {"show_progress_on": strips}  # one progress bar, where the strips will appear
-    opened = [tab.select(load, [hook, source], outputs, api_name="corpus_load", **shown, **scan_kw),
-              hook.input(load, [hook, source], outputs, api_name="corpus_hook", **shown, **scan_kw),
-              load_btn.click(load, [hook, source], outputs, api_name="corpus_reload", **shown, **scan_kw)]
+    opened = [tab.select(load, [hook, source, fast], outputs, api_name="corpus_load", **shown, **scan_kw),
+              hook.input(load, [hook, source, fast], outputs, api_name="corpus_hook", **shown, **scan_kw),
+              load_btn.click(load, [hook, source, fast], outputs, api_name="corpus_reload", **shown, **scan_kw),
+              fast.input(load, [hook, source, fast], outputs, api_name="corpus_fast", **shown, **scan_kw)]
     cancel_btn.click(cancel, None, status, cancels=opened, api_name="corpus_cancel", **light_kw)
     source.change(model_changed, source, [hook, status, strips, hist], api_visibility="private", **light_kw)
-    gr.on([show_btn.click, feature.submit], show, [hook, feature, source], [status, strips, hist],
+    gr.on([show_btn.click, feature.submit], show, [hook, feature, source, fast], [status, strips, hist],
           api_name="corpus_show", **light_kw)
     strips.click(pick, source, prompt, api_name="corpus_pick", **light_kw)
 
@@ -267,8 +273,9 @@ def _index(s: Scan, hook: str, index: float | None) -> int:
     return i
 
 
-def _status(s: Scan, hook: str, best: list[int]) -> str:
+def _status(s: Scan, hook: str, best: list[int], fast: bool | None = False) -> str:
     i = s.info
-    return (f"Scan of {i['documents']} verses ({i['tokens']} tokens) in {i['seconds']:.0f} s "
+    precision = "bf16 " if fast else ""
+    return (f"{precision}Scan of {i['documents']} verses ({i['tokens']} tokens) in {i['seconds']:.0f} s "
             f"({i['tokens_per_s']:.0f} tokens/s). **{hook}**: {s.features[hook]['n']} features "
             f"({s.features[hook]['what']}); hardest-firing: {', '.join(map(str, best))}.")

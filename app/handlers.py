@@ -59,6 +59,7 @@ MAX_PROMPT_TOKENS = 512
 MAX_NEW_TOKENS = 256
 CHARS_PER_TOKEN_LIMIT = 16  # refuse absurdly long text before spending time tokenizing it
 MODELS_KEPT = 2  # the startup model plus one other, so a Space's memory stays bounded
+FAST_COPIES_KEPT = 1  # bf16 copies (the Patch and Corpus tabs' "fast (bf16)" switch), at half a model's memory each
 OUTPUT_TTL_S = 3600
 
 # The app captures what its figures read: the residual stream and the attention patterns.
@@ -207,29 +208,36 @@ class ModelStore:
         self.max_prompt_tokens = max_prompt_tokens
         self._startup = self._checked_source(startup) if startup else None
         self._models: OrderedDict[str, Model] = OrderedDict()
+        self._copies: OrderedDict[str, Model] = OrderedDict()  # "key@bfloat16" -> a bf16 copy
         self._lock = threading.Lock()  # guards _models and _loading, never held while loading
         self._loading: dict[str, threading.Lock] = {}
         self.startup_note = ""
 
-    def get(self, source: str | None = None) -> Model:
+    def get(self, source: str | None = None, dtype: str = "float32") -> Model:
+        """The model `source` names, in fp32, or a `dtype` copy of it ("bfloat16": app/fast_mode.py's switch).
+
+        The fp32 models and the bf16 copies are kept apart (MODELS_KEPT, FAST_COPIES_KEPT), so switching to
+        fast never evicts the startup model and a Space holds at most one extra half-size copy."""
         key = self.key(source)
+        slot, kept, limit = (key, self._models, MODELS_KEPT) if dtype == "float32" else \
+            (f"{key}@{dtype}", self._copies, FAST_COPIES_KEPT)
         with self._lock:
-            if key in self._models:
-                self._models.move_to_end(key)
-                return self._models[key]
-            loading = self._loading.setdefault(key, threading.Lock())
+            if slot in kept:
+                kept.move_to_end(slot)
+                return kept[slot]
+            loading = self._loading.setdefault(slot, threading.Lock())
         with loading:  # two sessions asking for the same new model load it once
             with self._lock:
-                if key in self._models:
-                    return self._models[key]
-            model = self._load(key)
+                if slot in kept:
+                    return kept[slot]
+            model = self._load(key, dtype)
             model.max_tokens = min(model.max_tokens, self.max_prompt_tokens)
             with self._lock:
-                self._models[key] = model
-                self._loading.pop(key, None)
-                while len(self._models) > MODELS_KEPT:
-                    oldest = next(k for k in self._models if k != "")
-                    del self._models[oldest]
+                kept[slot] = model
+                self._loading.pop(slot, None)
+                while len(kept) > limit:
+                    oldest = next(k for k in kept if k != "")
+                    del kept[oldest]
             return model
 
     def is_loaded(self, source: str | None) -> bool:
@@ -262,22 +270,22 @@ class ModelStore:
         raise ValueError(f"{text[:100]!r} is neither a bundled model ({', '.join(bundled_models())}) nor a Hugging "
                          "Face hub id of the form owner/name")
 
-    def _load(self, key: str) -> Model:
+    def _load(self, key: str, dtype: str = "float32") -> Model:
         if key == "":
             if self._startup:
-                return self._load(self._startup)
+                return self._load(self._startup, dtype)
             if on_space():
                 try:
-                    return load_folder(download_from_hub(HUB_ID), name=HUB_ID)
+                    return load_folder(download_from_hub(HUB_ID), name=HUB_ID, dtype=dtype)
                 except Exception as e:  # offline Space, hub outage: the bundled copy is the same model
                     self.startup_note = f"could not fetch {HUB_ID} ({e}); using the bundled copy"
                     log.warning(self.startup_note)
-            return slmviz.load()
+            return slmviz.load(dtype=dtype)
         if key in bundled_models():
-            return slmviz.load(key)
+            return slmviz.load(key, dtype=dtype)
         if Path(key).is_absolute():
-            return load_folder(Path(key))
-        return load_folder(download_from_hub(key), name=key)
+            return load_folder(Path(key), dtype=dtype)
+        return load_folder(download_from_hub(key), name=key, dtype=dtype)
 
 
 # --- small converters ----------------------------------------------------------------------------
@@ -439,10 +447,10 @@ class Handlers:
         self._output_root: Path | None = None  # created on the first saved trace
 
     # helpers
-    def model(self, source: str | None, progress: gr.Progress | None = None) -> Model:
+    def model(self, source: str | None, progress: gr.Progress | None = None, dtype: str = "float32") -> Model:
         if progress is not None:
             progress(0.05, desc="Loading the model (first use only)")
-        return self.store.get(source)
+        return self.store.get(source, dtype)
 
     def checked_prompt(self, prompt: str | None, model: Model) -> str:
         if prompt is None or not str(prompt).strip():

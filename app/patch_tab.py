@@ -29,6 +29,7 @@ from slmviz.interventions.sites import SITES
 from slmviz.plots.patch import logit_attribution_bars
 
 from .corpus_tab import SCANS, session, wait_for_scan
+from .fast_mode import SWEEP_COST, dtype_for, fast_checkbox
 from .handlers import Handlers, display_frame, readable_errors, to_plot
 from .scan_jobs import RUNNER, Job, JobCancelled, wait
 
@@ -76,8 +77,9 @@ class PatchHandlers:
     def __init__(self, handlers: Handlers):
         self.h = handlers
 
-    def _prompts(self, clean: str, corrupted: str, source: str | None, progress: Any = None) -> tuple:
-        model = self.h.model(source, progress)
+    def _prompts(self, clean: str, corrupted: str, source: str | None, progress: Any = None,
+                 fast: bool | None = False) -> tuple:
+        model = self.h.model(source, progress, dtype_for(fast))
         return model, self.h.checked_prompt(clean, model), self.h.checked_prompt(corrupted, model)
 
     @readable_errors
@@ -87,12 +89,13 @@ class PatchHandlers:
 
     @readable_errors
     def sweep(self, clean: str, corrupted: str, answer: str, wrong: str, site: str, direction: str, method: str,
-              source: str | None, request: gr.Request,
+              fast: bool | None, source: str | None, request: gr.Request,
               progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
         """The sweep is a long job (app/scan_jobs.py's RUNNER), waited for here in the page's "jobs" queue: other
         sessions' requests are served while it runs. The partial heatmap is redrawn as cells finish; Cancel
-        closes this wait, which stops the job at its next batch of cells."""
-        model, clean, corrupted = self._prompts(clean, corrupted, source, progress)
+        closes this wait, which stops the job at its next batch of cells. `fast`: on the model's bf16 copy
+        (app/fast_mode.py)."""
+        model, clean, corrupted = self._prompts(clean, corrupted, source, progress, fast)
 
         def work(report: Callable[..., None]) -> tuple[PatchResult, str, str, str]:
             ans, wro = (answer, wrong) if (answer or "").strip() else suggest_answers(model, clean, corrupted)
@@ -128,8 +131,9 @@ class PatchHandlers:
 
     @staticmethod
     def _status(r: PatchResult, note: str) -> str:
-        return (f"**{r.site}** ({r.direction}, {r.method}): {r.metric_name} is {r.clean:.3f} on the clean prompt and "
-                f"{r.corrupted:.3f} on the corrupted one; {r.done}/{r.total} cells. {note}")
+        precision = ", bf16" if str(getattr(r._run.get("model"), "dtype", "")) == "torch.bfloat16" else ""
+        return (f"**{r.site}** ({r.direction}, {r.method}{precision}): {r.metric_name} is {r.clean:.3f} on the "
+                f"clean prompt and {r.corrupted:.3f} on the corrupted one; {r.done}/{r.total} cells. {note}")
 
     @readable_errors
     def cell(self, result: PatchResult | None, cell: str) -> tuple[pd.DataFrame, str]:
@@ -155,10 +159,10 @@ class PatchHandlers:
 
     @readable_errors
     def heads_and_attribution(self, clean: str, corrupted: str, answer: str, wrong: str, direction: str,
-                              source: str | None, request: gr.Request,
+                              fast: bool | None, source: str | None, request: gr.Request,
                               progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
         """Every head's z patched at all positions, then direct logit attribution: a long job, like `sweep`."""
-        model, clean, corrupted = self._prompts(clean, corrupted, source, progress)
+        model, clean, corrupted = self._prompts(clean, corrupted, source, progress, fast)
 
         def work(report: Callable[..., None]) -> tuple:
             ans, wro = (answer, wrong) if (answer or "").strip() else suggest_answers(model, clean, corrupted)
@@ -265,6 +269,7 @@ def build_patch_tab(handlers: Handlers, source: gr.State, model_kw: dict, light_
             direction = gr.Radio(list(DIRECTIONS), value="denoise", label="direction", elem_id="patch-direction",
                                  info="denoise: clean into corrupted; noise: corrupted into clean")
             method = gr.Radio(METHOD_CHOICES, value="exact", label="method", elem_id="patch-method")
+            fast = fast_checkbox("patch-fast", SWEEP_COST)
         with gr.Row():
             run_btn = gr.Button("Run the sweep", variant="primary", elem_id="patch-run")
             cancel_btn = gr.Button("Cancel", elem_id="patch-cancel")
@@ -303,9 +308,9 @@ def build_patch_tab(handlers: Handlers, source: gr.State, model_kw: dict, light_
 
     suggest_btn.click(ph.suggest, [clean, corrupted, source], [answer, wrong], api_name="patch_suggest", **model_kw)
     job_kw = scan_kw or model_kw  # a long job: its request waits in the "jobs" queue, never the "model" one
-    swept = run_btn.click(ph.sweep, [clean, corrupted, answer, wrong, site, direction, method, source],
+    swept = run_btn.click(ph.sweep, [clean, corrupted, answer, wrong, site, direction, method, fast, source],
                           [patch_plot, status, result, answer, wrong], api_name="patch_sweep", **job_kw)
-    swept.success(ph.heads_and_attribution, [clean, corrupted, answer, wrong, direction, source],
+    swept.success(ph.heads_and_attribution, [clean, corrupted, answer, wrong, direction, fast, source],
                   [heads_plot, dla_plot, dla_heads_plot], api_name="patch_heads", **job_kw)
 
     def cancel(request: gr.Request) -> str:

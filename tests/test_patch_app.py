@@ -177,3 +177,36 @@ def test_another_sessions_run_during_a_long_sweep_finishes_before_it(server):
     while not swept.done():
         time.sleep(0.2)
     assert "Done in" not in swept.outputs()[-1][1]
+
+
+def test_the_fast_switch_sweeps_on_a_bf16_copy_within_the_stated_tolerance_or_says_why_not(client, model):
+    """"fast (bf16)" (app/fast_mode.py): where bf16 matmuls measure fast here, the sweep runs on a bf16 copy and
+    its normalized heatmap stays within docs/performance.md's 0.05 of the fp32 one; elsewhere the switch is off
+    and asking for it over the API is refused with the measured reason."""
+    args = (EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_ANSWER, EXAMPLE_WRONG, "resid_pre", "denoise", "exact", True)
+    try:
+        plot, status, *_ = client.predict(*args, api_name="/patch_sweep")
+    except AppError as e:  # the server measured bf16 slow on this CPU: refused, with the measured reason
+        assert "slower than fp32" in str(e)
+        return
+    assert "exact, bf16)" in status
+    expected = slmviz.patch(EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, answer=EXAMPLE_ANSWER, wrong=EXAMPLE_WRONG, model=model)
+    fast = array(figure(plot)["data"][0]["z"])
+    assert np.abs(fast - expected.normalized.numpy()).max() <= 0.05
+    assert not np.array_equal(fast, expected.normalized.numpy())  # it really ran in bf16
+    plot, status, *_ = sweep(client)  # and the switch off is fp32 again
+    assert "bf16" not in status
+
+
+def test_the_corpus_tabs_fast_switch_scans_on_the_bf16_copy_and_caches_it_apart(client):
+    hook = "blocks.7.mlp.hook_post"
+    try:
+        status, _, best, strips, _ = client.predict(hook, True, api_name="/corpus_reload")
+    except AppError as e:  # the server measured bf16 slow on this CPU
+        assert "slower than fp32" in str(e)
+        return
+    assert status.startswith(f"bf16 Scan of {TEST_CORPUS_DOCS} verses") and "data-rank" in strips
+    status, strips, _ = client.predict(hook, best, True, api_name="/corpus_show")
+    assert status.startswith("bf16 Scan")
+    status, *_ = client.predict(hook, False, api_name="/corpus_reload")  # fp32: its own scan
+    assert status.startswith(f"Scan of {TEST_CORPUS_DOCS} verses")
