@@ -20,6 +20,7 @@ app/scan_jobs.py's worker, waited for in the page's "jobs" queue, so another ses
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -36,6 +37,7 @@ from slmviz.circuits.graph import ComponentGraph
 from slmviz.interventions.patching import suggest_answers
 
 from .corpus_tab import session
+from .features_tab import FEATURE_CLICK_JS
 from .handlers import Handlers, display_frame, readable_errors, to_plot
 from .scan_jobs import RUNNER, Job, JobCancelled, wait
 
@@ -54,6 +56,32 @@ MAX_STEPS = 50
 DEFAULT_TOP, MAX_TOP = 30, 300
 REFINE_SIZES = 6  # sizes tried between the last one short of 80 % and the first one reaching it (one more batch)
 JOB_KIND = "circuit"
+ATTR_PROMPT = "The capital of France is"
+NODE_THRESHOLD, EDGE_THRESHOLD = 0.95, 0.98  # SmolLM2's two transcoders: 0.8 keeps error nodes only
+
+# A click on a feature node of the attribution graph (plotly's click is not a Gradio event): copy its node id
+# (customdata[0]) into #circuit-attr-node and press #circuit-attr-open. Re-attached for a few seconds after every
+# redraw; removeAllListeners keeps it to one handler per plot div.
+NODE_CLICK_JS = """
+() => {
+  const attach = () => {
+    const div = document.querySelector('#circuit-attr-graph .js-plotly-plot');
+    if (!div || !div.on) return;
+    if (div.removeAllListeners) div.removeAllListeners('plotly_click');
+    div.on('plotly_click', (ev) => {
+      const hit = (ev.points || []).find((p) => p.customdata && p.customdata[1] === 'feature');
+      const box = document.querySelector('#circuit-attr-node textarea, #circuit-attr-node input');
+      if (!hit || !box) return;
+      const d = hit.customdata;
+      box.value = String(d[0]);
+      box.dispatchEvent(new Event('input', {bubbles: true}));
+      setTimeout(() => document.querySelector('#circuit-attr-open').click(), 150);
+    });
+  };
+  let tries = 0;
+  const timer = setInterval(() => { attach(); if (++tries > 20) clearInterval(timer); }, 300);
+}
+"""
 
 INTRO = """Which **edges** carry the answer: which head's output, read by which later head's query, key or value, or
 by which MLP. Each edge is scored for how much the metric (logit(answer) − logit(wrong) at the last position) moves
@@ -324,15 +352,131 @@ class CircuitHandlers:
         return names
 
     @readable_errors
-    def transcoder_choices(self, source: str | None, keep: list[str] | None = None) -> gr.CheckboxGroup:
+    def transcoder_choices(self, source: str | None) -> gr.CheckboxGroup:
         names = self.transcoders(self.h.model(source))
-        kept = [n for n in (keep or []) if n in names]
-        return gr.CheckboxGroup(choices=names, value=kept or names)
+        return gr.CheckboxGroup(choices=names, value=names)
+
+    @readable_errors
+    def attribution(self, prompt: str, names: list[str] | None, node_threshold: float | None,
+                    edge_threshold: float | None, source: str | None, request: gr.Request,
+                    progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+        """The prompt's attribution graph over the picked transcoders (a long job), pruned by influence."""
+        model = self.h.model(source, progress)
+        text = self.h.checked_prompt(prompt, model)
+        offered = self.transcoders(model)
+        if not names:
+            have = (f"this model has {', '.join(offered)}" if offered else
+                    f"none is loaded for {model.name}: load one in the Model tab")
+            raise ValueError(f"An attribution graph needs transcoders (its nodes are their features): tick at least "
+                             f"one ({have})")
+        unknown = [n for n in names if n not in offered]
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))} is not a transcoder for {model.name}; the transcoders "
+                             f"on offer are {', '.join(offered) or 'none'}")
+        thresholds = _thresholds(node_threshold, edge_threshold)
+        entries = [self.features.saes.get(model, n) for n in names]
+        layers: dict[int, str] = {}
+        for entry in entries:
+            layer = int(entry.sae.hook_name.split(".")[1])
+            if layer in layers:
+                raise ValueError(f"{layers[layer]} and {entry.name} both read layer {layer}; pick one per layer")
+            layers[layer] = entry.name
+
+        def work(report: Callable[..., None]) -> dict[str, Any]:
+            started = time.perf_counter()
+            report(0.05, f"The attribution graph over {', '.join(names)}: one forward, then one backward per batch "
+                         "of targets (features and logits)")
+            graph = slmviz.attribution_graph(text, transcoders=[e.sae for e in entries], model=model)
+            return {"graph": graph, "layers": layers, "model": model, "seconds": time.perf_counter() - started}
+
+        job = RUNNER.submit(work, session(request), kind=JOB_KIND)
+        said = ""
+        for _ in self._waiting(job, session(request), progress):
+            if job.desc != said:
+                said = job.desc
+                yield gr.skip(), gr.skip(), gr.skip(), f"Running: {said}", gr.skip()
+        found = job.result
+        yield (*self._pruned(found, *thresholds), found)
+
+    def _pruned(self, found: dict[str, Any], node_threshold: float, edge_threshold: float) -> tuple:
+        """(plot, feature table, JSON file, status) of the graph pruned at these thresholds."""
+        graph = found["graph"]
+        pruned = graph.prune(node_threshold, edge_threshold)
+        path = pruned.save_json(self.h.output_path("attribution-graph.json"))
+        nodes = pruned.kept_nodes
+        counts = nodes["kind"].value_counts()
+        status = (f"**{graph.prompt!r}**: {graph.n_features} active features over "
+                  f"{', '.join(found['layers'][k] for k in sorted(found['layers']))}; computed in "
+                  f"{found['seconds']:.1f} s. Pruned to {node_threshold:g} of the influence on the logits (edges "
+                  f"{edge_threshold:g}): {int(counts.get('feature', 0))} features, {int(counts.get('error', 0))} "
+                  f"error nodes, {int(counts.get('embedding', 0))} embeddings, {int(counts.get('logit', 0))} "
+                  f"logits. Select a feature to open its page; the JSON is circuit-tracer's graph format.")
+        fig = pruned.plot()
+        for trace in fig.data:  # an edge's end points sit on its nodes: hovering and clicking there means the node
+            if trace.mode == "lines":
+                trace.hoverinfo = "skip"
+        return to_plot(fig), display_frame(feature_table(pruned, found["layers"])), str(path), status
+
+    @readable_errors
+    def reprune(self, found: dict | None, node_threshold: float | None, edge_threshold: float | None) -> tuple:
+        """The threshold sliders: prune the graph again (no model run)."""
+        if not found:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return self._pruned(found, *_thresholds(node_threshold, edge_threshold))
+
+    @readable_errors
+    def open_feature(self, found: dict | None, node: str, source: str | None, request: gr.Request,
+                     progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+        """A feature node ('layer_feature_position', or 'layer, feature'): its page, the Features tab's card
+        (its corpus contexts come from that tab's feature scan, run once per transcoder)."""
+        if not found:
+            raise ValueError("Build the attribution graph first, then select a feature")
+        numbers = [int(x) for x in re.findall(r"\d+", node or "")]
+        if len(numbers) < 2:
+            raise ValueError(f"A feature node is 'layer_feature_position' (its id) or 'layer, feature'; got {node!r}")
+        layer, feature = numbers[:2]
+        if layer not in found["layers"]:
+            raise ValueError(f"Layer {layer} has no transcoder in this graph (its nodes there are error nodes); "
+                             f"the transcoders read layers {', '.join(map(str, sorted(found['layers'])))}")
+        name = found["layers"][layer]
+        for f, card in self.features.show(name, feature, source, request, progress):
+            if isinstance(card, str):  # else a no-op update while the feature scan runs
+                yield card, name, f"{layer}_{f}"
+            else:
+                yield gr.skip(), name, gr.skip()
+
+    @readable_errors
+    def select_feature(self, evt: gr.SelectData, found: dict | None, source: str | None, request: gr.Request,
+                       progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+        row = evt.row_value or []
+        if len(row) < 2:
+            raise ValueError("Select a row of the feature table")
+        yield from self.open_feature(found, f"{row[0]}, {row[1]}", source, request, progress)
 
 
-def attribution_available() -> bool:
-    """Whether this slmviz has attribution graphs (slmviz.attribution_graph)."""
-    return hasattr(slmviz, "attribution_graph")
+def _thresholds(node_threshold: Any, edge_threshold: Any) -> tuple[float, float]:
+    values = []
+    for what, v in (("node", node_threshold), ("edge", edge_threshold)):
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"The {what} threshold must be a number in (0, 1], got {v!r}") from None
+        if not 0 < x <= 1:
+            raise ValueError(f"The {what} threshold must be in (0, 1] (a fraction of the influence), got {x}")
+        values.append(x)
+    return values[0], values[1]
+
+
+def feature_table(pruned: Any, layers: dict[int, str]) -> pd.DataFrame:
+    """The kept feature nodes, most influential first: layer, feature, position, token, activation, transcoder."""
+    nodes = pruned.kept_nodes
+    nodes = nodes[nodes["kind"] == "feature"]
+    if pruned.influence is not None:
+        order = pruned.influence.numpy()[nodes.index.to_numpy()].argsort(kind="stable")
+        nodes = nodes.iloc[order]
+    return pd.DataFrame({"layer": nodes["layer"].astype(int), "feature": nodes["feature"].astype(int),
+                         "position": nodes["position"].astype(int), "token": nodes["token"],
+                         "activation": nodes["activation"].round(3), "transcoder": nodes["layer"].map(layers)})
 
 
 def build_circuits_tab(handlers: Handlers, source: gr.State, model_kw: dict, light_kw: dict, job_kw: dict,
@@ -385,6 +529,39 @@ def build_circuits_tab(handlers: Handlers, source: gr.State, model_kw: dict, lig
                 edge_table = gr.Dataframe(label="exact edge patching", interactive=False,
                                           headers=["run", "edges patched", "metric", "normalized"],
                                           elem_id="circuit-edge-table", latex_delimiters=[])
+        with gr.Accordion("Attribution graph: transcoder features of one prompt", open=True):
+            gr.Markdown(ATTR_INTRO)
+            offered = ch.transcoders(handlers.store.get())
+            with gr.Row():
+                attr_prompt = gr.Textbox(label="prompt", value=ATTR_PROMPT, elem_id="circuit-attr-prompt", scale=3)
+                attr_names = gr.CheckboxGroup(offered, value=offered, label="transcoders",
+                                              elem_id="circuit-attr-transcoders", scale=2)
+            with gr.Row():
+                node_threshold = gr.Slider(0.5, 1.0, value=NODE_THRESHOLD, step=0.01, elem_id="circuit-attr-nodes-kept",
+                                           label="node threshold (fraction of the influence on the logits kept)")
+                edge_threshold = gr.Slider(0.5, 1.0, value=EDGE_THRESHOLD, step=0.01, label="edge threshold",
+                                           elem_id="circuit-attr-edges-kept")
+            with gr.Row():
+                attr_btn = gr.Button("Build the attribution graph", variant="primary", elem_id="circuit-attr-run")
+                attr_cancel = gr.Button("Cancel", elem_id="circuit-attr-cancel")
+            attr_status = gr.Markdown(elem_id="circuit-attr-status")
+            attr_found = gr.State(None, time_to_live=3600)
+            attr_plot = gr.Plot(show_label=False, elem_id="circuit-attr-graph")
+            with gr.Row():
+                with gr.Column(scale=3):
+                    attr_nodes = gr.Dataframe(label="feature nodes, most influential first (select one)",
+                                              interactive=False, elem_id="circuit-attr-nodes", latex_delimiters=[],
+                                              headers=["layer", "feature", "position", "token", "activation",
+                                                       "transcoder"], max_height=360)
+                with gr.Column(scale=2):
+                    attr_json = gr.File(label="the graph (circuit-tracer's JSON)", elem_id="circuit-attr-json")
+                    with gr.Row():
+                        node_box = gr.Textbox(label="feature node (click one in the graph, or layer_feature_position)",
+                                              elem_id="circuit-attr-node", scale=3)
+                        open_btn = gr.Button("Open its page", elem_id="circuit-attr-open", scale=1)
+            opened = gr.State(None)  # the transcoder whose card is open (its nearest features link to it)
+            opened_feature = gr.State(None)  # the Features tab's handler also returns the feature number
+            card = gr.HTML(elem_id="circuit-feature-card", js_on_load=FEATURE_CLICK_JS)
 
     fill_outputs = [clean, corrupted, answer, wrong, bound, status]
     gr.on([fill_btn.click, task.input], ch.fill, [task, pair, source], fill_outputs, api_name="circuit_task",
@@ -403,4 +580,19 @@ def build_circuits_tab(handlers: Handlers, source: gr.State, model_kw: dict, lig
                  **model_kw)
     gr.on([edge_btn.click, edge_box.submit], ch.edge, [found, edge_box, top_n], [edge_text, edge_table],
           api_name="circuit_edge", **model_kw)
-    source.change(lambda: (None, None), None, [found, bound], api_visibility="private", **light_kw)
+    attr_outputs = [attr_plot, attr_nodes, attr_json, attr_status, attr_found]
+    built = attr_btn.click(ch.attribution, [attr_prompt, attr_names, node_threshold, edge_threshold, source],
+                           attr_outputs, api_name="circuit_attribution", **job_kw)
+    attr_cancel.click(cancel, None, attr_status, cancels=[built], api_name="circuit_attribution_cancel", **light_kw)
+    gr.on([node_threshold.release, edge_threshold.release], ch.reprune, [attr_found, node_threshold, edge_threshold],
+          attr_outputs[:4], api_name="circuit_prune", **light_kw)
+    opening = [attr_nodes.select(ch.select_feature, [attr_found, source], [card, opened, node_box],
+                                 api_visibility="private", **job_kw),
+               gr.on([open_btn.click, node_box.submit], ch.open_feature, [attr_found, node_box, source],
+                     [card, opened, node_box], api_name="circuit_feature", **job_kw)]
+    if features is not None:  # the card's nearest features open their own page, as in the Features tab
+        opening.append(card.click(features.open, [opened, source], [opened_feature, card],
+                                  api_visibility="private", **job_kw))
+    attr_plot.change(None, None, None, js=NODE_CLICK_JS)
+    source.change(lambda: (None, None, None), None, [found, bound, attr_found], api_visibility="private", **light_kw)
+    source.change(ch.transcoder_choices, source, attr_names, api_visibility="private", **light_kw)

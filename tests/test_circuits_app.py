@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,8 +27,10 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import slmviz
-from app.circuits_tab import EXACT_MAX_EDGES, REFINE_SIZES, TASK_CHOICES
+from app.circuits_tab import EXACT_MAX_EDGES, REFINE_SIZES, TASK_CHOICES, feature_table
+from slmviz import SAE
 from slmviz.circuits.tasks import induction_task
+from slmviz.features.io import load_sae
 from slmviz.model_api import load_folder
 
 pytestmark = pytest.mark.app
@@ -46,8 +49,20 @@ def tiny(tiny_folder):
 
 
 @pytest.fixture(scope="module")
-def tiny_server(tiny_folder):
-    with app_server(model=str(tiny_folder), allow_local_models=True) as url:
+def transcoders(tiny_folder, tiny):
+    """Random transcoders of the tiny model's layers 0 and 1, offered to the app through $SLMVIZ_SAE_DIRS."""
+    root = tiny_folder.parent / "transcoders"
+    d = tiny.cfg.d_model
+    for layer in (0, 1):
+        SAE.random(d, d, seed=layer, architecture="relu", hook_name=f"blocks.{layer}.mlp.hook_in",
+                   hook_name_out=f"blocks.{layer}.hook_mlp_out").save(root / f"tc_l{layer}")
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_folder, transcoders):
+    with app_server(env={"SLMVIZ_SAE_DIRS": str(transcoders)}, model=str(tiny_folder),
+                    allow_local_models=True) as url:
         yield url
 
 
@@ -75,7 +90,8 @@ def run(client, method="exact", top=10, clean=CLEAN, corrupted=CORRUPTED, answer
 
 def test_the_circuit_endpoints_are_named(tiny_server):
     names = set(Client(tiny_server, verbose=False).view_api(print_info=False, return_format="dict")["named_endpoints"])
-    assert {"/circuit_run", "/circuit_task", "/circuit_edge", "/circuit_top", "/circuit_cancel"} <= names
+    assert {"/circuit_run", "/circuit_task", "/circuit_edge", "/circuit_top", "/circuit_cancel",
+            "/circuit_attribution", "/circuit_prune", "/circuit_feature"} <= names
 
 
 def test_an_exact_run_draws_the_library_scores_and_faithfulness(tiny_server, tiny):
@@ -161,6 +177,42 @@ def test_bad_input_is_a_readable_error_and_the_state_is_kept(tiny_server):
         client.predict("ioi", 0, api_name="/circuit_task")
     text, _ = client.predict("m0->logits", 10, api_name="/circuit_edge")  # the last good run is still there
     assert "m0->logits" in text
+
+
+ATTR_PROMPT = "w3 w5 w7 w9"
+
+
+def test_the_attribution_graph_is_the_librarys_and_a_feature_opens_its_page(tiny_server, tiny, transcoders):
+    client = Client(tiny_server, verbose=False)
+    names = ["tc_l0", "tc_l1"]
+    plot, table, path, status = client.predict(ATTR_PROMPT, names, 0.95, 0.98, api_name="/circuit_attribution")
+    tcs = [load_sae(transcoders / name, model=tiny) for name in names]
+    pruned = slmviz.attribution_graph(ATTR_PROMPT, transcoders=tcs, model=tiny).prune(0.95, 0.98)
+    expected = feature_table(pruned, {0: "tc_l0", 1: "tc_l1"})
+    assert [row[:3] for row in table["data"]] == expected[["layer", "feature", "position"]].values.tolist()
+    assert {row[5] for row in table["data"]} <= set(names)
+    saved = json.loads(Path(path).read_text(encoding="utf-8"))  # circuit-tracer's graph JSON of the pruned graph
+    assert {n["node_id"] for n in saved["nodes"]} == {n["node_id"] for n in pruned.to_json()["nodes"]}
+    assert len(saved["links"]) == len(pruned.to_json()["links"])
+    assert figure(plot)["data"] and f"{pruned.n_features} active features" in status
+    # the slider prunes again without running the model: fewer features at a lower threshold
+    _, fewer, _, _ = client.predict(0.6, 0.98, api_name="/circuit_prune")
+    assert len(fewer["data"]) < len(table["data"])
+    # a feature node opens its page (the Features tab's card)
+    layer, feature, position = table["data"][0][:3]
+    card, node = client.predict(f"{layer}_{feature}_{position}", api_name="/circuit_feature")
+    assert node == f"{layer}_{feature}" and f"tc_l{layer}" in card and f"{feature}" in card
+
+
+def test_attribution_graph_errors_are_readable(tiny_server):
+    client = Client(tiny_server, verbose=False)
+    with pytest.raises(AppError, match="Build the attribution graph first"):
+        client.predict("0_1_2", api_name="/circuit_feature")
+    with pytest.raises(AppError, match="needs transcoders.*this model has tc_l0, tc_l1"):
+        client.predict(ATTR_PROMPT, [], 0.95, 0.98, api_name="/circuit_attribution")
+    client.predict(ATTR_PROMPT, ["tc_l1"], 0.95, 0.98, api_name="/circuit_attribution")
+    with pytest.raises(AppError, match="Layer 0 has no transcoder in this graph"):
+        client.predict("0_1_2", api_name="/circuit_feature")
 
 
 def test_the_bundled_model_fills_ioi_and_greater_than_and_refuses_exact(smol_server):
