@@ -68,6 +68,7 @@ class PairRun:
     corrupted_metric: float
     embeds: tuple[torch.Tensor, torch.Tensor] | None = field(repr=False, default=None)  # (clean, corrupted) hook_embed
     _difference: torch.Tensor | None = field(repr=False, default=None)
+    _shared: int | None = field(repr=False, default=None)
 
     @property
     def n_pos(self) -> int:
@@ -95,10 +96,13 @@ class PairRun:
         """The first position at which any source writes differently in the two runs (n_pos if none).
 
         Before it the two runs are bit for bit the same, so every patched run is the clean run there (an edge
-        adds exactly 0) and starts at this position, reading the earlier keys and values from a cache."""
-        differs = self.difference.flatten(2).ne(0).any(-1).any(0)  # [pos]
-        first = differs.nonzero()
-        return int(first[0]) if first.numel() else self.n_pos
+        adds exactly 0) and starts at this position, reading the earlier keys and values from a cache. Computed
+        once: every patched batch asks it of each of its rows."""
+        if self._shared is None:
+            differs = self.difference.flatten(2).ne(0).any(-1).any(0)  # [pos]
+            first = differs.nonzero()
+            self._shared = int(first[0]) if first.numel() else self.n_pos
+        return self._shared
 
 
 def check_conventions(model: Any) -> Any:
@@ -289,7 +293,10 @@ def patched_metrics(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], 
         by_length.setdefault(runs[row[2]].n_pos, []).append(row)
     for n_pos, rows in by_length.items():
         rows.sort()
-        per_row = graph.n_src * n_pos * model.cfg.d_model * model.dtype.itemsize * 3  # current, corrupted, one gather
+        # the positions a batch runs: none before the group's first difference (a batch of some of its rows
+        # starts there or later, so this bounds every batch's size)
+        n_run = n_pos - run_from([runs[p] for _, _, p in rows])
+        per_row = graph.n_src * n_run * model.cfg.d_model * model.dtype.itemsize * 3  # current, corrupted, one gather
         chunk = max(1, ROW_BYTES // per_row)
         for i in range(0, len(rows), chunk):
             part = rows[i:i + chunk]
@@ -309,12 +316,11 @@ def _patched_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], m
     start = min(min(r[0] for r in rows), n_layers - 1)
     pairs = [runs[p] for _, _, p in rows]
     reads = reads_of(pairs)
-    first = min(r.shared for r in pairs) if reads != "all" else 0
-    first = min(first, pairs[0].n_pos - 1)  # the last position always runs: the metric reads it
+    first = run_from(pairs)
     at = slice(first, None)
     b = len(rows)
     m = torch.stack([masks[s] & real for _, s, _ in rows])  # [b, n_src, n_dst]
-    corrupted = torch.stack([r.corrupted.sources[:, at] for r in pairs])  # [b, n_src, pos', d]
+    corrupted = _rows(pairs, lambda r: r.corrupted.sources[:, at])  # [b, n_src, pos', d], read only
     # a_u^corrupted - a_u of this run: the clean writes' difference until a patch moves a source, then updated as
     # the source writes again (_Sources)
     diff = torch.stack([r.difference[:, at] for r in pairs])  # [b, n_src, pos', d]
@@ -322,7 +328,7 @@ def _patched_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], m
     stash: dict[str, torch.Tensor] = {}
 
     def corrupted_input(what: str, layer: int) -> Callable[[], torch.Tensor]:
-        return lambda: torch.stack([getattr(r.corrupted, what)[layer, at] for r in pairs])  # [b, pos', d]
+        return lambda: _rows(pairs, lambda r: getattr(r.corrupted, what)[layer, at])  # [b, pos', d]
 
     hooks: dict[str, Callable] = {}
     for layer in range(start, n_layers):
@@ -341,8 +347,7 @@ def _patched_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], m
         mlp = _Reader(m[:, :graph.mlp_source(layer), slices["mlp"]], diff, corrupted_input("resid_mid", layer))
         hooks[f"blocks.{layer}.hook_mlp_in"] = mlp.part(0, 1)
         hooks[f"blocks.{layer}.hook_mlp_out"] = _put(sources, graph.mlp_source(layer))
-    logits_reader = _Reader(m[:, :, graph.logits_target:], diff,
-                            lambda: torch.stack([r.corrupted.final[at] for r in pairs]))
+    logits_reader = _Reader(m[:, :, graph.logits_target:], diff, lambda: _rows(pairs, lambda r: r.corrupted.final[at]))
     hooks[f"blocks.{n_layers - 1}.hook_resid_post"] = logits_reader.part(0, 1)
     ctx = build_context(model.hook_names, [], hooks, batched=True)
     x = torch.stack([r.clean.resid_pre[start, at] for r in pairs])  # [b, pos', d]
@@ -356,6 +361,24 @@ def _patched_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], m
     variant = resolve_variant(None, cfg)
     outputs = model.decoder.forward_from(x, start, ctx, variant, cache=cache, **metric_outputs(model, reads))
     return outputs_metrics(model, pairs, outputs, reads).tolist()
+
+
+def run_from(pairs: Sequence[PairRun]) -> int:
+    """The first position a patched batch of these pairs (of one length) runs: the earliest at which any of them
+    differs (PairRun.shared) when their metrics read the last position only, else 0; the last position always runs
+    (the metric reads it)."""
+    first = min(r.shared for r in pairs) if reads_of(pairs) != "all" else 0
+    return min(first, pairs[0].n_pos - 1)
+
+
+def _rows(pairs: Sequence[PairRun], part: Callable[[PairRun], torch.Tensor]) -> torch.Tensor:
+    """[b, ...]: part(pair) of each row, for reading only. Rows of one pair (a faithfulness curve, many edge sets of
+    one prompt pair) share one tensor, expanded without a copy: stacking SmolLM2's corrupted writes [301, pos, 576]
+    once per row cost as much as a layer of the forward."""
+    if all(r is pairs[0] for r in pairs):
+        one = part(pairs[0])
+        return one[None].expand(len(pairs), *one.shape)
+    return torch.stack([part(r) for r in pairs])
 
 
 class _Sources:
@@ -413,13 +436,11 @@ class _Reader:
             base = corrupted
         else:
             base = torch.where(complement[:, None, :, None], corrupted, x[:, :, None])
-        out = base + delta
-        untouched, whole = patched == 0, patched == n  # [b, k]
-        if bool(untouched.any()):
-            out = torch.where(untouched[:, None, :, None], x[:, :, None], out)
-        if corrupted is not None and bool(whole.any()):
-            out = torch.where(whole[:, None, :, None], corrupted, out)
-        return out
+        # A destination with no edge patched has all-zero weights (delta exactly 0: base + delta == x), and one with
+        # every edge patched sums over no unpatched edge (delta exactly 0: == its corrupted input); so no
+        # torch.where is needed to keep them exact (each was one more pass over [b, pos, k, d] per layer).
+        # The one exception is a non-finite difference (0 * inf), which only a diverged run has.
+        return base + delta
 
 
 def row_metrics(pairs: Sequence[PairRun], logits: torch.Tensor) -> torch.Tensor:
