@@ -1,5 +1,5 @@
-"""The bulk work in bf16: corpus scans and patching sweeps on a model loaded with dtype="bfloat16" stay within
-stated tolerances of the same work in fp32.
+"""The bulk work in bf16: corpus scans, patching sweeps, edge scores and SAE activations on a model loaded with
+dtype="bfloat16" stay within stated tolerances of the same work in fp32.
 
 Tolerances (each measured, see the numbers in the constants' comments):
 
@@ -15,6 +15,9 @@ Tolerances (each measured, see the numbers in the constants' comments):
   15's, 8 of 9 heads.
 - Patching: the normalized heatmap ((value - corrupted) / (clean - corrupted)) is within PATCH_TOL of fp32's in
   every cell, on every site and both engines.
+
+- Circuits: EAP and EAP-IG edge scores within EAP_TOL of fp32's largest |score|, top edges equal up to near-ties.
+- SAEs spliced into a bf16 model: outputs exactly the bf16 model's (error term), pre-activations within SAE_TOL.
 
 Runs on the tiny random llama, and (slow) on SmolLM2. Not covered: the Ray engine in bf16 (it runs the same
 shard code), attribution patching in bf16, speed (bench/dtype.py).
@@ -149,3 +152,47 @@ def test_smollm2_bf16_scan_stays_within_bf16_rounding_of_the_fp32_scan(model):
     pair = {"float32": model, "bfloat16": slmviz.load(dtype="bfloat16")}
     scans = {dt: slmviz.scan(docs, hooks=hooks, top_k=TOP_K, model=m, progress=False) for dt, m in pair.items()}
     check_scans_agree(scans, pair, docs, hooks)
+
+
+EAP_TOL = 0.05  # of the largest |score|; measured on the tiny llama: 1.0 % (EAP), 1.1 % (EAP-IG)
+SAE_TOL = 0.05  # of the largest activation; measured on the tiny llama's random SAEs: 0.1 %, 0.6 %, 2.0 %
+
+
+@pytest.mark.parametrize("method", ["eap", "eap-ig"])
+def test_bf16_edge_scores_stay_within_their_tolerance_of_fp32s(pair, method):
+    """EAP / EAP-IG on a bf16 model: every edge's score within EAP_TOL of fp32's, the same top edges up to
+    near-ties, and the bf16 circuit's own faithfulness endpoints still exact."""
+    runs = {dt: slmviz.circuit(torch.tensor(CLEAN), torch.tensor(CORRUPTED), answer=20, wrong=21, model=m,
+                               method=method) for dt, m in pair.items()}
+    s32 = runs["float32"].edges.set_index(["source", "target"]).score
+    s16 = runs["bfloat16"].edges.set_index(["source", "target"]).score.reindex(s32.index)
+    assert not s16.isna().any()  # the same graph
+    span = float(s32.abs().max())
+    assert float((s16 - s32).abs().max()) <= EAP_TOL * span
+    assert not s16.equals(s32)  # it really ran in bf16
+    top32, top16 = set(s32.abs().nlargest(10).index), set(s16.abs().nlargest(10).index)
+    for edge in top32 ^ top16:  # a swap at the top-10 cut must be a near-tie
+        assert abs(abs(s32[edge]) - float(s32.abs().nlargest(10).iloc[-1])) <= 2 * EAP_TOL * span
+    c = runs["bfloat16"]
+    curve = c.faithfulness([0, c.graph.n_edges])
+    assert curve.metric.tolist() == pytest.approx([c.corrupted, c.clean], abs=1e-6)
+
+
+def test_saes_splice_into_a_bf16_model_exactly_and_read_its_activations_within_tolerance(pair):
+    """SAE activations on a bf16 model: the SAE runs in its own (fp32) weights on the bf16 activation, the error
+    term keeps every output exactly the bf16 model's, and each SAE's pre-activations stay within SAE_TOL of fp32's.
+    Post-activations agree within SAE_TOL wherever a feature is active in both: a TopK or JumpReLU feature at its
+    cut may switch on or off (the same near-tie as a scan's top-k)."""
+    from test_sae_splice import saes_for
+
+    saes = saes_for(pair["float32"])
+    traces = {dt: m.trace(CLEAN, saes=saes) for dt, m in pair.items()}
+    assert torch.equal(traces["bfloat16"].logits, pair["bfloat16"].trace(CLEAN).logits)
+    for sae in saes:
+        pre, post = (f"{sae.hook_name_out}.hook_sae_acts_{x}" for x in ("pre", "post"))
+        p32, p16 = traces["float32"][pre], traces["bfloat16"][pre].float()
+        assert float((p16 - p32).abs().max()) <= SAE_TOL * float(p32.abs().max()), pre
+        a32, a16 = traces["float32"][post], traces["bfloat16"][post].float()
+        both = (a32 != 0) & (a16 != 0)
+        assert float((a16 - a32)[both].abs().max()) <= SAE_TOL * float(a32.abs().max()), post
+        assert float(((a32 != 0) ^ (a16 != 0)).float().sum()) <= 0.05 * float((a32 != 0).sum()), post
