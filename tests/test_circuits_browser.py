@@ -69,3 +69,40 @@ def test_run_see_the_graph_and_the_curve_and_select_an_edge(page, server):
     assert "same number of tokens" in toast.first.inner_text()
     assert "Top 30 of 70651 edges" in page.locator("#circuit-graph").inner_text()
     _only_the_server(page, server)
+
+
+def test_build_an_attribution_graph_and_click_a_feature_to_open_its_page(page, server):
+    page.get_by_role("tab", name="Circuits").click()
+    page.wait_for_selector("#circuit-attr-prompt textarea")
+    assert page.locator("#circuit-attr-transcoders input:checked").count() == 2  # transcoder_l3 and _l6
+    page.get_by_label("transcoder_l6").uncheck()  # one transcoder: half the targets, half the time
+    page.click("#circuit-attr-run")
+    page.wait_for_function("document.querySelector('#circuit-attr-status').innerText.includes('Pruned to')",
+                           timeout=PLOT_TIMEOUT_MS)
+    page.wait_for_selector("#circuit-attr-graph .js-plotly-plot .nsewdrag")
+    assert "Attribution graph" in page.locator("#circuit-attr-graph").inner_text()
+    assert "transcoder_l" in page.locator("#circuit-attr-nodes").inner_text()
+    assert page.locator("#circuit-attr-json a").count() >= 1  # the JSON to download
+
+    # click a feature node of the plot: its id fills #circuit-attr-node and its page (the Features card) opens
+    page.wait_for_timeout(1000)  # the click handler is attached a moment after the plot is drawn
+    point = page.evaluate_handle("""() => {
+        const div = document.querySelector('#circuit-attr-graph .js-plotly-plot');
+        const i = div.data.findIndex((t) => t.name === 'feature');
+        return document.querySelectorAll('#circuit-attr-graph .scatterlayer .trace')[i].querySelector('path.point');
+    }""").as_element()
+    point.scroll_into_view_if_needed()
+    page.wait_for_timeout(300)
+    box = point.bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function(
+        "/^\\d+_\\d+$/.test(document.querySelector('#circuit-attr-node textarea, #circuit-attr-node input').value)",
+        timeout=60_000)
+    page.wait_for_function("document.querySelector('#circuit-feature-card').innerText.includes('transcoder_l')",
+                           timeout=PLOT_TIMEOUT_MS)
+    page.mouse.move(5, 5)  # no hover label over the graph in the screenshot
+    page.wait_for_timeout(500)
+    page.locator("#circuit-attr-graph").screenshot(path=str(ASSETS / "screenshot-attribution.png"))
+    page.screenshot(path="/tmp/shots/circuits-attribution.png", full_page=True)
+    _no_error_toast(page)
+    _only_the_server(page, server)
