@@ -231,7 +231,7 @@ def test_another_sessions_run_during_a_long_job_finishes_first_and_cancel_stops_
     alice, bob = Client(smol_server, verbose=False), Client(smol_server, verbose=False)
     from app.circuits_tab import EXAMPLE_ANSWER, EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_WRONG
 
-    job = alice.submit(EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_ANSWER, EXAMPLE_WRONG, "eap-ig", 50, 30,
+    job = alice.submit(EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_ANSWER, EXAMPLE_WRONG, "eap-ig", 20, 30,
                        api_name="/circuit_run")
     while not job.outputs():  # the first status line: the job runs
         assert not job.done(), job.exception()
