@@ -139,13 +139,15 @@ def test_an_edge_patch_alone_and_as_the_circuit_without_it(tiny_server, tiny):
     assert result["data"][1][2] == result["data"][2][2] and "not in the top 10" in text
 
 
-def test_the_slider_redraws_without_running(tiny_server):
+def test_the_slider_redraws_without_running(tiny_server, tiny):
     client = Client(tiny_server, verbose=False)
     run(client, method="eap", top=10)
     graph, curve, table = client.predict(3, api_name="/circuit_top")
     assert len(table["data"]) == 3
     assert len([t for t in figure(graph)["data"] if t["mode"] == "lines"]) == 3
     assert any("top 3" in a.get("text", "") for a in figure(curve)["layout"]["annotations"])
+    _, _, table = client.predict(300, api_name="/circuit_top")  # more than the tiny graph has: all of them
+    assert len(table["data"]) == len(slmviz.graph_edges(tiny))
 
 
 def test_a_task_pair_runs_on_the_tasks_own_token_ids(tiny_server, tiny):
