@@ -7,6 +7,7 @@ training throughput (bench/sae_train.py).
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -157,6 +158,82 @@ def test_a_transcoder_trains_and_saves_as_jumprelu(tiny, corpus, tmp_path):
     assert 0.5 * SMALL["k"] <= l0 <= 1.5 * SMALL["k"], l0  # the threshold keeps ~k per token, as training did
     loaded = slmviz.load_sae(tmp_path / "tc", model=tiny)
     assert loaded.hook_name_out == "blocks.1.hook_mlp_out" and torch.equal(loaded.W_enc, tc.W_enc)
+
+
+def _linear_plus_sparse(n_rows: int, d: int = 32, n_dirs: int = 48, seed: int = 1):
+    """x: dense noise plus 3 of 48 planted directions; y = a dense linear map of x plus a sparse part (each active
+    direction writes its own output direction with its magnitude). k=3 features cannot carry the dense linear part
+    of the noise; a skip connection can."""
+    g = torch.Generator().manual_seed(seed)
+    dirs = torch.randn(n_dirs, d, generator=g)
+    dirs = dirs / dirs.norm(dim=-1, keepdim=True)
+    which = torch.rand(n_rows, n_dirs, generator=g).topk(3, dim=-1).indices  # [n, 3]
+    mags = 1 + torch.rand(n_rows, 3, generator=g)
+    x = (mags[..., None] * dirs[which]).sum(1) + 0.3 * torch.randn(n_rows, d, generator=g)
+    M = torch.randn(d, d, generator=g) / math.sqrt(d)
+    out_dirs = torch.randn(n_dirs, d, generator=g) / math.sqrt(d)
+    return x, x @ M + (mags[..., None] * out_dirs[which]).sum(1)
+
+
+def _trained(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, steps: int) -> Trainer:
+    trainer = Trainer(cfg, torch.device("cpu"), {})
+    trainer.initialise(x[:4096], y[:4096])
+    for i in range(steps):
+        rows = slice(i * 256, (i + 1) * 256)
+        trainer.step(x[rows] * trainer.scale_in, y[rows] * trainer.scale_out)
+        trainer.cursor.tokens += 256
+    return trainer
+
+
+def test_a_skip_transcoder_beats_the_plain_one_on_planted_data():
+    """Targets with a dense linear part: the skip transcoder (W_skip learned, from 0) explains much more held-out
+    variance than the plain one with the same width, k and steps, and its saved SAE (folds included, W_skip
+    scaled by s_in / s_out) computes what training computed."""
+    x, y = _linear_plus_sparse(200 * 256 + 4096)
+    x_test, y_test = x[-4096:], y[-4096:]
+    tc = dict(hook_out="blocks.1.hook_mlp_out", architecture="batchtopk", lr=1e-2, tokens=200 * 256)
+    ev = {}
+    for skip in (False, True):
+        trainer = _trained(_config(**tc, skip=skip), x, y, 200)
+        sae = trainer.to_sae(None)
+        assert (sae.W_skip is not None) == skip
+        y_hat = sae(x_test).detach()
+        ev[skip] = float(1 - (y_hat - y_test).pow(2).sum() / (y_test - y_test.mean(0)).pow(2).sum())
+        if skip:
+            s_in, s_out = trainer.scale_in, trainer.scale_out
+            with torch.no_grad():
+                xs = x_test * s_in
+                h = (xs @ trainer.W_enc + trainer.b_enc) * trainer.W_dec.norm(dim=-1)
+                f = h.relu() * (h > trainer.threshold)
+                y_train = (f / trainer.W_dec.norm(dim=-1)) @ trainer.W_dec + trainer.b_dec + xs @ trainer.W_skip.T
+            assert torch.allclose(y_hat, y_train / s_out, rtol=1e-4, atol=1e-4)
+    assert ev[True] > 0.85 and ev[True] > ev[False] + 0.1, ev
+
+
+def test_a_skip_transcoder_saves_loads_and_resumes_exactly(tiny, corpus, tmp_path):
+    """skip=True: saved as SAELens's jumprelu_skip_transcoder, loaded back by load_sae with the same W_skip, and
+    an interrupted run resumes (W_skip and its Adam state in the checkpoint) to the weights of an uninterrupted one."""
+    kw = dict(hook_out="blocks.1.hook_mlp_out", architecture="batchtopk", skip=True, tokens=1500, **SMALL)
+    whole = train_sae(tiny, "blocks.1.mlp.hook_in", corpus, out=tmp_path / "whole", **kw)
+    assert whole.W_skip is not None and whole.W_skip.abs().sum() > 0
+    assert json.loads((tmp_path / "whole" / "cfg.json").read_text())["architecture"] == "jumprelu_skip_transcoder"
+    loaded = slmviz.load_sae(tmp_path / "whole", model=tiny)
+    assert torch.equal(loaded.W_skip, whole.W_skip) and torch.equal(loaded.threshold, whole.threshold)
+    steps = read_checkpoint(tmp_path / "whole")[2]["cursor"]["steps"]
+
+    def stop(stats):
+        if stats["step"] == steps // 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_sae(tiny, "blocks.1.mlp.hook_in", corpus, out=tmp_path / "cut", **{**kw, "progress": stop})
+    resumed = train_sae(tiny, "blocks.1.mlp.hook_in", corpus, out=tmp_path / "cut", **kw)
+    for name, t in whole.tensors().items():
+        assert torch.equal(t, resumed.tensors()[name]), name
+    with pytest.raises(CheckpointError, match="skip: True there, False now"):
+        train_sae(tiny, "blocks.1.mlp.hook_in", corpus, out=tmp_path / "cut", **{**kw, "skip": False})
+    with pytest.raises(ValueError, match="skip=True is for transcoders"):
+        train_sae(tiny, HOOK, corpus, tokens=100, out=tmp_path / "s", skip=True, **SMALL)
 
 
 def test_blocks_hold_a_bounded_number_of_rows(tiny, corpus):

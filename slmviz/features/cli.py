@@ -34,6 +34,7 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--dead-window", type=int, default=500_000)
     t.add_argument("--lr-decay", type=float, default=0.2)
     t.add_argument("--checkpoint-every", type=float, default=120.0, help="seconds between checkpoints")
+    t.add_argument("--skip", action="store_true", help="a skip transcoder: + a learned linear map of the input")
     t.add_argument("--no-progress", action="store_true")
 
     e = sub.add_parser("evaluate-sae", help="SAEBench's core metrics of an SAE on a corpus (prints JSON)")
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             batch_tokens=args.batch_tokens, seed=args.seed, device=args.device, dtype=args.dtype,
             progress=not args.no_progress, window=args.window, forward_tokens=args.forward_tokens,
             buffer_tokens=args.buffer_tokens, dead_window=args.dead_window, lr_decay=args.lr_decay,
-            checkpoint_every=args.checkpoint_every,
+            checkpoint_every=args.checkpoint_every, skip=args.skip,
             metadata={"training_command": "slmviz " + shlex.join(argv), "corpus_name": args.corpus},
         )
         print(f"saved {sae!r} to {args.out}")

@@ -19,6 +19,8 @@ Where this differs from SAELens's defaults, and why (each a documented option th
   the saved weights: a learning rate then means the same on every hook (resid norms ~175, MLP inputs ~2);
 - b_dec starts at the mean of the first block's targets instead of 0: from 0, Adam needs thousands of steps to
   move it to the stream's mean, more than a CPU run has;
+- a skip transcoder's W_skip and b_dec start at the first block's least-squares linear fit (SAELens: W_skip = 0),
+  for the same reason;
 - the learning rate decays linearly to 0 over the last `lr_decay` of the tokens (SAELens: lr_decay_steps);
 - a feature is dead after `dead_window` tokens without firing (SAELens: 1000 steps = 4M tokens, more than a short
   CPU run sees, so its AuxK loss would never start).
@@ -99,6 +101,7 @@ class TrainConfig:
     lr_decay: float
     corpus: str  # sha256 of the corpus
     massive_factor: float
+    skip: bool = False  # a skip transcoder: + x @ W_skip.T (defaulted, so checkpoints written before it still read)
 
 
 @dataclass
@@ -142,6 +145,7 @@ def train_sae(
     lr_decay: float = 0.2,
     checkpoint_every: float = 120.0,
     metadata: dict[str, Any] | None = None,
+    skip: bool = False,
 ) -> SAE:
     """Train an SAE on `hook` (a transcoder predicting `hook_out`) over `corpus`, checkpointing to `out`.
 
@@ -153,6 +157,10 @@ def train_sae(
     (False), or fn(stats) after every step (stats: tokens, total, step, loss, mse, aux, explained_variance, l0,
     dead_fraction, tokens_per_s). checkpoint_every: seconds between checkpoints inside a block (0: after every
     step); one is also written at the end of every block, where a resume re-runs no forward.
+    skip: a skip transcoder (Paulo et al. 2025, "Transcoders beat sparse autoencoders"): a learned linear term
+    x @ W_skip.T (W_skip [d_out, d_in], started at the first block's least-squares fit) is added to the prediction,
+    so the features spend themselves on what a linear map of the MLP's input cannot predict; saved as SAELens's
+    (jumprelu_)skip_transcoder.
     Returns the trained SAE, also saved in `out` (SAELens format). A finished run in `out` is loaded, not re-run.
     """
     out = Path(out)
@@ -165,6 +173,9 @@ def train_sae(
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if k > d_sae:
         raise ValueError(f"k={k} is larger than d_sae={d_sae}: an SAE keeps k of its d_sae features active")
+    if skip and hook_out == hook:
+        raise ValueError("skip=True is for transcoders (hook_out= another hook): an SAE's skip term would learn the "
+                         "identity and leave its features nothing to reconstruct")
     if buffer_tokens < batch_tokens:
         raise ValueError(f"buffer_tokens={buffer_tokens} must hold at least one batch (batch_tokens={batch_tokens})")
     if not 0 <= lr_decay <= 1:
@@ -183,7 +194,7 @@ def train_sae(
         d_sae=d_sae, k=k, architecture=architecture, tokens=tokens, lr=float(lr), batch_tokens=batch_tokens,
         seed=seed, dtype=_dtype_name(dtype), window=window, forward_tokens=forward_tokens, buffer_tokens=buffer_tokens,
         dead_window=dead_window, aux_coefficient=float(aux_coefficient), lr_decay=float(lr_decay),
-        corpus=corpus_fingerprint(corpus), massive_factor=MASSIVE_FACTOR,
+        corpus=corpus_fingerprint(corpus), massive_factor=MASSIVE_FACTOR, skip=bool(skip),
     )
     if saved is not None:
         _check_same_run(out, saved[0], cfg, saved[2]["cursor"]["tokens"])
@@ -254,6 +265,10 @@ class Trainer:
         self.W_dec = torch.nn.Parameter(torch.zeros(cfg.d_sae, cfg.d_out, **z))
         self.b_dec = torch.nn.Parameter(torch.zeros(cfg.d_out, **z))
         self.params = [self.W_enc, self.b_enc, self.W_dec, self.b_dec]
+        # SAELens's skip transcoder starts W_skip at 0; appended last so Adam's state indices 0-3 keep their meaning.
+        self.W_skip = torch.nn.Parameter(torch.zeros(cfg.d_out, cfg.d_in, **z)) if cfg.skip else None
+        if self.W_skip is not None:
+            self.params.append(self.W_skip)
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, betas=ADAM_BETAS)
         self.since_fired = torch.zeros(cfg.d_sae, dtype=torch.long, device=device)  # rows since each feature fired
         self.threshold = torch.zeros((), dtype=torch.float64, device=device)  # BatchTopK's, in scaled units
@@ -279,10 +294,16 @@ class Trainer:
                 torch.nn.init.kaiming_uniform_(e, generator=g)
                 self.W_enc.copy_((e / e.norm(dim=-1, keepdim=True) * INIT_DECODER_NORM).T)
             self.b_dec.copy_((y.double() * self.scale_out).mean(0).float())
+            if self.W_skip is not None:
+                W_skip, b = _linear_fit(x.double() * self.scale_in, y.double() * self.scale_out)
+                self.W_skip.copy_(W_skip.float())
+                self.b_dec.copy_(b.float())
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         t = {"W_enc": self.W_enc, "b_enc": self.b_enc, "W_dec": self.W_dec, "b_dec": self.b_dec,
              "since_fired": self.since_fired, "threshold": self.threshold}
+        if self.W_skip is not None:
+            t["W_skip"] = self.W_skip
         for i, p in enumerate(self.params):
             st = self.optimizer.state.get(p)
             if st:
@@ -292,7 +313,7 @@ class Trainer:
 
     def restore(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         with torch.no_grad():
-            for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+            for name in ("W_enc", "b_enc", "W_dec", "b_dec") + (("W_skip",) if self.W_skip is not None else ()):
                 getattr(self, name).copy_(tensors[name])
         self.since_fired = tensors["since_fired"].to(self.device)
         self.threshold = tensors["threshold"].to(self.device)
@@ -390,6 +411,10 @@ class Trainer:
             h = (x_in @ self.W_enc + self.b_enc).float() * norms  # [B, d_in] -> [B, d_sae]
         rows, feats, acts = self.activate(h)
         y_hat = decode_sparse(rows, feats, acts / norms[feats], self.W_dec, x.shape[0]) + self.b_dec  # [B, d_out]
+        if self.W_skip is not None:
+            with _autocast(x.device, cfg.dtype):
+                skip = x @ self.W_skip.T  # [B, d_in] -> [B, d_out]
+            y_hat = y_hat + skip.float()
         mse = (y_hat - y).pow(2).sum(-1).mean()
         aux = self.aux_loss(h, dead, y - y_hat.detach(), norms)
         loss = mse + aux
@@ -482,6 +507,8 @@ class Trainer:
             # * s_in / s_out + b_enc / s_out (for an SAE s_in == s_out, so b_dec / s_in is the same vector).
             s_in, s_out = self.scale_in, self.scale_out
             state = {"W_enc": W_enc * (s_in / s_out), "b_enc": b_enc / s_out, "W_dec": W_dec, "b_dec": b_dec / s_out}
+            if self.W_skip is not None:  # y/s_out = (x s_in) @ W_skip.T / s_out
+                state["W_skip"] = (self.W_skip * (s_in / s_out)).cpu()
             if cfg.architecture == "batchtopk":
                 state["threshold"] = torch.full((cfg.d_sae,), float(self.threshold) / s_out)
         meta = {
@@ -493,7 +520,7 @@ class Trainer:
         }
         arch = "topk" if cfg.architecture == "topk" else "jumprelu"
         return SAE.from_state(state, architecture=arch, k=cfg.k, hook_name=cfg.hook, hook_name_out=cfg.hook_out,
-                              apply_b_dec_to_input=self.is_sae, metadata=meta)
+                              apply_b_dec_to_input=self.is_sae, skip=cfg.skip, metadata=meta)
 
 
 def decode_sparse(rows: torch.Tensor, feats: torch.Tensor, values: torch.Tensor, W_dec: torch.Tensor,
@@ -529,6 +556,21 @@ def release_freed_memory() -> None:
     over 300k tokens without this (bench/sae_train.py --memory measures the peak at 1x and 4x the tokens)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _linear_fit(x: torch.Tensor, y: torch.Tensor, ridge: float = 1e-3) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W [d_out, d_in], b [d_out]) minimising ||x @ W.T + b - y||^2 (+ ridge * mean diagonal of the covariance *
+    ||W||^2, so a rank-deficient block still solves): the least-squares start of a skip transcoder's W_skip and b_dec.
+
+    SAELens starts W_skip at 0; from there Adam needs thousands of steps to learn the linear part (on SmolLM2's layer
+    3 MLP, 0.33 of the variance), which a CPU run does not have. From the fit, the features learn only what a linear
+    map of the input leaves."""
+    xm, ym = x.mean(0), y.mean(0)
+    xc = x - xm
+    cov = xc.T @ xc
+    cov += ridge * cov.diagonal().mean() * torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
+    W = torch.linalg.solve(cov, xc.T @ (y - ym)).T  # [d_out, d_in]
+    return W, ym - xm @ W.T
 
 
 def _unit_scale(x: torch.Tensor) -> float:
