@@ -247,3 +247,7 @@ def test_another_sessions_run_during_a_long_job_finishes_first_and_cancel_stops_
     while not job.done():
         time.sleep(0.2)
     assert "Scored in" not in str(job.outputs()[-1][2])
+    # the worker is free again: the next run (queued behind what is left of the cancelled one) finishes
+    *_, status, table, _, _ = alice.predict(EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_ANSWER, EXAMPLE_WRONG, "eap",
+                                            5, 5, api_name="/circuit_run")
+    assert "Scored in" in status and len(table["data"]) == 5
