@@ -69,6 +69,7 @@ def main() -> None:
     kept = pruned.kept_nodes["kind"].value_counts().to_dict()
     n_pos = len(graph.input_ids)
     estimate = estimate_memory_bytes(len(graph.nodes), n_pos, args.batch_size, m.cfg) / 2**30
+    long = estimate_memory_bytes(4 * len(graph.nodes), 4 * n_pos, args.batch_size, m.cfg) / 2**30
 
     last = m.logits(torch.tensor(graph.input_ids))[-1]
     logit = (graph.nodes["kind"] == "logit").to_numpy()
@@ -83,7 +84,7 @@ def main() -> None:
     print(f"top logits: {list(graph.nodes.loc[logit, 'token'])[:5]} p={graph.logit_probabilities[:5].tolist()}")
     print(f"logits reproduced: max |Σ edges + constant − (logit − mean)| = {(got - expected).abs().max():.2e} "
           f"(largest |target| {expected.abs().max():.2f})")
-    print(f"memory-budget estimate {estimate:.2f} GiB (default budget 4 GiB)")
+    print(f"memory-budget estimate {estimate:.2f} GiB (default budget 4 GiB); a 4x longer prompt: ~{long:.2f} GiB")
     print(f"median of {args.repeats}: {statistics.median(walls):.2f} s wall "
           f"(spread {min(walls):.2f}–{max(walls):.2f}), "
           f"{statistics.median(cpus):.2f} s CPU, peak RSS {statistics.median(peaks):.2f} GB (max {max(peaks):.2f})")

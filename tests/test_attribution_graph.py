@@ -138,6 +138,18 @@ def test_removing_a_node_changes_each_target_by_exactly_its_edge_weights(models,
                 (g.nodes.iloc[i], (change + column).abs().max())
 
 
+@pytest.mark.parametrize("arch", ["llama_gqa", "gemma3"])
+def test_vmapped_backward_equals_batch_copies_of_the_prompt(models, arch):
+    """The default (one forward, backward vmapped over targets) gives circuit-tracer's way's numbers (batch_size
+    copies of the prompt forward), for a batch size that splits the targets unevenly."""
+    m = models[arch]
+    tcs = [transcoder(m, L, seed=20 + L, skip=True) for L in range(m.cfg.n_layers)]
+    a = attribution_graph(PROMPT, transcoders=tcs, model=m, batch_size=13)
+    b = attribution_graph(PROMPT, transcoders=tcs, model=m, batch_size=13, vmap=False)
+    assert a.nodes.equals(b.nodes)
+    assert torch.allclose(a.adjacency, b.adjacency, atol=1e-5 * float(b.adjacency.abs().max()), rtol=0)
+
+
 def test_embedding_to_layer0_feature_edges_equal_the_hand_formula(models):
     """A[t, E_p] for a layer-0 feature t at position q, written out: the embedding reaches mlp.hook_in[q] through
     the residual (p = q) and through every head's value at p weighted by the frozen pattern, each norm dividing by

@@ -150,8 +150,8 @@ def prompt_state(model: Any, ids: torch.Tensor) -> PromptState:
 
 def frozen_forward(
     model: Any, state: PromptState, transcoders: dict[int, Any], embed: torch.Tensor, deltas: Sequence[torch.Tensor],
-    grad: bool = False,
-) -> tuple[list[torch.Tensor], torch.Tensor]:
+    grad: bool = False, last_layer: int | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """The local replacement model on a batch: embed [b, pos, d_model] enters the residual stream in place of the
     tokens' embeddings, and layer L's MLP output is
 
@@ -159,7 +159,8 @@ def frozen_forward(
 
     (the prompt's output, its skip path live, plus an edit), under the prompt's attention patterns and norm scales.
     With embed = the prompt's and deltas = 0 it reproduces the prompt's run; it is linear in (embed, deltas).
-    Returns (mlp_in per layer [b, pos, d_model], ln_final's output [b, pos, d_model]).
+    Returns (mlp_in per layer [b, pos, d_model], ln_final's output [b, pos, d_model]). `last_layer`: run blocks
+    0..last_layer only (what feature targets up to that layer read) and return None for ln_final's output.
     """
     cfg, dec = model.cfg, model.decoder
     b = embed.shape[0]
@@ -195,7 +196,10 @@ def frozen_forward(
     ctx = build_context(model.hook_names, [], fns, batched=True)
     v = resolve_variant(None, cfg)
     ids = state.ids[None].expand(b, -1)
-    resid = dec.forward(ids, ctx, v, grad=grad, stop_after_layer=cfg.n_layers - 1)  # [b, pos, d_model]
+    stop = cfg.n_layers - 1 if last_layer is None else last_layer
+    resid = dec.forward(ids, ctx, v, grad=grad, stop_after_layer=stop)  # [b, pos, d_model]
+    if last_layer is not None:
+        return [t for t in mlp_in if t is not None], None
     with torch.enable_grad() if grad else torch.inference_mode():
         scale = state.final_scale.expand(b, -1, -1)
         normed = dec.final_norm(resid, dec.conventions(v), lambda s: scale.to(s.dtype), unhooked)
