@@ -36,7 +36,7 @@ from slmviz.circuits.circuit import Circuit
 from slmviz.circuits.graph import ComponentGraph
 from slmviz.interventions.patching import suggest_answers
 
-from .corpus_tab import session
+from .corpus_tab import SCANS, session
 from .features_tab import FEATURE_CLICK_JS
 from .handlers import Handlers, display_frame, readable_errors, to_plot
 from .scan_jobs import RUNNER, Job, JobCancelled, wait
@@ -56,8 +56,12 @@ EXACT_MAX_EDGES = 6000
 MAX_STEPS = 50
 DEFAULT_TOP, MAX_TOP = 30, 300
 REFINE_SIZES = 6  # sizes tried between the last one short of 80 % and the first one reaching it (one more batch)
-JOB_KIND = "circuit"
+JOB_KIND, ATTR_KIND = "circuit", "attribution"  # each Cancel button leaves its own kind of job
 ATTR_PROMPT = "The capital of France is"
+# attribution_graph reports no progress, so a graph cannot be stopped once it runs: the app builds them for short
+# prompts only. Measured here over both SmolLM2 transcoders (tokens with the BOS): 6 tokens 22 s, 15 tokens 29 s,
+# 25 tokens 59 s, on a 2-core machine busy with other work.
+ATTR_MAX_TOKENS = 32
 NODE_THRESHOLD, EDGE_THRESHOLD = 0.95, 0.98  # SmolLM2's two transcoders: 0.8 keeps error nodes only
 
 # A click on a feature node of the attribution graph (plotly's click is not a Gradio event): copy its node id
@@ -376,6 +380,11 @@ class CircuitHandlers:
             raise ValueError(f"{', '.join(map(repr, unknown))} is not a transcoder for {model.name}; the transcoders "
                              f"on offer are {', '.join(offered) or 'none'}")
         thresholds = _thresholds(node_threshold, edge_threshold)
+        n_tokens = len(model.encode(text))
+        if n_tokens > ATTR_MAX_TOKENS:
+            raise ValueError(f"The prompt is {n_tokens} tokens; this app builds attribution graphs of prompts up to "
+                             f"{ATTR_MAX_TOKENS} tokens (a graph cannot be stopped once it runs). Shorten it, or call "
+                             "slmviz.attribution_graph in a notebook")
         entries = [self.features.saes.get(model, n) for n in names]
         layers: dict[int, str] = {}
         for entry in entries:
@@ -391,7 +400,7 @@ class CircuitHandlers:
             graph = slmviz.attribution_graph(text, transcoders=[e.sae for e in entries], model=model)
             return {"graph": graph, "layers": layers, "model": model, "seconds": time.perf_counter() - started}
 
-        job = RUNNER.submit(work, session(request), kind=JOB_KIND)
+        job = RUNNER.submit(work, session(request), kind=ATTR_KIND)
         said = ""
         for _ in self._waiting(job, session(request), progress):
             if job.desc != said:
@@ -587,16 +596,24 @@ def build_circuits_tab(handlers: Handlers, source: gr.State, model_kw: dict, lig
     attr_outputs = [attr_plot, attr_nodes, attr_json, attr_status, attr_found]
     built = attr_btn.click(ch.attribution, [attr_prompt, attr_names, node_threshold, edge_threshold, source],
                            attr_outputs, api_name="circuit_attribution", **job_kw)
-    attr_cancel.click(cancel, None, attr_status, cancels=[built], api_name="circuit_attribution_cancel", **light_kw)
+
+    def cancel_attribution(request: gr.Request) -> str:
+        RUNNER.leave(session(request), kind=ATTR_KIND)
+        SCANS.jobs.leave(session(request), kind="scan")  # a feature page waiting for its transcoder's scan
+        return "Cancelled."
+
     gr.on([node_threshold.release, edge_threshold.release], ch.reprune, [attr_found, node_threshold, edge_threshold],
           attr_outputs[:4], api_name="circuit_prune", **light_kw)
+    on_card = {"show_progress_on": card}  # the scan's progress on the card, not on the node box
     opening = [attr_nodes.select(ch.select_feature, [attr_found, source], [card, opened, node_box],
-                                 api_visibility="private", **job_kw),
+                                 api_visibility="private", **on_card, **job_kw),
                gr.on([open_btn.click, node_box.submit], ch.open_feature, [attr_found, node_box, source],
-                     [card, opened, node_box], api_name="circuit_feature", **job_kw)]
+                     [card, opened, node_box], api_name="circuit_feature", **on_card, **job_kw)]
     if features is not None:  # the card's nearest features open their own page, as in the Features tab
         opening.append(card.click(features.open, [opened, source], [opened_feature, card],
-                                  api_visibility="private", **job_kw))
+                                  api_visibility="private", **on_card, **job_kw))
+    attr_cancel.click(cancel_attribution, None, attr_status, cancels=[built, *opening],
+                      api_name="circuit_attribution_cancel", **light_kw)
     attr_plot.change(None, None, None, js=NODE_CLICK_JS)
     source.change(lambda: (None, None, None), None, [found, bound, attr_found], api_visibility="private", **light_kw)
     source.change(ch.transcoder_choices, source, attr_names, api_visibility="private", **light_kw)

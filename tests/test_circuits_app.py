@@ -27,7 +27,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import slmviz
-from app.circuits_tab import EXACT_MAX_EDGES, REFINE_SIZES, TASK_CHOICES, feature_table
+from app.circuits_tab import ATTR_MAX_TOKENS, EXACT_MAX_EDGES, REFINE_SIZES, TASK_CHOICES, feature_table
 from slmviz import SAE
 from slmviz.circuits.tasks import induction_task
 from slmviz.features.io import load_sae
@@ -212,6 +212,8 @@ def test_attribution_graph_errors_are_readable(tiny_server):
         client.predict("0_1_2", api_name="/circuit_feature")
     with pytest.raises(AppError, match="needs transcoders.*this model has tc_l0, tc_l1"):
         client.predict(ATTR_PROMPT, [], 0.95, 0.98, api_name="/circuit_attribution")
+    with pytest.raises(AppError, match=f"The prompt is 40 tokens; .* up to {ATTR_MAX_TOKENS} tokens"):
+        client.predict(" ".join(["w3"] * 40), ["tc_l0"], 0.95, 0.98, api_name="/circuit_attribution")
     client.predict(ATTR_PROMPT, ["tc_l1"], 0.95, 0.98, api_name="/circuit_attribution")
     with pytest.raises(AppError, match="Layer 0 has no transcoder in this graph"):
         client.predict("0_1_2", api_name="/circuit_feature")

@@ -100,6 +100,9 @@ def test_build_an_attribution_graph_and_click_a_feature_to_open_its_page(page, s
         timeout=60_000)
     page.wait_for_function("document.querySelector('#circuit-feature-card').innerText.includes('transcoder_l')",
                            timeout=PLOT_TIMEOUT_MS)
+    page.wait_for_function(  # the corpus contexts, once that transcoder's feature scan has run
+        "document.querySelector('#circuit-feature-card').innerText.includes('Top activating contexts')",
+        timeout=PLOT_TIMEOUT_MS)
     page.mouse.move(5, 5)  # no hover label over the graph in the screenshot
     page.wait_for_timeout(500)
     page.locator("#circuit-attr-graph").screenshot(path=str(ASSETS / "screenshot-attribution.png"))
