@@ -6,7 +6,7 @@ more, so it never enters the project's venv: it lives in a side venv, and this s
     python3.11 -m venv /tmp/ct-venv
     /tmp/ct-venv/bin/pip install /opt/wheels/torch-*.whl      # CPU torch first, so pip never pulls a CUDA build
     /tmp/ct-venv/bin/pip install circuit-tracer
-    .venv/bin/python bench/attribution_graph_circuit_tracer.py [--ct-python /tmp/ct-venv/bin/python]
+    .venv/bin/python bench/attribution_graph_circuit_tracer.py [--ct-python /tmp/ct-venv/bin/python] [--out FILE]
 
 The project side builds a random 2-layer LLaMA (GQA, non-unit norm weights) with transformers, random per-layer
 transcoders (relu; with and without W_skip, since circuit-tracer needs one transcoder per layer), and slmviz's graph
@@ -14,7 +14,8 @@ of one prompt that starts with the tokenizer's special token; it saves all of it
 the same checkpoint into TransformerLens (convert_llama_weights, no weight folding), wraps it in circuit-tracer's
 TransformerLensReplacementModel with the same transcoders, runs `circuit_tracer.attribute` on the same token ids,
 and writes the graph JSON with `create_graph_files`. The project side then compares node lists, the adjacency, and
-the two JSON files. Prints the figures; nothing is asserted (the numbers go into bench/results.md).
+the two JSON files. Prints the figures and writes them to bench/attribution_graph_agreement.md (docs include it);
+nothing is asserted.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def build(folder: Path) -> None:
     fast.save_pretrained(folder)
 
 
-def slmviz_side(ct_python: str) -> None:
+def slmviz_side(ct_python: str, out_path: Path | None = None) -> None:
     sys.path.insert(0, str(REPO))
     import slmviz
     from slmviz.features.sae import SAE
@@ -82,6 +83,46 @@ def slmviz_side(ct_python: str) -> None:
             raise SystemExit(f"circuit-tracer side failed ({tag})")
         report[tag] = compare(tag)
     print(json.dumps(report, indent=2))
+    if out_path:
+        out_path.write_text(agreement_markdown(report, ct_python))
+        print(f"wrote {out_path}")
+
+
+def agreement_markdown(report: dict, ct_python: str) -> str:
+    """The table docs/attribution-graphs.md includes."""
+    version = subprocess.run([ct_python, "-c", "import importlib.metadata as m; print(m.version('circuit-tracer'), "
+                              "m.version('transformer-lens'))"], capture_output=True, text=True).stdout.split()
+    lines = [
+        f"Measured by `bench/attribution_graph_circuit_tracer.py` against circuit-tracer {version[0]} "
+        f"(TransformerLens {version[1]}, its TransformerLens backend) in a side venv, on one random 2-layer LLaMA "
+        f"(d_model {CONFIG['hidden_size']}, 4 heads / 2 KV heads, non-unit norm weights) with random relu "
+        f"transcoders (d_sae {2 * CONFIG['hidden_size']}) at both layers, {report['plain']['tokens']} tokens "
+        "starting with the tokenizer's special token; both sides pruned at 0.8 / 0.98 for the JSON.",
+        "",
+        r"| transcoders | nodes (slmviz / circuit-tracer) | same node list | nonzero edges | max \|Δ adjacency\| "
+        r"(largest \|edge\|) | pruned JSON: nodes, links | same node ids and links | max \|Δ link weight\| | "
+        "influence, activation, token_prob: max relative Δ |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for tag, r in report.items():
+        lines.append(
+            f"| {'with W_skip' if tag == 'skip' else 'plain'} | {r['nodes']} / {r['circuit_tracer_nodes']} | "
+            f"{'yes' if r['same_node_list'] else 'no'} | {r.get('nonzero_edges', '—'):,} | "
+            f"{r.get('adjacency_max_abs_diff', float('nan')):.2g} ({r.get('adjacency_max_abs', float('nan')):.1f}) | "
+            f"{r['json_pruned_nodes'][0]}, {r['json_links'][0]} (circuit-tracer {r['json_pruned_nodes'][1]}, "
+            f"{r['json_links'][1]}) | {'yes' if r['json_same_node_ids'] and r['json_same_links'] else 'no'} | "
+            f"{r['json_link_weight_max_abs_diff']:.2g} | {r['json_influence_max_rel_diff']:.1g}, "
+            f"{r['json_activation_max_rel_diff']:.1g}, {r['json_token_prob_max_rel_diff']:.1g} |")
+    fields = "none" if not any(r["json_node_fields_differing"] for r in report.values()) else \
+        ", ".join(sorted({f for r in report.values() for f in r["json_node_fields_differing"]}))
+    keys_equal = all(r["json_top_keys_equal"] and r["json_metadata_keys_equal"] and r["json_node_keys_equal"]
+                     for r in report.values())
+    tl_hf = max(r["tl_vs_hf_logits_max_abs"] for r in report.values())
+    lines += ["", "JSON keys (top level, metadata, every node's fields in order) equal: "
+              f"{'yes' if keys_equal else 'no'}; "
+              f"non-numeric node fields that differ: {fields}. TransformerLens's logits of the checkpoint vs "
+              rf"transformers': max \|Δ\| {tl_hf:.1g}.", ""]
+    return "\n".join(lines)
 
 
 def compare(tag: str) -> dict:
@@ -187,8 +228,10 @@ if __name__ == "__main__":
     parser.add_argument("--ct-python", default="/tmp/ct-venv/bin/python")
     parser.add_argument("--tag", default="plain")
     parser.add_argument("--skip", default="0")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "attribution_graph_agreement.md",
+                        help="the Markdown table docs/attribution-graphs.md includes")
     args = parser.parse_args()
     if args.side == "slmviz":
-        slmviz_side(args.ct_python)
+        slmviz_side(args.ct_python, args.out)
     else:
         circuit_tracer_side(args.tag, args.skip == "1")
