@@ -59,8 +59,8 @@ REFINE_SIZES = 6  # sizes tried between the last one short of 80 % and the first
 JOB_KIND, ATTR_KIND = "circuit", "attribution"  # each Cancel button leaves its own kind of job
 ATTR_PROMPT = "The capital of France is"
 # attribution_graph reports no progress, so a graph cannot be stopped once it runs: the app builds them for short
-# prompts only. Measured here over both SmolLM2 transcoders (tokens with the BOS): 6 tokens 22 s, 15 tokens 29 s,
-# 25 tokens 59 s, on a 2-core machine busy with other work.
+# prompts only. Measured here over both SmolLM2 transcoders (tokens with the BOS): 6 tokens 5 s, 15 tokens 31 s,
+# 25 tokens 36 s, on a 2-core machine at load average ~10 (other work).
 ATTR_MAX_TOKENS = 32
 NODE_THRESHOLD, EDGE_THRESHOLD = 0.95, 0.98  # SmolLM2's two transcoders: 0.8 keeps error nodes only
 
