@@ -99,7 +99,8 @@ clean and patches every other one from the corrupted run (1 = the clean metric, 
 ATTR_INTRO = """For one prompt with transcoders loaded: the active transcoder features at each position, one error node
 per layer and position (what the transcoders miss; a layer without a transcoder is all error), the token embeddings
 and the top logits, joined by their direct effects with attention patterns and norm scales frozen
-(circuit-tracer's semantics). **Select a feature** in the table to open its page (the Features tab's card)."""
+(circuit-tracer's semantics). **Click a feature node** in the plot, or select one in the table, to open its page
+(the Features tab's card)."""
 
 
 # --- the task generators ------------------------------------------------------------------------
