@@ -30,10 +30,13 @@ def m(tiny_model):
 
 
 def saes_for(m) -> list[SAE]:
-    """A ReLU SAE on layer 0's resid_post (most features active: a dense test) and a TopK transcoder on layer 1."""
+    """A ReLU SAE on layer 0's resid_post (most features active: a dense test), a JumpReLU SAE on layer 1's hook_z
+    (flattened heads) and a TopK transcoder on layer 1."""
     d = m.cfg.d_model
     return [
         SAE.random(d, 2 * d, architecture="relu", seed=1, hook_name="blocks.0.hook_resid_post"),
+        SAE.random(m.cfg.n_heads * m.cfg.d_head, 2 * d, architecture="jumprelu", seed=3,
+                   hook_name="blocks.1.attn.hook_z", reshape_activations="hook_z"),
         SAE.random(d, 3 * d, architecture="topk", k=6, seed=2, hook_name="blocks.1.mlp.hook_in",
                    hook_name_out="blocks.1.hook_mlp_out"),
     ]
@@ -89,7 +92,7 @@ def test_exact_cells_equal_a_hand_written_hook(m):
     saes = saes_for(m)
     r = slmviz.patch(CLEAN, CORRUPTED, answer=ANSWER, wrong=WRONG, site="sae", saes=saes, model=m, top=12)
     ran = r.frame().dropna(subset=["exact"])
-    assert len(ran) == 12 and set(ran["hook"]) == {s.hook_name_out for s in saes}
+    assert len(ran) == 12 and len(set(ran["hook"])) >= 2  # batched rows of different SAEs (and start layers)
     top = r.top(12)  # the exact cells are the top ones by |attribution|
     assert set(zip(top["hook"], top["feature"], top["position"], strict=True)) == \
         set(zip(ran["hook"], ran["feature"], ran["position"], strict=True))
@@ -168,9 +171,10 @@ def test_bad_input_gets_a_clear_error(m):
 
 
 def test_a_bf16_model_gives_the_fp32_sweep_within_its_tolerance(tiny_dir, monkeypatch):
-    """The same sweep on the tiny llama loaded in bf16: the same cells, exact cells within the bf16 patching
-    tolerance of fp32's (tests/test_dtype_bulk.py's PATCH_TOL, 5 % of the span; measured 1.3 %), attribution within
-    12 % of the span (measured 5.9 %: the gradient itself runs in bf16)."""
+    """The same sweep on the tiny llama loaded in bf16: the same cells (but a few at the JumpReLU threshold),
+    exact cells within the bf16 patching tolerance of fp32's (tests/test_dtype_bulk.py's PATCH_TOL, 5 % of the
+    span; measured 1.3 %), attribution within 12 % of the span (measured 5.9 %: the gradient
+    itself runs in bf16)."""
     from slmviz.model import params
 
     monkeypatch.setattr(params, "_bf16_slowdown", 0.5)  # skip the speed probe (tests/test_dtype.py tests it)
@@ -183,7 +187,8 @@ def test_a_bf16_model_gives_the_fp32_sweep_within_its_tolerance(tiny_dir, monkey
                              top=10).frame() for mm in pair.values())
     keys = ["hook", "feature", "position"]
     both = f32.merge(f16, on=keys, suffixes=("32", "16"))
-    assert len(both) == len(f32) == len(f16)
+    # the same cells, but for a feature whose pre-activation sits within bf16's rounding of its threshold
+    assert len(both) >= 0.98 * max(len(f32), len(f16))
     assert float((both["normalized32"] - both["normalized16"]).abs().max()) <= 0.12
     ran = both.dropna(subset=["exact32", "exact16"])
     assert len(ran) >= 5
