@@ -14,7 +14,15 @@ Which SAEs the picker offers for the session's model:
   folder of SAE folders), set by whoever starts the server, so no --allow-local-models is needed for them;
 - those loaded in the Model tab: a hub id (+ subfolder), or a local folder when the app runs with
   --allow-local-models. They are shared by every session of the server (at most MAX_LOADED_SAES kept).
+- those the session trained itself in the tab's "Train an SAE" panel (listed for that session only; at most
+  MAX_TRAINED_SAES per session, kept in memory, never written anywhere another session reads).
 A picker value is only ever looked up among these: a client cannot make the server read another path.
+
+Training (the "Train an SAE" panel): slmviz.train_sae on a hook of the session's model (a transcoder when a second
+hook is given) over the bundled corpus or the broad one, at most MAX_TRAIN_TOKENS tokens. It runs as a long job in
+app/scan_jobs.py's RUNNER worker, so other sessions' requests are served while it trains; gr.Progress and the
+status line show its loss, explained variance, L0 and dead fraction after every step, and Cancel stops it at its
+next step (the request's wait is closed, or, over the API, /sae_train_cancel leaves the job).
 
 Bad input (an SAE for another model's width, a hook the family lacks, missing, mis-shaped or non-finite tensors,
 a pickle, an unknown architecture, an unreachable hub, a feature out of range) is a one-line message from
@@ -27,11 +35,14 @@ from __future__ import annotations
 
 import hashlib
 import html
+import itertools
 import logging
 import os
+import shutil
+import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +60,7 @@ from slmviz.plots.trace import show_token
 
 from .corpus_tab import SCANS, corpus_size, session
 from .handlers import Handlers, readable_errors
-from .scan_jobs import JobCancelled, wait
+from .scan_jobs import RUNNER, JobCancelled, wait
 
 log = logging.getLogger("slmviz.app")
 
@@ -66,6 +77,11 @@ LINK_JS = ("element.addEventListener('click', (e) => {{ const s = e.target.close
            "if (s) trigger('click', {{{key}: Number(s.dataset.{key})}}); }});")
 FEATURE_CLICK_JS = LINK_JS.format(cls=FEATURE_LINK, key="feature")
 TOKEN_CLICK_JS = LINK_JS.format(cls=TOKEN_CHIP, key="pos")
+MAX_TRAINED_SAES = 3  # per session: SAEs it trained, kept in memory
+MAX_TRAIN_TOKENS = 500_000  # what the app trains on: minutes on 2 cores (the bundled SAEs took CPU-hours)
+MAX_TRAIN_WIDTH = 16_384
+TRAIN_CORPORA = {"bible": "the bundled corpus (King James Bible)",
+                 "broad": "broad: Python stdlib, pydoc, package READMEs and licences, the Bible"}
 NO_SAE = "No SAE for this model yet: load one in the Model tab (a hub id, or a folder with --allow-local-models)."
 
 
@@ -112,14 +128,17 @@ class SAEStore:
         self._extra: dict[str, list[str]] = {}  # model -> names loaded in the Model tab, in order
         self._sources: dict[tuple[str, str], Any] = {}  # (model, name) -> what load_sae reads for it
         self._misfits: set[tuple[str, str]] = set()  # (model, folder) of $SLMVIZ_SAE_DIRS folders that do not fit
+        self._trained: dict[tuple[str, str], OrderedDict[str, Entry]] = {}  # (model, session) -> its own SAEs
+        self._trained_ids = itertools.count(1)
         self._lock = threading.Lock()
 
     @staticmethod
     def model_key(model: Any) -> str:
         return f"{model.name}|{model.path}"
 
-    def names(self, model: Any) -> list[str]:
-        """Bundled SAEs, then $SLMVIZ_SAE_DIRS folders that fit this model, then those loaded in the Model tab."""
+    def names(self, model: Any, who: str | None = None) -> list[str]:
+        """Bundled SAEs, then $SLMVIZ_SAE_DIRS folders that fit this model, then those loaded in the Model tab,
+        then those session `who` trained."""
         m = self.model_key(model)
         names = list(bundled_saes(model))
         for folder in sae_dirs():
@@ -136,7 +155,29 @@ class SAEStore:
             names.append(name)
         with self._lock:
             names += [n for n in self._extra.get(m, []) if (m, n) in self._loaded]
+            if who is not None:
+                names += list(self._trained.get((m, who), {}))
         return list(dict.fromkeys(names))
+
+    def add_trained(self, model: Any, who: str, sae: SAE) -> Entry:
+        """An SAE session `who` trained: offered to that session only (names(model, who)), the oldest dropped
+        beyond MAX_TRAINED_SAES."""
+        arrow = f" -> {sae.hook_name_out}" if sae.is_transcoder else ""
+        name = f"trained #{next(self._trained_ids)}: {sae.hook_name}{arrow}, {sae.d_sae} features, k {sae.k}"
+        entry = Entry(name, sae, fingerprint(sae))
+        with self._lock:
+            mine = self._trained.setdefault((self.model_key(model), who), OrderedDict())
+            mine[name] = entry
+            while len(mine) > MAX_TRAINED_SAES:
+                mine.popitem(last=False)
+        return entry
+
+    def _trained_entry(self, m: str, name: str) -> Entry | None:
+        with self._lock:
+            for (model_key, _), mine in self._trained.items():
+                if model_key == m and name in mine:
+                    return mine[name]
+        return None
 
     def get(self, model: Any, name: str | None) -> Entry:
         m = self.model_key(model)
@@ -146,6 +187,9 @@ class SAEStore:
             if (m, name) in self._loaded:
                 self._loaded.move_to_end((m, name))
                 return self._loaded[(m, name)]
+        trained = self._trained_entry(m, name)
+        if trained is not None:
+            return trained
         if name in bundled_saes(model):
             return self._keep(model, name, load_sae(name, model=model))
         source = self._sources.get((m, name))
@@ -201,8 +245,8 @@ class FeatureHandlers:
         self.saes = SAEStore(allow_local=handlers.store.allow_local)
 
     @readable_errors
-    def choices(self, source: str | None, keep: str | None = None) -> gr.Dropdown:
-        names = self.saes.names(self.h.model(source))
+    def choices(self, source: str | None, keep: str | None = None, request: gr.Request = None) -> gr.Dropdown:
+        names = self.saes.names(self.h.model(source), session(request))
         value = keep if keep in names else (names[0] if names else None)
         return gr.Dropdown(choices=names, value=value)
 
@@ -311,13 +355,13 @@ class FeatureHandlers:
         return model.generate(ids, n_new, **kwargs), model.generate(ids, n_new, hooks=hooks, **kwargs)
 
     @readable_errors
-    def load(self, text: str, subfolder: str, source: str | None,
+    def load(self, text: str, subfolder: str, source: str | None, request: gr.Request = None,
              progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008
         """The Model tab's SAE loader: load it for this session's model, then pick it in the Features tab."""
         model = self.h.model(source)
         progress(0.2, desc=f"Loading the SAE for {model.name}")
         entry = self.saes.load(model, text, subfolder)
-        names = self.saes.names(model)
+        names = self.saes.names(model, session(request))
         return (f"Loaded **{entry.name}**: {entry.sae!r}, for {model.name}. Pick it in the **Features** tab.",
                 gr.Dropdown(choices=names, value=entry.name))
 
@@ -325,8 +369,59 @@ class FeatureHandlers:
         SCANS.jobs.leave(session(request), kind="scan")
         return "Cancelled. The scan stops unless another visitor is waiting for it; press **Show** to start again."
 
-    def model_changed(self, source: str | None) -> tuple:
-        names = self.saes.names(self.h.model(source))
+    @readable_errors
+    def train(self, hook: str, hook_out: str, width: float | None, k: float | None, tokens: float | None,
+              corpus: str, source: str | None, request: gr.Request,
+              progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+        """Train an SAE (a transcoder when hook_out is given) as a long job in the RUNNER worker; the status line
+        and gr.Progress show loss, explained variance, L0 and dead fraction after every step. When done, the
+        SAE is offered in this session's picker (#feature-sae) and picked."""
+        model = self.h.model(source)
+        who = session(request)
+        hook, out_hook = (hook or "").strip(), (hook_out or "").strip() or None
+        if not hook:
+            raise ValueError("Type the hook the SAE reads, e.g. blocks.3.hook_resid_post (or blocks.3.mlp.hook_in "
+                             "with blocks.3.hook_mlp_out for a transcoder)")
+        d_sae = _count(width, "width", MAX_TRAIN_WIDTH)
+        k = _count(k, "k", d_sae)
+        n = _count(tokens, "tokens", MAX_TRAIN_TOKENS)
+        if corpus not in TRAIN_CORPORA:
+            raise ValueError(f"Pick a corpus: one of {', '.join(TRAIN_CORPORA)}")
+        batch = 1024 if n < 16_384 else 4096
+        kw = dict(hook_out=out_hook, architecture="batchtopk" if out_hook else "topk", lr=2e-3, batch_tokens=batch,
+                  buffer_tokens=min(65_536, max(batch, n)), dead_window=max(batch, min(100_000, n // 4)))
+
+        def work(report: Callable[..., None]) -> SAE:
+            from slmviz.features.train import train_sae
+
+            out = Path(tempfile.mkdtemp(prefix="slmviz-train-"))
+            try:
+                report(0.0, f"Reading {TRAIN_CORPORA[corpus]}")
+                return train_sae(model, hook=hook, corpus=train_corpus(corpus), d_sae=d_sae, k=k, tokens=n, out=out,
+                                 progress=lambda st: report(st["tokens"] / st["total"], train_line(st), st),
+                                 checkpoint_every=float("inf"), **kw)
+            finally:
+                shutil.rmtree(out, ignore_errors=True)  # the SAE is kept in memory for this session
+
+        job = RUNNER.submit(work, who, kind="train")
+        yield "Queued: training starts when the long job ahead of it (if any) is done.", gr.skip()
+        try:
+            for _ in wait(job, who, progress):
+                if job.partial is not None:
+                    yield f"Training: {train_line(job.partial)}", gr.skip()
+        except JobCancelled:
+            raise gr.Error("Training was cancelled; press Train to start again", print_exception=False) from None
+        entry = self.saes.add_trained(model, who, job.result)
+        line = train_line(job.partial) if job.partial is not None else ""
+        yield (f"Trained **{entry.name}** on {n:,} tokens ({line}). It is picked in the SAE list above, for this "
+               "session only.", gr.Dropdown(choices=self.saes.names(model, who), value=entry.name))
+
+    def cancel_training(self, request: gr.Request) -> str:
+        RUNNER.leave(session(request), kind="train")  # also for an API client, whose request Gradio cannot stop
+        return "Training cancelled."
+
+    def model_changed(self, source: str | None, request: gr.Request = None) -> tuple:
+        names = self.saes.names(self.h.model(source), session(request))
         note = "" if names else NO_SAE
         return gr.Dropdown(choices=names, value=names[0] if names else None), note, "", "", None
 
@@ -376,6 +471,30 @@ def token_features_html(found: dict[str, Any], pos: int) -> str:
         return f"<p>No feature fires at position {pos} (<code>{token}</code>).</p>"
     return (f"<p>Strongest features at position {pos} (<code>{token}</code>); click one to open its page:</p>"
             + feature_list_html([(f, f"{a:.3g}") for f, a in items]))
+
+
+def train_corpus(name: str) -> Any:
+    """The texts a training run of the app reads: the bundled verses, or the broad corpus's training split."""
+    if name == "bible":
+        from slmviz.scans.corpus import bundled_corpus_path
+
+        return str(bundled_corpus_path())
+    from slmviz.features.bundled import broad_corpus
+
+    return str(broad_corpus()[0])
+
+
+def train_line(stats: dict[str, Any]) -> str:
+    """One step's figures: what gr.Progress and the status line show while an SAE trains."""
+    return (f"{stats['tokens']:,}/{stats['total']:,} tokens, loss {stats['loss']:.4g}, explained variance "
+            f"{stats['explained_variance']:.3f}, L0 {stats['l0']:.1f}, dead {100 * stats['dead_fraction']:.1f} %, "
+            f"{stats['tokens_per_s']:,.0f} tokens/s")
+
+
+def _count(value: Any, what: str, most: int) -> int:
+    if value is None or value == "" or not float(value).is_integer() or not 1 <= int(value) <= most:
+        raise ValueError(f"{what} must be a whole number from 1 to {most:,}, got {value!r}")
+    return int(value)
 
 
 def _whole(value: Any) -> int:
@@ -449,8 +568,34 @@ def build_features_tab(fh: FeatureHandlers, prompt: gr.Textbox, chat: gr.Checkbo
             with gr.Row():
                 default_text = gr.Textbox(label="default", lines=5, interactive=False, elem_id="steer-default")
                 steered_text = gr.Textbox(label="steered", lines=5, interactive=False, elem_id="steer-steered")
+        with gr.Accordion("Train an SAE on this model (minutes; other sessions keep being served)", open=False):
+            layer = model.cfg.n_layers // 2
+            with gr.Row():
+                train_hook = gr.Textbox(value=f"blocks.{layer}.hook_resid_post", label="hook it reads",
+                                        elem_id="sae-train-hook", scale=3)
+                train_hook_out = gr.Textbox(value="", label="hook it predicts (a transcoder; empty: an SAE)",
+                                            placeholder=f"blocks.{layer}.hook_mlp_out", elem_id="sae-train-hook-out",
+                                            scale=3)
+            with gr.Row():
+                train_width = gr.Number(value=2048, precision=0, minimum=1, label="width (features)",
+                                        elem_id="sae-train-width")
+                train_k = gr.Number(value=32, precision=0, minimum=1, label="k (active per token)",
+                                    elem_id="sae-train-k")
+                train_tokens = gr.Number(value=100_000, precision=0, minimum=1, maximum=MAX_TRAIN_TOKENS,
+                                         label="tokens", elem_id="sae-train-tokens")
+                train_corpus_pick = gr.Radio([(v, k) for k, v in TRAIN_CORPORA.items()], value="bible",
+                                             label="corpus", elem_id="sae-train-corpus")
+            with gr.Row():
+                train_btn = gr.Button("Train", variant="primary", elem_id="sae-train-run")
+                train_cancel = gr.Button("Cancel", elem_id="sae-train-cancel")
+            train_status = gr.Markdown(elem_id="sae-train-status")
 
     box, sub, load_btn, load_status = loader
+    trained = train_btn.click(fh.train, [train_hook, train_hook_out, train_width, train_k, train_tokens,
+                                         train_corpus_pick, source], [train_status, picker], api_name="sae_train",
+                              show_progress_on=train_status, **job_kw)
+    train_cancel.click(fh.cancel_training, None, train_status, cancels=[trained], api_name="sae_train_cancel",
+                       **light_kw)
     shown = {"show_progress_on": card}
     show_events = [
         show_btn.click(fh.show, [picker, feature, source], [feature, card], api_name="feature_show", **shown,

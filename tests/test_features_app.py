@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -62,7 +63,7 @@ def test_sae(sae_root, model):
 def test_the_feature_endpoints_are_named(client):
     names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
     assert {"/feature_show", "/feature_prompt", "/feature_token", "/feature_search", "/steer", "/load_sae",
-            "/feature_cancel"} <= names
+            "/feature_cancel", "/sae_train", "/sae_train_cancel"} <= names
 
 
 def test_a_features_page_shows_the_scans_numbers_logit_effects_and_nearest_features(client, model, test_sae):
@@ -194,3 +195,54 @@ def test_the_store_lists_the_folders_that_fit_and_reads_no_other_path_unless_all
         store.get(model, str(root_listed(sae_root) / TEST_SAE_NAME))
     with pytest.raises(ValueError, match="Pick an SAE|No SAE"):
         store.get(model, None)
+
+
+def test_an_sae_trained_in_the_tab_reports_its_figures_and_is_offered_to_that_session_only(server):
+    """A tiny run (6k tokens of the bundled verses at layer 1): the status ends with the last step's loss,
+    explained variance, L0 and dead fraction, the picker switches to the new SAE, which this session can use and
+    another cannot pick. Bad settings are readable errors."""
+    alice, bob = Client(server, verbose=False), Client(server, verbose=False)
+    status, picker = alice.predict("blocks.1.hook_resid_post", "", 64, 4, 6000, "bible", api_name="/sae_train")
+    picked = picker["value"] if isinstance(picker, dict) else picker  # an update: {"value": ..., "choices": ...}
+    assert picked.startswith("trained #") and "blocks.1.hook_resid_post" in picked, picked
+    for figure in ("Trained", "loss", "explained variance", "L0 4.0", "dead"):
+        assert figure in status, status
+    tokens_html, _ = alice.predict(PROMPT, False, picked, api_name="/feature_prompt")
+    assert "slmviz-feature-token" in tokens_html
+    with pytest.raises(AppError, match="not in the list of choices|not an SAE for"):
+        bob.predict(PROMPT, False, picked, api_name="/feature_prompt")
+    for args, message in ((("blocks.99.hook_resid_post", "", 64, 4, 1000), "hook"),
+                          (("blocks.1.hook_resid_post", "", 64, 65, 1000), "k must be a whole number from 1 to 64"),
+                          (("blocks.1.hook_resid_post", "", 0, 4, 1000), "width must be|less than minimum"),
+                          (("blocks.1.hook_resid_post", "", 64, 4, 10**9), "tokens must be|greater than maximum")):
+        with pytest.raises(AppError, match=message):
+            alice.predict(*args, "bible", api_name="/sae_train")
+
+
+def test_a_training_run_shows_progress_is_cancellable_and_another_session_is_served_before_it(server):
+    """Order of completion, not time: bob's Run, asked while alice's training runs in the job worker, finishes
+    before it; alice's Cancel over the API stops it, and it never reports a trained SAE."""
+    alice, bob = Client(server, verbose=False), Client(server, verbose=False)
+    job = alice.submit("blocks.1.hook_resid_post", "", 256, 8, 400_000, "bible", api_name="/sae_train")
+    while not any(str(out[0]).startswith("Training:") for out in job.outputs()):  # a step's figures: it trains
+        assert not job.done(), job.exception()
+        time.sleep(0.2)
+    assert "explained variance" in job.outputs()[-1][0]
+    tokens, *_ = bob.predict("The capital of France is", False, 1, "all", ["pre", "mid", "post"], False, False, True,
+                             api_name="/run")
+    assert "France" in tokens
+    assert not job.done()  # bob was served beside the training run, not queued behind it
+    assert alice.predict(api_name="/sae_train_cancel") == "Training cancelled."
+    job.cancel()
+    while not job.done():
+        time.sleep(0.2)
+    assert not any("Trained" in str(out[0]) for out in job.outputs())
+
+
+def test_the_store_offers_a_trained_sae_to_its_session_only(model):
+    store = SAEStore()
+    entries = [store.add_trained(model, "alice", SAE.random(576, 16, seed=i, hook_name=TEST_SAE_HOOK))
+               for i in range(4)]
+    assert [e.name for e in entries[1:]] == [n for n in store.names(model, "alice") if n.startswith("trained")]
+    assert not any(n.startswith("trained") for n in store.names(model, "bob") + store.names(model))
+    assert store.get(model, entries[-1].name) is entries[-1]
