@@ -150,6 +150,46 @@ def test_vmapped_backward_equals_batch_copies_of_the_prompt(models, arch):
     assert torch.allclose(a.adjacency, b.adjacency, atol=1e-5 * float(b.adjacency.abs().max()), rtol=0)
 
 
+@pytest.mark.parametrize("architecture,kw", [("topk", {"k": 6, "rescale_acts_by_decoder_norm": True}),
+                                             ("jumprelu", {})])
+def test_topk_and_jumprelu_transcoders_give_exact_graphs(models, architecture, kw):
+    """Other activations: a topk transcoder that rescales by decoder norms writes (a / |W_dec[f]|) W_dec[f], a
+    jumprelu one a · W_dec[f]; either way Σ edges + constant gives every target of a plain forward."""
+    m = models["llama_gqa"]
+    tcs = [transcoder(m, L, seed=30 + L, architecture=architecture, scale=3.0, **kw) for L in range(2)]
+    g = attribution_graph(PROMPT, transcoders=tcs, model=m)
+    g._encoders = {L: tc.W_enc.detach() for L, tc in enumerate(tcs)}
+    expected = targets_from_a_plain_forward(m, g)
+    is_target = torch.tensor(g.nodes["kind"].isin(["feature", "logit"]).to_numpy())
+    got = g.adjacency.sum(1) + g.constant
+    assert g.n_features > 0
+    # fp32 rounding of sums that cancel (W_dec rows of norm 3): within 1e-4 of the largest target
+    assert torch.allclose(got[is_target], expected[is_target], atol=1e-4 * expected.abs().max(), rtol=0), \
+        (got - expected)[is_target].abs().max()
+    with torch.no_grad():  # the graph's feature vectors add up to the transcoder's own reconstruction
+        ids = torch.tensor(g.input_ids)
+        x = m.trace(ids, names=["blocks.1.mlp.hook_in"])["blocks.1.mlp.hook_in"]
+        recon = tcs[1](x) - tcs[1].b_dec
+        feats = g.nodes[(g.nodes["kind"] == "feature") & (g.nodes["layer"] == 1)]
+        for p in (1, len(ids) - 1):
+            rows = feats[feats["position"] == p]
+            w = tcs[1].W_dec.detach()[torch.tensor(rows["feature"].to_numpy())]
+            a = torch.tensor(rows["activation"].to_numpy(), dtype=torch.float32)
+            if architecture == "topk":
+                a = a / w.norm(dim=-1)
+            assert torch.allclose((a[:, None] * w).sum(0), recon[p], atol=1e-4)
+
+
+def test_unpruned_json_lists_only_edges_that_exist(models):
+    """to_json without prune uses thresholds 1.0: no zero-weight link (circuit-tracer's rule alone would list every
+    pair at that threshold), and all but the few whose cumulative share rounds past 1.0 of the nonzero ones."""
+    m = models["llama_gqa"]
+    g = attribution_graph(PROMPT, transcoders=[transcoder(m, 0, seed=7)], model=m)
+    j = g.to_json()
+    nonzero = int((g.adjacency != 0).sum())
+    assert all(x["weight"] != 0 for x in j["links"]) and 0.99 * nonzero <= len(j["links"]) <= nonzero
+
+
 def test_embedding_to_layer0_feature_edges_equal_the_hand_formula(models):
     """A[t, E_p] for a layer-0 feature t at position q, written out: the embedding reaches mlp.hook_in[q] through
     the residual (p = q) and through every head's value at p weighted by the frozen pattern, each norm dividing by

@@ -128,8 +128,9 @@ class AttributionGraph:
     def to_json(self, slug: str = "slmviz-graph", scan: str | None = None) -> dict[str, Any]:
         """circuit-tracer's graph JSON (create_graph_files' `{slug}.json`): metadata, qParams, nodes, links.
 
-        Without `prune`, every node is kept and influence is computed with thresholds 1.0, like create_graph_files
-        run with node_threshold=1.0 and edge_threshold=1.0 (its influence fields need a prune)."""
+        Without `prune`, it is pruned at thresholds 1.0 (the influence fields need a prune), like create_graph_files
+        with node_threshold=1.0 and edge_threshold=1.0: nearly everything is kept, except the least influential
+        nodes and edges whose cumulative share float rounding puts past 1.0."""
         g = self if self.influence is not None else self.prune(1.0, 1.0)
         return graph_json(g, slug=slug, scan=scan)
 

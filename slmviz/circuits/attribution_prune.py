@@ -64,6 +64,9 @@ def prune_masks(
     edge_influence = compute_influence(normalized_pruned, logit_weights) + logit_weights
     edge_scores = normalized_pruned * edge_influence[:, None]
     edge_mask = edge_scores >= find_threshold(edge_scores.flatten(), edge_threshold)
+    # At a threshold of 1.0 (or when the cut falls among zero scores) circuit-tracer's rule keeps edges of score 0,
+    # i.e. every (target, source) pair whose weight is 0: n² links of nothing. Only edges that exist are kept.
+    edge_mask &= adjacency != 0
 
     inner = n - n_logits - n_tokens  # features and errors
     old = node_mask.clone()
