@@ -217,6 +217,8 @@ def attribution_graph(
     `batch_size`: targets attributed per backward pass; more is faster and uses more memory.
     `vmap`: run the forward once and vmap each backward over its targets (False: `batch_size` copies of the prompt,
     as circuit-tracer does; the same numbers, see attribute_rows).
+    The graph is computed in the model's dtype: load it in fp32 (the default) for exact edges; in bf16, Σ edges +
+    constant misses the targets by bf16's rounding (a few percent of a logit on SmolLM2).
     """
     if model is None:
         from ..model_api import load
