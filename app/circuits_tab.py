@@ -49,8 +49,8 @@ METHOD_CHOICES = [("EAP (one forward and one backward)", "eap"),
                   ("exact (one patched run per edge; small graphs only)", "exact")]
 TASK_CHOICES = [("IOI: indirect object identification", "ioi"), ("induction: a repeated random sequence", "induction"),
                 ("greater-than: years, digit by digit", "greater-than")]
-# `exact` patches one edge per run: Gemma 3 270M's 5,644 edges took 293 s for one IOI pair on this 2-core machine
-# (shared with other work: EAP took 32 s beside it); SmolLM2 has 12x as many edges (70,651).
+# `exact` patches one edge per run: Gemma 3 270M's 5,644 edges took 293 s and 383 s (two runs) for one IOI pair on
+# this 2-core machine while other work loaded it (load average ~10); SmolLM2 has 12x as many edges (70,651).
 # Above this the tab says so and offers EAP / EAP-IG.
 EXACT_MAX_EDGES = 6000
 MAX_STEPS = 50
@@ -217,7 +217,7 @@ class CircuitHandlers:
         if method == "exact" and graph_edges > EXACT_MAX_EDGES:
             raise ValueError(
                 f"exact patches one edge per run: {model.name} has {graph_edges:,} edges, more than this app runs "
-                f"({EXACT_MAX_EDGES:,}: Gemma 3 270M's 5,644 took about 5 minutes on two cores). Use EAP or EAP-IG "
+                f"({EXACT_MAX_EDGES:,}: Gemma 3 270M's 5,644 took 5-6 minutes on two cores). Use EAP or EAP-IG "
                 f"here, or "
                 f"slmviz.circuit(..., method='exact') in a notebook.")
         n_steps = int(steps or 0)
