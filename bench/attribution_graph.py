@@ -84,6 +84,7 @@ def main() -> None:
     print(f"top logits: {list(graph.nodes.loc[logit, 'token'])[:5]} p={graph.logit_probabilities[:5].tolist()}")
     print(f"logits reproduced: max |Σ edges + constant − (logit − mean)| = {(got - expected).abs().max():.2e} "
           f"(largest |target| {expected.abs().max():.2f})")
+    print(f"graph scores (circuit-tracer's compute_graph_scores): {graph.scores()}")
     print(f"memory-budget estimate {estimate:.2f} GiB (default budget 4 GiB); a 4x longer prompt: ~{long:.2f} GiB")
     print(f"median of {args.repeats}: {statistics.median(walls):.2f} s wall "
           f"(spread {min(walls):.2f}–{max(walls):.2f}), "

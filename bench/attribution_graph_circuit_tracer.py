@@ -74,8 +74,8 @@ def slmviz_side(ct_python: str, out_path: Path | None = None) -> None:
         torch.save({f"{L}.{k}": v.detach() for L, tc in enumerate(tcs) for k, v in tc.tensors().items()},
                    WORK / f"transcoders_{tag}.pt")
         g.prune(0.8, 0.98).save_json(WORK / f"slmviz_{tag}.json", slug=tag, scan="tiny")
-        torch.save({"adjacency": g.adjacency, "node_ids": list(g.nodes["node_id"]), "input_ids": g.input_ids},
-                   WORK / f"slmviz_{tag}.pt")
+        torch.save({"adjacency": g.adjacency, "node_ids": list(g.nodes["node_id"]), "input_ids": g.input_ids,
+                    "scores": g.scores()}, WORK / f"slmviz_{tag}.pt")
         out = subprocess.run([ct_python, __file__, "--side", "circuit-tracer", "--tag", tag, "--skip", str(int(skip))],
                              capture_output=True, text=True)
         if out.returncode != 0:
@@ -118,10 +118,16 @@ def agreement_markdown(report: dict, ct_python: str) -> str:
     keys_equal = all(r["json_top_keys_equal"] and r["json_metadata_keys_equal"] and r["json_node_keys_equal"]
                      for r in report.values())
     tl_hf = max(r["tl_vs_hf_logits_max_abs"] for r in report.values())
+    scores = "; ".join(
+        f"{'with W_skip' if tag == 'skip' else 'plain'}: replacement {r['scores']['replacement']:.6f} "
+        f"(circuit-tracer {r['circuit_tracer_scores']['replacement']:.6f}), completeness "
+        f"{r['scores']['completeness']:.6f} ({r['circuit_tracer_scores']['completeness']:.6f})"
+        for tag, r in report.items())
     lines += ["", "JSON keys (top level, metadata, every node's fields in order) equal: "
               f"{'yes' if keys_equal else 'no'}; "
               f"non-numeric node fields that differ: {fields}. TransformerLens's logits of the checkpoint vs "
-              rf"transformers': max \|Δ\| {tl_hf:.1g}.", ""]
+              rf"transformers': max \|Δ\| {tl_hf:.1g}.", "",
+              f"Graph scores (`AttributionGraph.scores()` vs circuit-tracer's `compute_graph_scores`): {scores}.", ""]
     return "\n".join(lines)
 
 
@@ -132,7 +138,8 @@ def compare(tag: str) -> dict:
     row = {"tokens": len(ours["input_ids"]), "same_ids": ours["input_ids"] == theirs["input_ids"],
            "nodes": len(ours["node_ids"]), "circuit_tracer_nodes": len(theirs["node_ids"]),
            "same_node_list": same_nodes,
-           "tl_vs_hf_logits_max_abs": theirs["tl_vs_hf"]}
+           "tl_vs_hf_logits_max_abs": theirs["tl_vs_hf"],
+           "scores": ours["scores"], "circuit_tracer_scores": theirs["scores"]}
     if same_nodes:
         diff = (a - b).abs()
         row |= {"adjacency_max_abs_diff": float(diff.max()), "adjacency_max_abs": float(b.abs().max()),
@@ -162,6 +169,7 @@ def compare(tag: str) -> dict:
 def circuit_tracer_side(tag: str, skip: bool) -> None:
     import transformers
     from circuit_tracer import attribute
+    from circuit_tracer.graph import compute_graph_scores
     from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
     from circuit_tracer.transcoder.single_layer_transcoder import SingleLayerTranscoder, TranscoderSet
     from circuit_tracer.utils.create_graph_files import create_graph_files
@@ -215,8 +223,10 @@ def circuit_tracer_side(tag: str, skip: bool) -> None:
     node_ids += [f"0_{L}_{p}" for L in range(c.num_hidden_layers) for p in range(n_pos)]
     node_ids += [f"E_{ids_out[p]}_{p}" for p in range(n_pos)]
     node_ids += [f"{c.num_hidden_layers + 1}_{t.vocab_idx}_{n_pos - 1}" for t in graph.logit_targets]
+    replacement, completeness = compute_graph_scores(graph)
     torch.save({"adjacency": graph.adjacency_matrix.float().cpu(), "node_ids": node_ids, "input_ids": ids_out,
-                "tl_vs_hf": tl_vs_hf}, WORK / f"ct_{tag}.pt")
+                "tl_vs_hf": tl_vs_hf, "scores": {"replacement": replacement, "completeness": completeness}},
+               WORK / f"ct_{tag}.pt")
     create_graph_files(graph, slug=tag, output_path=str(WORK / f"ct_{tag}_files"), scan="tiny",
                        node_threshold=0.8, edge_threshold=0.98)
     (WORK / f"ct_{tag}.json").write_text((WORK / f"ct_{tag}_files" / f"{tag}.json").read_text())

@@ -19,7 +19,7 @@ import torch
 
 import slmviz
 from slmviz.circuits.attribution import AttributionGraphError, attribution_graph
-from slmviz.circuits.attribution_prune import compute_influence, find_threshold, normalize_matrix
+from slmviz.circuits.attribution_prune import compute_influence, find_threshold, graph_scores, normalize_matrix
 from slmviz.circuits.replacement import frozen_forward, prompt_state
 from slmviz.features.sae import SAE
 
@@ -255,6 +255,23 @@ def test_influence_is_the_closed_form_and_pruning_keeps_the_most_influential_nod
     assert float(find_threshold(influence, 0.8)) > 0
     everything = g.prune(1.0, 1.0)
     assert set(np.nonzero(everything.node_mask.numpy())[0].tolist()) >= kept
+
+
+def test_graph_scores_are_one_without_errors_and_count_error_influence():
+    """A hand-made graph (embedding e -> feature f -> logit, error x -> logit): replacement is e's share of the
+    influence of tokens and errors, completeness the influence-weighted non-error share of each node's inputs."""
+    # node order: f, x, e, logit; rows are targets
+    a = torch.tensor([[0.0, 0.0, 2.0, 0.0],   # f <- e
+                      [0.0, 0.0, 0.0, 0.0],
+                      [0.0, 0.0, 0.0, 0.0],
+                      [3.0, 1.0, 0.0, 0.0]])  # logit <- f (3), x (1)
+    s = graph_scores(a, torch.tensor([1.0]), n_features=1, n_errors=1, n_tokens=1)
+    # influence: logit -> f 0.75, x 0.25; f -> e 0.75. replacement = 0.75 / (0.75 + 0.25)
+    assert s["replacement"] == pytest.approx(0.75)
+    # completeness: weights f 0.75, x 0.25, e 0.75, logit 1; non-error shares f 1, x 1 (no inputs), e 1, logit 0.75
+    assert s["completeness"] == pytest.approx((0.75 + 0.25 + 0.75 + 0.75) / (0.75 + 0.25 + 0.75 + 1))
+    a[3, 1] = 0.0
+    assert graph_scores(a, torch.tensor([1.0]), 1, 1, 1) == pytest.approx({"replacement": 1.0, "completeness": 1.0})
 
 
 # circuit-tracer 0.5.0, frontend/graph_models.py: Metadata, QParams, Node fields in order.

@@ -35,7 +35,7 @@ import torch
 
 from ..tokens import PromptError
 from .attribution_json import graph_json
-from .attribution_prune import prune_masks
+from .attribution_prune import graph_scores, prune_masks
 from .replacement import (
     AttributionGraphError,
     PromptState,
@@ -124,6 +124,14 @@ class AttributionGraph:
             logit_probabilities=self.logit_probabilities, n_layers=self.n_layers, model_name=self.model_name,
             transcoder_names=self.transcoder_names, node_mask=node_mask, edge_mask=edge_mask, influence=cumulative,
             node_threshold=node_threshold)
+
+    def scores(self) -> dict[str, float]:
+        """circuit-tracer's graph scores of the whole (unpruned) graph: `replacement` (the share of token-to-logit
+        influence that avoids error nodes) and `completeness` (the influence-weighted share of each node's inputs
+        that are not errors); 1.0 when the transcoders explain everything. See attribution_prune.graph_scores."""
+        kinds = self.nodes["kind"].to_numpy()
+        return graph_scores(self.adjacency, self.logit_probabilities, self.n_features,
+                            int((kinds == "error").sum()), int((kinds == "embedding").sum()))
 
     def to_json(self, slug: str = "slmviz-graph", scan: str | None = None) -> dict[str, Any]:
         """circuit-tracer's graph JSON (create_graph_files' `{slug}.json`): metadata, qParams, nodes, links.

@@ -84,3 +84,29 @@ def prune_masks(
     scores = torch.zeros_like(node_influence)
     scores[order] = cumulative
     return node_mask, edge_mask, scores
+
+
+def graph_scores(adjacency: torch.Tensor, logit_probabilities: torch.Tensor, n_features: int, n_errors: int,
+                 n_tokens: int) -> dict[str, float]:
+    """circuit-tracer's compute_graph_scores: how much of the graph's computation runs through features rather than
+    error nodes.
+
+    replacement: of the influence that embeddings and errors have on the logits, the share of the embeddings' (1
+    when every path from a token to a logit runs through features only). completeness: each node's incoming
+    weight not from error nodes (row-normalised |A|), averaged with the node's influence on the logits (plus the
+    logits' own probabilities) as weights; partial credit for nodes mostly explained by features.
+    """
+    n = adjacency.shape[0]
+    n_logits = len(logit_probabilities)
+    logit_weights = torch.zeros(n)
+    logit_weights[n - n_logits:] = logit_probabilities.float()
+    normalized = normalize_matrix(adjacency)
+    influence = compute_influence(normalized, logit_weights)
+    error_start, error_end = n_features, n_features + n_errors
+    tokens = influence[error_end:error_end + n_tokens].sum()
+    errors = influence[error_start:error_end].sum()
+    replacement = tokens / (tokens + errors)
+    non_error = 1 - normalized[:, error_start:error_end].sum(dim=-1)
+    weights = influence + logit_weights
+    completeness = (non_error * weights).sum() / weights.sum()
+    return {"replacement": float(replacement), "completeness": float(completeness)}
