@@ -106,6 +106,5 @@ def test_build_an_attribution_graph_and_click_a_feature_to_open_its_page(page, s
     page.mouse.move(5, 5)  # no hover label over the graph in the screenshot
     page.wait_for_timeout(500)
     page.locator("#circuit-attr-graph").screenshot(path=str(ASSETS / "screenshot-attribution.png"))
-    page.screenshot(path="/tmp/shots/circuits-attribution.png", full_page=True)
     _no_error_toast(page)
     _only_the_server(page, server)
