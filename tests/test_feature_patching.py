@@ -164,7 +164,7 @@ def test_bad_input_gets_a_clear_error(m):
     with pytest.raises(ValueError, match="and 'sae'"):
         slmviz.patch(CLEAN, CORRUPTED, site="features", **kw)
     with pytest.raises(ValueError, match="not a float"):
-        slmviz.patch(CLEAN, CORRUPTED, metric=lambda x: float(metric_of(x)), site="sae", saes=saes, model=m)
+        slmviz.patch(CLEAN, CORRUPTED, metric=lambda x: float(metric_of(x).detach()), site="sae", saes=saes, model=m)
     other = SAE.random(m.cfg.d_model, 8, seed=3, hook_name="blocks.99.hook_resid_post")
     with pytest.raises(ValueError, match="no such hook"):
         slmviz.patch(CLEAN, CORRUPTED, site="sae", saes=[other], **kw)
