@@ -240,19 +240,8 @@ def bf16_matmul_slowdown() -> float:
     """
     global _bf16_slowdown
     if _bf16_slowdown is None:
-        torch.manual_seed(0)
-        x, w = torch.randn(64, 512), torch.randn(512, 512)
-        pairs = {torch.float32: (x, w), torch.bfloat16: (x.bfloat16(), w.bfloat16())}
-        best = {dtype: float("inf") for dtype in pairs}
-        with torch.inference_mode():
-            for a, b in pairs.values():
-                F.linear(a, b)
-            for _ in range(3):
-                for dtype, (a, b) in pairs.items():
-                    start = time.perf_counter()
-                    F.linear(a, b)
-                    best[dtype] = min(best[dtype], time.perf_counter() - start)
-        _bf16_slowdown = best[torch.bfloat16] / best[torch.float32]
+        fp32, bf16 = _best_matmul_seconds((64, 512), (512, 512), repeats=3)
+        _bf16_slowdown = bf16 / fp32
     return _bf16_slowdown
 
 
@@ -264,23 +253,30 @@ def bf16_bulk_speedup() -> float:
     this CPU, measured once per process: above 1, bf16 is faster. The app offers its "fast (bf16)" switch for
     scans and sweeps from this (app/fast_mode.py).
 
-    A product of bulk size, not bf16_matmul_slowdown's small one: the small one measures 1.9-2.5x on this machine
-    kind's AMD EPYC under load and the big one ~3x; a decision near a threshold must not flip between processes.
+    A product of bulk size, not bf16_matmul_slowdown's small one: the small one measured 1.9-2.5x on this machine
+    kind's AMD EPYC under load and the big one 4-6x; a decision near a threshold must not flip between processes.
     The best of 5 alternating runs after a warm-up each (~0.1 s).
     """
     global _bf16_bulk_speedup
     if _bf16_bulk_speedup is None:
-        torch.manual_seed(0)
-        a, b = torch.randn(1024, 576), torch.randn(576, 2048)
-        pairs = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
-        best = {dtype: float("inf") for dtype in pairs}
-        with torch.inference_mode():
-            for x, w in pairs.values():
-                x @ w
-            for _ in range(5):
-                for dtype, (x, w) in pairs.items():
-                    start = time.perf_counter()
-                    x @ w
-                    best[dtype] = min(best[dtype], time.perf_counter() - start)
-        _bf16_bulk_speedup = best[torch.float32] / best[torch.bfloat16]
+        fp32, bf16 = _best_matmul_seconds((1024, 576), (2048, 576), repeats=5)
+        _bf16_bulk_speedup = fp32 / bf16
     return _bf16_bulk_speedup
+
+
+def _best_matmul_seconds(x_shape: tuple[int, int], w_shape: tuple[int, int], repeats: int) -> tuple[float, float]:
+    """(fp32, bf16) seconds of F.linear(x, w) on random x [x_shape], w [w_shape]: one warm-up each, then the best of
+    `repeats` alternating runs (alternating, so a neighbour's burst of work lands on both dtypes)."""
+    torch.manual_seed(0)
+    x, w = torch.randn(x_shape), torch.randn(w_shape)
+    pairs = {torch.float32: (x, w), torch.bfloat16: (x.bfloat16(), w.bfloat16())}
+    best = {dtype: float("inf") for dtype in pairs}
+    with torch.inference_mode():
+        for a, b in pairs.values():
+            F.linear(a, b)
+        for _ in range(repeats):
+            for dtype, (a, b) in pairs.items():
+                start = time.perf_counter()
+                F.linear(a, b)
+                best[dtype] = min(best[dtype], time.perf_counter() - start)
+    return best[torch.float32], best[torch.bfloat16]
