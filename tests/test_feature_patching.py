@@ -31,14 +31,14 @@ def m(tiny_model):
 
 def saes_for(m) -> list[SAE]:
     """A ReLU SAE on layer 0's resid_post (most features active: a dense test), a JumpReLU SAE on layer 1's hook_z
-    (flattened heads) and a TopK transcoder on layer 1."""
+    (flattened heads) and a TopK skip transcoder on layer 1 (its x @ W_skip.T term does not move with f)."""
     d = m.cfg.d_model
     return [
         SAE.random(d, 2 * d, architecture="relu", seed=1, hook_name="blocks.0.hook_resid_post"),
         SAE.random(m.cfg.n_heads * m.cfg.d_head, 2 * d, architecture="jumprelu", seed=3,
                    hook_name="blocks.1.attn.hook_z", reshape_activations="hook_z"),
         SAE.random(d, 3 * d, architecture="topk", k=6, seed=2, hook_name="blocks.1.mlp.hook_in",
-                   hook_name_out="blocks.1.hook_mlp_out"),
+                   hook_name_out="blocks.1.hook_mlp_out", skip=True),
     ]
 
 
