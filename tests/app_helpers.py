@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `app` is a folder of the repo, not an installed package
@@ -102,3 +103,25 @@ def write_test_sae(root: Path, name: str = TEST_SAE_NAME, seed: int = 0) -> Path
 
     sae = SAE.random(576, TEST_SAE_FEATURES, seed=seed, scale=1.0, architecture="topk", k=8, hook_name=TEST_SAE_HOOK)
     return sae.save(root / name)
+
+
+@contextmanager
+def recording_page(browser, url: str, height: int = 1000) -> Iterator:
+    """A Playwright page on the app at `url` that records the host of every request and websocket it opens
+    (`page.hosts`: the browser tests check that none leaves the server), once the prompt box is there."""
+    context = browser.new_context(viewport={"width": 1400, "height": height})
+    page = context.new_page()
+    page.hosts = set()
+    page.on("request", lambda r: page.hosts.add(origin(r.url)))
+    page.on("websocket", lambda ws: page.hosts.add(origin(ws.url)))
+    try:
+        page.goto(url)
+        page.wait_for_selector("#prompt textarea")
+        yield page
+    finally:
+        context.close()
+
+
+def origin(url: str) -> str:
+    parts = urlsplit(url)
+    return parts.netloc if parts.scheme in ("http", "https", "ws", "wss") else parts.scheme

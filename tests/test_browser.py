@@ -8,10 +8,9 @@ analytics). Saves the screenshots README uses into assets/. Does not check plot 
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
 
 import pytest
-from app_helpers import CHROMIUM, NO_CHROMIUM, REPO, app_server
+from app_helpers import CHROMIUM, NO_CHROMIUM, REPO, app_server, origin, recording_page
 
 from slmviz.variants import PRESETS
 
@@ -33,21 +32,8 @@ def server():
 
 @pytest.fixture()
 def page(browser, server):
-    """A page that records the host of every request and websocket it opens."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    pg = context.new_page()
-    pg.hosts = set()
-    pg.on("request", lambda r: pg.hosts.add(_origin(r.url)))
-    pg.on("websocket", lambda ws: pg.hosts.add(_origin(ws.url)))
-    pg.goto(server)
-    pg.wait_for_selector("#prompt textarea")
-    yield pg
-    context.close()
-
-
-def _origin(url: str) -> str:
-    parts = urlsplit(url)
-    return parts.netloc if parts.scheme in ("http", "https", "ws", "wss") else parts.scheme
+    with recording_page(browser, server, height=1000) as pg:
+        yield pg
 
 
 def _plot(page, elem_id: str, count: int = 1) -> None:
@@ -61,7 +47,7 @@ def _no_error_toast(page) -> None:
 
 
 def _only_the_server(page, server: str) -> None:
-    allowed = {urlsplit(server).netloc, "data", "blob", "about"}
+    allowed = {origin(server), "data", "blob", "about"}
     assert page.hosts - allowed == set(), f"requests left the server: {sorted(page.hosts - allowed)}"
 
 

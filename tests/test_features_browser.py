@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from app_helpers import CHROMIUM, NO_CHROMIUM, TEST_SAE_NAME, app_server, write_test_sae
-from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server, _origin
+from app_helpers import CHROMIUM, NO_CHROMIUM, TEST_SAE_NAME, app_server, recording_page, write_test_sae
+from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server
 
 pytestmark = pytest.mark.browser
 
@@ -33,15 +33,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture()
 def page(browser, server):
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
-    pg = context.new_page()
-    pg.hosts = set()
-    pg.on("request", lambda r: pg.hosts.add(_origin(r.url)))
-    pg.on("websocket", lambda ws: pg.hosts.add(_origin(ws.url)))
-    pg.goto(server)
-    pg.wait_for_selector("#prompt textarea")
-    yield pg
-    context.close()
+    with recording_page(browser, server, height=1100) as pg:
+        yield pg
 
 
 def _card_shows(page, feature: int) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from app_helpers import CHROMIUM, NO_CHROMIUM, app_server
-from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server, _origin
+from app_helpers import CHROMIUM, NO_CHROMIUM, app_server, recording_page
+from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server
 
 pytestmark = pytest.mark.browser
 
@@ -27,15 +27,8 @@ def server():
 
 @pytest.fixture()
 def page(browser, server):
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
-    pg = context.new_page()
-    pg.hosts = set()
-    pg.on("request", lambda r: pg.hosts.add(_origin(r.url)))
-    pg.on("websocket", lambda ws: pg.hosts.add(_origin(ws.url)))
-    pg.goto(server)
-    pg.wait_for_selector("#prompt textarea")
-    yield pg
-    context.close()
+    with recording_page(browser, server, height=1100) as pg:
+        yield pg
 
 
 def test_run_a_sweep_see_the_heatmap_and_click_a_cell(page, server):
