@@ -150,6 +150,58 @@ def test_vmapped_backward_equals_batch_copies_of_the_prompt(models, arch):
     assert torch.allclose(a.adjacency, b.adjacency, atol=1e-5 * float(b.adjacency.abs().max()), rtol=0)
 
 
+class Stop(Exception):
+    """What a progress callable raises to stop the graph (the app's JobCancelled stands for any such)."""
+
+
+@pytest.mark.parametrize("vmap", [True, False])
+def test_progress_counts_every_target_and_a_raising_callable_stops_the_graph(models, vmap):
+    """progress(done, total) after each backward batch: done grows to total = logits + features (the adjacency rows
+    attributed); reporting changes no number. A callable that raises stops the computation at that batch, the
+    exception propagates as it is, and the frames it unwound keep nothing large alive (the adjacency, the
+    autograd graph) once raised."""
+    m = models["llama_gqa"]
+    tcs = [transcoder(m, L, seed=30 + L) for L in range(m.cfg.n_layers)]
+    plain = attribution_graph(PROMPT, transcoders=tcs, model=m, batch_size=7, vmap=vmap, progress=False)
+    calls: list[tuple[int, int]] = []
+    g = attribution_graph(PROMPT, transcoders=tcs, model=m, batch_size=7, vmap=vmap,
+                          progress=lambda done, total: calls.append((done, total)))
+    kinds = g.nodes["kind"]
+    total = int((kinds == "logit").sum() + (kinds == "feature").sum())
+    n_logits = int((kinds == "logit").sum())
+    assert {t for _, t in calls} == {total}
+    done = [d for d, _ in calls]
+    assert done == sorted(set(done)) and done[-1] == total
+    # one call per backward batch of 7: the logits' batches, then the features'
+    assert len(calls) == math.ceil(n_logits / 7) + math.ceil((total - n_logits) / 7) and len(calls) >= 3
+    assert torch.equal(g.adjacency, plain.adjacency) and g.nodes.equals(plain.nodes)
+
+    seen: list[int] = []
+
+    def stop_at_the_second(done: int, total: int) -> None:
+        seen.append(done)
+        if len(seen) == 2:
+            raise Stop(f"stopped at {done} of {total}")
+
+    with pytest.raises(Stop, match=f"stopped at {done[1]} of {total}") as e:
+        attribution_graph(PROMPT, transcoders=tcs, model=m, batch_size=7, vmap=vmap, progress=stop_at_the_second)
+    assert seen == done[:2]  # nothing ran after the raise
+    big = g.adjacency.numel()
+    tb = e.value.__traceback__
+    while tb is not None:  # every frame the exception passed through: no tensor as large as the adjacency left
+        for name, value in tb.tb_frame.f_locals.items():
+            tensors = value if isinstance(value, (list, tuple)) else [value]
+            assert not any(isinstance(t, torch.Tensor) and t.numel() >= big for t in tensors), name
+        tb = tb.tb_next
+
+
+def test_progress_true_draws_a_tqdm_bar_to_the_end(models, capsys):
+    m = models["llama_gqa"]
+    g = attribution_graph(PROMPT, transcoders=[transcoder(m, 1)], model=m, batch_size=5, progress=True)
+    total = int(g.nodes["kind"].isin(["logit", "feature"]).sum())
+    assert f"{total}/{total}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("architecture,kw", [("topk", {"k": 6, "rescale_acts_by_decoder_norm": True}),
                                              ("jumprelu", {})])
 def test_topk_and_jumprelu_transcoders_give_exact_graphs(models, architecture, kw):

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import math
+import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ from .replacement import (
 )
 
 DEFAULT_MEMORY_BUDGET_GB = 4.0
+Progress = bool | Callable[[int, int], None] | None  # a tqdm bar (True), nothing (False / None), fn(done, total)
 KINDS = ("feature", "error", "embedding", "logit")
 
 
@@ -215,6 +218,7 @@ def attribution_graph(
     memory_budget_gb: float = DEFAULT_MEMORY_BUDGET_GB,
     chat: bool = False,
     vmap: bool = True,
+    progress: Progress = True,
 ) -> AttributionGraph:
     """The attribution graph of one prompt over `transcoders` (slmviz SAEs reading blocks.L.mlp.hook_in and writing
     blocks.L.hook_mlp_out; any subset of layers). See the module docstring for the semantics.
@@ -227,7 +231,27 @@ def attribution_graph(
     as circuit-tracer does; the same numbers, see attribute_rows).
     The graph is computed in the model's dtype: load it in fp32 (the default) for exact edges; in bf16, Σ edges +
     constant misses the targets by bf16's rounding (a few percent of a logit on SmolLM2).
+
+    `progress`: a tqdm bar (True, as `scan` and `train_sae`), nothing (False / None), or fn(done, total), called
+    after each backward batch with the targets (adjacency rows: logits, then features) attributed so far; the
+    backwards are nearly all of the time. An exception raised by fn stops the computation there and propagates
+    as it is (the app's Cancel: app/scan_jobs.py's JobCancelled); the frames it unwound are cleared on the way
+    out, so the exception a caller keeps does not keep the adjacency or the autograd graph alive.
     """
+    try:
+        return _attribution_graph(prompt, transcoders, model, max_n_logits, desired_logit_prob, batch_size,
+                                  prepend_bos, zero_bos, memory_budget_gb, chat, vmap, progress)
+    except BaseException as e:
+        # A traceback keeps every frame it passed through, and with them their locals: the dense adjacency,
+        # the prompt's activations, a suspended backward's autograd graph. Clearing them frees that memory as
+        # soon as the exception is raised, however long the caller (a job runner keeping it to show) holds it.
+        traceback.clear_frames(e.__traceback__)
+        raise
+
+
+def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: int, desired_logit_prob: float,
+                       batch_size: int, prepend_bos: bool, zero_bos: bool, memory_budget_gb: float, chat: bool,
+                       vmap: bool, progress: Progress) -> AttributionGraph:
     if model is None:
         from ..model_api import load
 
@@ -310,10 +334,12 @@ def attribution_graph(
     adjacency = torch.zeros(n_nodes, n_nodes)
     logit_targets = [(n_layers, n_pos - 1, logit_vecs[i], logit_off + i) for i in range(n_logits)]
     feature_targets = [(int(f_layer[i]), int(f_pos[i]), f_enc[i], i) for i in range(n_feat)]
-    for targets in (logit_targets, feature_targets):
-        if targets:
-            attribute_rows(model, state, by_layer, targets, adjacency, batch_size, f_layer, f_pos, f_vec, errors,
-                           token_vecs, err_off, tok_off, logit_off, vmap=vmap)
+    with _Reporter(progress, n_logits + n_feat) as report:
+        for base, targets in ((0, logit_targets), (n_logits, feature_targets)):
+            if targets:
+                attribute_rows(model, state, by_layer, targets, adjacency, batch_size, f_layer, f_pos, f_vec,
+                               errors, token_vecs, err_off, tok_off, logit_off, vmap=vmap,
+                               progress=lambda n, base=base: report(base + n))
 
     # Target values (what the rows sum to with `constant`), from the prompt's own run.
     target_values = torch.zeros(n_nodes)
@@ -340,10 +366,11 @@ def attribution_graph(
 def attribute_rows(model: Any, state: PromptState, by_layer: dict[int, Any], targets: list[tuple],
                    adjacency: torch.Tensor, batch_size: int, f_layer: torch.Tensor, f_pos: torch.Tensor,
                    f_vec: torch.Tensor, errors: torch.Tensor, token_vecs: torch.Tensor, err_off: int, tok_off: int,
-                   logit_off: int, vmap: bool = True) -> None:
+                   logit_off: int, vmap: bool = True, progress: Callable[[int], None] | None = None) -> None:
     """Fill adjacency's rows of `targets` [(layer read, position, read vector, node index)]: one forward of the
     replacement model up to the deepest layer they read, then one backward per `batch_size` of them, each row's
-    gradient injected at its own target.
+    gradient injected at its own target. `progress(n)` after each backward: n rows of `targets` are filled
+    (called outside the vmap fallback's `except`, so whatever it raises propagates as it is).
 
     `vmap=True`: the forward runs one copy of the prompt and each backward is vmapped over its rows
     (`is_grads_batched`), so the forward (whose MLPs are computed, then replaced) costs one row, not
@@ -352,19 +379,29 @@ def attribute_rows(model: Any, state: PromptState, by_layer: dict[int, Any], tar
     """
     args = (model, state, by_layer, targets, adjacency, batch_size, f_layer, f_pos, f_vec, errors, token_vecs,
             err_off, tok_off, logit_off)
-    if vmap:
+    for one_row in ((True, False) if vmap else (False,)):
+        batches = _attribute_rows(*args, one_row=one_row)
         try:
-            return _attribute_rows(*args, one_row=True)
-        except RuntimeError as e:  # an op without a batching rule
-            if "vmap" not in str(e) and "batch" not in str(e).lower():
-                raise
-    _attribute_rows(*args, one_row=False)
+            while True:
+                try:
+                    done = next(batches)
+                except StopIteration:
+                    return
+                except RuntimeError as e:  # an op without a batching rule: the fallback redoes every row
+                    if not one_row or ("vmap" not in str(e) and "batch" not in str(e).lower()):
+                        raise
+                    break
+                if progress is not None:
+                    progress(done)
+        finally:
+            batches.close()  # a stop mid-way: the suspended backward's autograd graph goes now
 
 
 def _attribute_rows(model: Any, state: PromptState, by_layer: dict[int, Any], targets: list[tuple],
                     adjacency: torch.Tensor, batch_size: int, f_layer: torch.Tensor, f_pos: torch.Tensor,
                     f_vec: torch.Tensor, errors: torch.Tensor, token_vecs: torch.Tensor, err_off: int, tok_off: int,
-                    logit_off: int, one_row: bool) -> None:
+                    logit_off: int, one_row: bool) -> Iterator[int]:
+    """attribute_rows' work, yielding the number of rows filled after each backward."""
     cfg, dtype = model.cfg, model.dtype
     n_layers, n_pos, n_nodes = cfg.n_layers, len(state.ids), adjacency.shape[0]
     top = max(t[0] for t in targets)
@@ -403,6 +440,36 @@ def _attribute_rows(model: Any, state: PromptState, by_layer: dict[int, Any], ta
         block[:, tok_off:logit_off] = torch.einsum("bpd,pd->bp", g_embed, token_vecs)
         for b, (_, _, _, node) in enumerate(batch):
             adjacency[node] = block[b]
+        yield start + len(batch)
+
+
+class _Reporter:
+    """attribution_graph's progress over all its targets (adjacency rows filled), shown as a tqdm bar or passed to
+    fn(done, total); it never goes back (where the vmap fallback redoes a phase's rows, it waits to pass them)."""
+
+    def __init__(self, progress: Progress, total: int):
+        self.progress, self.total, self.bar = progress, total, None
+        self.done = 0
+
+    def __enter__(self) -> Callable[[int], None]:
+        if self.progress is True:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, unit="target", desc="attribution_graph")
+        return self.report
+
+    def report(self, done: int) -> None:
+        done = min(done, self.total)
+        if done > self.done:
+            self.done = done
+            if self.bar is not None:
+                self.bar.update(done - self.bar.n)
+            elif callable(self.progress):
+                self.progress(done, self.total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _pre_softcap(model: Any, state: PromptState) -> torch.Tensor:
