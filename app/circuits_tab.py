@@ -32,6 +32,7 @@ import torch
 
 import slmviz
 from slmviz.circuits import tasks
+from slmviz.circuits.attribution import DEFAULT_MEMORY_BUDGET_GB
 from slmviz.circuits.circuit import Circuit
 from slmviz.circuits.graph import ComponentGraph
 from slmviz.interventions.patching import suggest_answers
@@ -58,10 +59,13 @@ DEFAULT_TOP, MAX_TOP = 30, 300
 REFINE_SIZES = 6  # sizes tried between the last one short of 80 % and the first one reaching it (one more batch)
 JOB_KIND, ATTR_KIND = "circuit", "attribution"  # each Cancel button leaves its own kind of job
 ATTR_PROMPT = "The capital of France is"
-# attribution_graph reports no progress, so a graph cannot be stopped once it runs: the app builds them for short
-# prompts only. Measured here over both SmolLM2 transcoders (tokens with the BOS): 6 tokens 5 s, 15 tokens 31 s,
-# 25 tokens 36 s, on a 2-core machine at load average ~10 (other work).
-ATTR_MAX_TOKENS = 32
+# No cap on the prompt's length beyond the model's own: attribution_graph reports each backward batch, so a long
+# graph shows its progress and Cancel stops it at the next batch. What bounds it is memory (the dense adjacency
+# grows with the square of the nodes, ~160 per token on SmolLM2 with both transcoders): attribution_graph refuses a
+# prompt whose estimate exceeds ATTR_MEMORY_GB, saying the estimate (SmolLM2, both transcoders: 97 tokens 3.58 GiB,
+# 131 tokens 5.79 GiB, so the 4 GiB default stops near 100 tokens). Measured here over both SmolLM2 transcoders
+# (tokens with the BOS): 6 tokens 5 s, 15 tokens 31 s, 25 tokens 36 s, on a 2-core machine at load average ~10.
+ATTR_MEMORY_GB = DEFAULT_MEMORY_BUDGET_GB
 NODE_THRESHOLD, EDGE_THRESHOLD = 0.95, 0.98  # SmolLM2's two transcoders: 0.8 keeps error nodes only
 
 # A click on a feature node of the attribution graph (plotly's click is not a Gradio event): copy its node id
@@ -381,11 +385,7 @@ class CircuitHandlers:
             raise ValueError(f"{', '.join(map(repr, unknown))} is not a transcoder for {model.name}; the transcoders "
                              f"on offer are {', '.join(offered) or 'none'}")
         thresholds = _thresholds(node_threshold, edge_threshold)
-        n_tokens = len(model.encode(text))
-        if n_tokens > ATTR_MAX_TOKENS:
-            raise ValueError(f"The prompt is {n_tokens} tokens; this app builds attribution graphs of prompts up to "
-                             f"{ATTR_MAX_TOKENS} tokens (a graph cannot be stopped once it runs). Shorten it, or call "
-                             "slmviz.attribution_graph in a notebook")
+        model.encode(text)  # too long for the model: a readable error now, not from the job
         entries = [self.features.saes.get(model, n) for n in names]
         layers: dict[int, str] = {}
         for entry in entries:
@@ -396,9 +396,15 @@ class CircuitHandlers:
 
         def work(report: Callable[..., None]) -> dict[str, Any]:
             started = time.perf_counter()
-            report(0.05, f"The attribution graph over {', '.join(names)}: one forward, then one backward per batch "
-                         "of targets (features and logits)")
-            graph = slmviz.attribution_graph(text, transcoders=[e.sae for e in entries], model=model)
+            report(0.02, f"The attribution graph over {', '.join(names)}: one forward, then one backward per batch "
+                         "of targets (the top logits, then every active feature)")
+
+            def attributed(done: int, total: int) -> None:  # raises JobCancelled once no one waits: the graph stops
+                report(0.02 + 0.96 * done / max(total, 1), f"attributed {done:,} of {total:,} targets (the top "
+                       "logits, then the active features), one backward per batch")
+
+            graph = slmviz.attribution_graph(text, transcoders=[e.sae for e in entries], model=model,
+                                             memory_budget_gb=ATTR_MEMORY_GB, progress=attributed)
             return {"graph": graph, "layers": layers, "model": model, "seconds": time.perf_counter() - started}
 
         job = RUNNER.submit(work, session(request), kind=ATTR_KIND)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import slmviz
-from app.circuits_tab import ATTR_MAX_TOKENS, EXACT_MAX_EDGES, REFINE_SIZES, TASK_CHOICES, feature_table
+from app.circuits_tab import EXACT_MAX_EDGES, REFINE_SIZES, TASK_CHOICES, feature_table
 from slmviz import SAE
 from slmviz.circuits.tasks import induction_task
 from slmviz.features.io import load_sae
@@ -212,11 +213,40 @@ def test_attribution_graph_errors_are_readable(tiny_server):
         client.predict("0_1_2", api_name="/circuit_feature")
     with pytest.raises(AppError, match="needs transcoders.*this model has tc_l0, tc_l1"):
         client.predict(ATTR_PROMPT, [], 0.95, 0.98, api_name="/circuit_attribution")
-    with pytest.raises(AppError, match=f"The prompt is 40 tokens; .* up to {ATTR_MAX_TOKENS} tokens"):
-        client.predict(" ".join(["w3"] * 40), ["tc_l0"], 0.95, 0.98, api_name="/circuit_attribution")
+    with pytest.raises(AppError, match="The prompt is 70 tokens; the limit is 64"):  # the model's context, no cap
+        client.predict(" ".join(["w3"] * 70), ["tc_l0"], 0.95, 0.98, api_name="/circuit_attribution")
     client.predict(ATTR_PROMPT, ["tc_l1"], 0.95, 0.98, api_name="/circuit_attribution")
     with pytest.raises(AppError, match="Layer 0 has no transcoder in this graph"):
         client.predict("0_1_2", api_name="/circuit_feature")
+
+
+# 55 tokens over both transcoders: ~3,800 nodes, 58 backward batches (14 s on this loaded 2-core machine), long
+# enough to be cancelled at its first reported batches.
+LONG_ATTR_PROMPT = " ".join(f"w{3 + (i * 7) % 100}" for i in range(55))
+
+
+def test_a_running_attribution_graph_reports_progress_and_cancel_frees_the_worker(tiny_server, tiny, transcoders):
+    """The graph reports each backward batch ("attributed k of N targets"); Cancel stops it there, and the next
+    graph, queued in the same one-at-a-time worker, is served (checked by order of completion, not by time)."""
+    alice = Client(tiny_server, verbose=False)
+    names = ["tc_l0", "tc_l1"]
+    job = alice.submit(LONG_ATTR_PROMPT, names, 0.95, 0.98, api_name="/circuit_attribution")
+    while not any("attributed" in str(out[3]) for out in job.outputs()):  # its first batches are done
+        assert not job.done(), job.exception()
+        time.sleep(0.1)
+    said = next(str(out[3]) for out in job.outputs() if "attributed" in str(out[3]))
+    done, total = (int(x.replace(",", "")) for x in re.search(r"attributed ([\d,]+) of ([\d,]+)", said).groups())
+    assert 0 < done < total  # caught mid-way
+    assert alice.predict(api_name="/circuit_attribution_cancel") == "Cancelled."
+    job.cancel()
+    # the worker is free again: the next graph (queued behind what is left of the cancelled one) is built
+    plot, table, path, status = alice.predict(ATTR_PROMPT, names, 0.95, 0.98, api_name="/circuit_attribution")
+    tcs = [load_sae(transcoders / name, model=tiny) for name in names]
+    expected = slmviz.attribution_graph(ATTR_PROMPT, transcoders=tcs, model=tiny, progress=False)
+    assert f"{expected.n_features} active features" in status and "computed in" in status
+    while not job.done():
+        time.sleep(0.1)
+    assert not any("computed in" in str(out[3]) for out in job.outputs())  # the long graph never finished
 
 
 def test_the_bundled_model_fills_ioi_and_greater_than_and_refuses_exact(smol_server):
