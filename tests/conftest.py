@@ -124,6 +124,25 @@ def browser():
         b.close()
 
 
+@pytest.fixture(scope="module")
+def server():
+    """The app served from a subprocess for one module (a module that needs other settings defines its own)."""
+    from app_helpers import app_server
+
+    with app_server() as url:
+        yield url
+
+
+@pytest.fixture()
+def page(request, browser, server):
+    """A page on the module's server that records every host it contacts (`page.hosts`); its viewport height is
+    the module's PAGE_HEIGHT (default 1100)."""
+    from app_helpers import recording_page
+
+    with recording_page(browser, server, height=getattr(request.module, "PAGE_HEIGHT", 1100)) as pg:
+        yield pg
+
+
 def pytest_report_header(config):
     cache = os.environ.get("SLMVIZ_CACHE", "~/.cache/slmviz")
     return f"torch {torch.__version__}, threads {torch.get_num_threads()}, SLMVIZ_CACHE={cache}"

@@ -280,7 +280,7 @@ def test_a_slow_load_holds_up_neither_loaded_models_nor_a_second_request_for_it(
     startup = store.get()
     release, loads = threading.Event(), []
 
-    def slow_load(key):
+    def slow_load(key, dtype="float32"):
         loads.append(key)
         assert release.wait(30)
         return startup

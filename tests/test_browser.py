@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from app_helpers import CHROMIUM, NO_CHROMIUM, REPO, app_server, origin, recording_page
+from app_helpers import CHROMIUM, NO_CHROMIUM, REPO, origin
 
 from slmviz.variants import PRESETS
 
 pytestmark = pytest.mark.browser
+PAGE_HEIGHT = 1000
 
 ASSETS = REPO / "assets"
 PLOT_TIMEOUT_MS = 180_000
@@ -22,18 +23,6 @@ PROMPT = "When Mary and John went to the store, John gave a drink to"
 
 if not CHROMIUM.exists():
     pytest.skip(NO_CHROMIUM, allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def server():
-    with app_server() as url:
-        yield url
-
-
-@pytest.fixture()
-def page(browser, server):
-    with recording_page(browser, server, height=1000) as pg:
-        yield pg
 
 
 def _plot(page, elem_id: str, count: int = 1) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from app_helpers import CHROMIUM, NO_CHROMIUM, TEST_SAE_NAME, app_server, recording_page, write_test_sae
+from app_helpers import CHROMIUM, NO_CHROMIUM, TEST_SAE_NAME, app_server, write_test_sae
 from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server
 
 pytestmark = pytest.mark.browser
@@ -29,12 +29,6 @@ def server(tmp_path_factory):
     write_test_sae(root)
     with app_server(env={"SLMVIZ_SAE_DIRS": str(root)}) as url:
         yield url
-
-
-@pytest.fixture()
-def page(browser, server):
-    with recording_page(browser, server, height=1100) as pg:
-        yield pg
 
 
 def _card_shows(page, feature: int) -> None:

@@ -10,25 +10,13 @@ from __future__ import annotations
 import re
 
 import pytest
-from app_helpers import CHROMIUM, NO_CHROMIUM, app_server, recording_page
+from app_helpers import CHROMIUM, NO_CHROMIUM
 from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server
 
 pytestmark = pytest.mark.browser
 
 if not CHROMIUM.exists():
     pytest.skip(NO_CHROMIUM, allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def server():
-    with app_server() as url:
-        yield url
-
-
-@pytest.fixture()
-def page(browser, server):
-    with recording_page(browser, server, height=1100) as pg:
-        yield pg
 
 
 def test_run_a_sweep_see_the_heatmap_and_click_a_cell(page, server):
