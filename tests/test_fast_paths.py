@@ -111,16 +111,33 @@ def test_the_one_row_kernel_is_measured_once_or_forced(monkeypatch):
 def test_the_online_choice_follows_the_cheaper_kernel_and_retries_the_other_less_and_less():
     choice = params.OnlineChoice(split=1.0, linear=2.0)
     tried = []
-    for call in range(1, 8 * choice.EXPLORE):
+    for call in range(1, 10 * choice.EXPLORE):
         kernel = choice.pick()
         if kernel == "linear":
             tried.append(call)
         choice.record(kernel, 1.0 if kernel == "split" else 2.0)
-    E = choice.EXPLORE
-    assert tried == [E, 3 * E, 7 * E]  # retried after 32 calls, then 64 more, then 128 more: the split stayed cheaper
+    E, R = choice.EXPLORE, choice.RUN
+    runs = [list(range(start, start + R)) for start in (E, E + R - 1 + 2 * E, E + 2 * (R - 1) + 6 * E)]
+    assert tried == [c for run in runs for c in run]  # runs of R calls, after 32 calls, then 64 more, then 128 more
     for _ in range(20):  # the split gets slow (a busy machine): its average passes the other's
         choice.record("split", 5.0)
     assert choice.pick() == "linear"
+
+
+def test_a_retried_runs_first_call_is_not_counted():
+    """A lone retried split pays its sleeping thread's wake-up: the run's first call must not decide (see
+    OnlineChoice). Here the split's first call of each run is slow and the rest fast: the split must win."""
+    choice = params.OnlineChoice(split=3.0, linear=2.0)
+    first = True
+    for _ in range(4 * choice.EXPLORE):
+        kernel = choice.pick()
+        if kernel == "split":
+            choice.record(kernel, 50.0 if first else 1.0)
+            first = False
+        else:
+            choice.record(kernel, 2.0)
+            first = True
+    assert choice.best() == "split"
 
 
 def test_the_adaptive_one_row_product_equals_f_linear(monkeypatch):
@@ -198,3 +215,11 @@ def test_one_thread_restores_the_thread_count_and_changes_no_number():
     with pytest.raises(RuntimeError), params.one_thread(torch.device("cpu")):
         raise RuntimeError("inside")
     assert torch.get_num_threads() == threads
+
+
+def test_the_kernel_probe_streams_from_memory_not_the_cache():
+    """row_split_wins must time a working set the cache cannot hold (see params.probe_matrices)."""
+    layer = 1536 * 576 * 4  # one [768 * 2 threads, 576] fp32 matrix
+    assert params.probe_matrices(layer) * layer >= min(4 * params.last_level_cache_bytes(), 512 << 20)
+    assert params.probe_matrices(layer) * layer >= 64 << 20
+    assert params.last_level_cache_bytes() >= 1 << 20

@@ -106,41 +106,92 @@ def _row_blocks(x: torch.Tensor, w: torch.Tensor) -> int:
     return next((k for k in range(threads, 1, -1) if n_out % k == 0), 1)
 
 
+def probe_matrices(matrix_bytes: int) -> int:
+    """How many matrices of `matrix_bytes` row_split_wins times: together 4x the last-level cache (64-512 MB).
+
+    What breaks if the probe fits in the cache: it then measures cache bandwidth, where one core's F.linear keeps
+    up, and picks F.linear for a model whose weights stream from memory. On this machine kind's AMD EPYC (32 MB
+    of L3) the former 56 MB probe did exactly that, and decoding ran 2.4x slower than the split it passed over
+    (bench/results.md's floor rows: 33 ms of matmuls a step against a 14 ms split pass).
+    Pinned by tests/test_fast_paths.py::test_the_kernel_probe_streams_from_memory_not_the_cache.
+    """
+    working_set = min(max(4 * last_level_cache_bytes(), 64 << 20), 512 << 20)
+    return max(1, -(-working_set // matrix_bytes))
+
+
+def last_level_cache_bytes() -> int:
+    """The size of CPU 0's largest cache, from Linux's sysfs; 32 MiB where it cannot be read."""
+    from pathlib import Path
+
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = path.read_text().strip().upper()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        if text[-1:] in units and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) * units[text[-1]])
+        elif text.isdigit():
+            sizes.append(int(text))
+    return max(sizes, default=32 << 20)
+
+
 class OnlineChoice:
     """The two one-row kernels' recent cost, seconds per weight element, each an exponential moving average of
     its own timed calls. `pick` returns the cheaper one, and now and then the other so that its cost stays
-    current: after EXPLORE calls, then after twice as many each time the retried kernel is still the slower
-    one (up to MAX_INTERVAL: on a busy machine a retried split can cost a few ms), and again after EXPLORE
-    once the choice flips. Both kernels give the same values to fp32 rounding (see `linear`), so switching
-    changes no result beyond that; timing a call costs two clock reads (~0.1 µs) against a ~0.1-1 ms product.
+    current: a run of RUN consecutive calls after EXPLORE calls, then after twice as many each time the retried
+    kernel is still the slower one (up to MAX_INTERVAL: on a busy machine a retried split can cost a few ms),
+    and again after EXPLORE once the choice flips. Both kernels give the same values to fp32 rounding (see
+    `linear`), so switching changes no result beyond that; timing a call costs two clock reads (~0.1 µs)
+    against a ~0.1-1 ms product.
+
+    Why runs, and why the first call after a switch is not counted: while F.linear's one-core product is the choice,
+    the split's second thread sleeps, and a lone retried split pays its wake-up. Judged on such single calls the
+    split measured 3.5e-10 s per element on this machine kind's AMD EPYC, against 1.1e-10 when it runs every
+    call, and decoding stayed on F.linear at 2x the time of a step of splits (bench/generate.py).
+    Pinned by tests/test_fast_paths.py::test_a_retried_runs_first_call_is_not_counted.
     """
 
     EXPLORE = 32
+    RUN = 16
     MAX_INTERVAL = 4096
     DECAY = 0.2
+    CLIP = 4.0
 
     def __init__(self, split: float, linear: float):
         self.cost = {"split": split, "linear": linear}
         self.calls = 0
         self.interval = self.EXPLORE
         self.next_try = self.EXPLORE
+        self.retry: str | None = None  # the kernel of the run under way
+        self.retry_left = 0
+        self.last: str | None = None  # the kernel of the previous call
 
     def best(self) -> str:
         return "split" if self.cost["split"] < self.cost["linear"] else "linear"
 
     def pick(self) -> str:
         self.calls += 1
-        best = self.best()
-        if self.calls >= self.next_try:
-            return "linear" if best == "split" else "split"
-        return best
+        if self.retry is None and self.calls >= self.next_try:
+            self.retry = "linear" if self.best() == "split" else "split"
+            self.retry_left = self.RUN
+        return self.retry or self.best()
 
     def record(self, kernel: str, seconds_per_element: float) -> None:
-        before = self.best()
-        self.cost[kernel] += self.DECAY * (seconds_per_element - self.cost[kernel])
-        if kernel != before:  # a retry: back off while the other kernel stays ahead
-            self.interval = self.EXPLORE if self.best() != before else min(2 * self.interval, self.MAX_INTERVAL)
-            self.next_try = self.calls + self.interval
+        switched, self.last = kernel != self.last, kernel
+        if not switched:  # the first call after a switch pays the switch itself (a sleeping thread's wake-up)
+            # One call preempted by the OS can take 50x its time; clipped at CLIP x the average, a lone outlier moves
+            # it by at most (CLIP - 1) * DECAY, while a kernel that stays slower (a busy machine) still wins the
+            # average over within a few calls.
+            sample = min(seconds_per_element, self.CLIP * self.cost[kernel])
+            self.cost[kernel] += self.DECAY * (sample - self.cost[kernel])
+        if kernel == self.retry:
+            self.retry_left -= 1
+            if self.retry_left == 0:  # the run is over: back off while the other kernel stays ahead
+                self.interval = self.EXPLORE if self.best() == kernel else min(2 * self.interval, self.MAX_INTERVAL)
+                self.next_try = self.calls + self.interval
+                self.retry = None
 
 
 _row_split_wins: bool | None = None  # measured on first use; tests set it to exercise one kernel
@@ -159,10 +210,11 @@ def row_split_wins() -> bool:
     unembedding's share of a step). On a busy machine (more runnable processes than cores) the split's
     fork/join waits for the OS to run its second thread again, and it lost 25x to F.linear on this kind's AMD
     EPYC at a load average of 6 (940 vs 35 ms over SmolLM2's weights). Both give the same numbers to fp32
-    rounding. Timed once per process on matrices the size of a decoder layer's (16 of [768 · threads, 576],
-    ~56 MB on 2 threads: as many fork/joins as a few layers make), the median of 5 alternating passes after a
-    warm-up (~0.2 s), which also seeds the OnlineChoice that `linear` keeps updating from then on;
-    $SLMVIZ_ONE_ROW_KERNEL=split|linear decides instead, once and for all.
+    rounding. Timed once per process on matrices the size of a decoder layer's ([768 · threads, 576] each, as
+    many as `probe_matrices` says: at least 4x the CPU's last-level cache, so the passes stream from memory as a
+    model's weights do), the median of 5 alternating passes after a warm-up (~0.3 s), which also seeds the
+    OnlineChoice that `linear` keeps updating from then on; $SLMVIZ_ONE_ROW_KERNEL=split|linear decides
+    instead, once and for all.
     """
     global _row_split_wins, _online
     if _row_split_wins is None:
@@ -177,7 +229,7 @@ def row_split_wins() -> bool:
             if threads < 2:
                 _row_split_wins = False
             else:
-                ws = [torch.randn(768 * threads, 576) for _ in range(16)]
+                ws = [torch.randn(768 * threads, 576) for _ in range(probe_matrices(768 * threads * 576 * 4))]
                 x = torch.randn(1, 576)
                 column = x.t().expand(threads, -1, 1)
 
