@@ -73,15 +73,15 @@ BOUNDS = {
         "row below."
     ),
     "greedy generate, 48 new tokens: decoding steps alone": (
-        "the weight matmuls and the small ops between them (the evidence row splits a step). On a busy machine "
-        "each OpenMP fork/join waits until the OS runs the second thread again (~1.5 ms at load 6): the "
-        "attention's three tiny ops now run on one thread (params.one_thread; a tiny 30-layer model's step went "
-        "from 61 to 5.8 ms there) and the one-row kernel follows the load (params.OnlineChoice: the two-thread "
-        "row split where it is faster, F.linear's one-core product where fork/joins are slow), but the floor "
-        "pass (the fastest layout, timed alone) and the step's products still see different moments of a "
-        "shared machine. The remaining small ops are ~30 eager PyTorch ops per layer (the profile row). "
-        "Tried and dropped: torch.compile of a layer (tens of seconds to compile, recompiled per layer, no "
-        "faster step); oneDNN for the weights (not within the parity tolerance, see the trace row)."
+        "the small ops between the weight matmuls (the evidence row splits a step: its matmuls now run at the "
+        "floor pass's speed, the rest is ~30 eager PyTorch ops per layer, the profile row). Until 2026-12-01 "
+        "19:30 the one-row kernel probe (params.row_split_wins) timed 56 MB of matrices, which this AMD EPYC's "
+        "32 MB L3 half held, so it picked F.linear's one-core product, and the online choice never switched "
+        "back because each lone retried split paid its sleeping thread's wake-up: a step's matmuls took 2.4x "
+        "the floor pass. The probe now streams 4x the last-level cache, and the online choice retries in runs "
+        "and skips the first call after a switch (params.OnlineChoice); SmolLM2 decodes at ~50 tok/s here "
+        "instead of ~28. Tried and dropped: torch.compile of a layer (tens of seconds to compile, recompiled "
+        "per layer, no faster step); oneDNN for the weights (not within the parity tolerance, see the trace row)."
     ),
     "forward, capture off": (
         "noise: the spread in the notes overlaps transformers' (same MKL GEMMs, fused q|k|v and gate|up)."
