@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from slmviz.model.params import bf16_bulk_speedup
+from slmviz.model.params import BF16_SPEEDUP, bf16_bulk_speedup
 
 FAST_DTYPE = "bfloat16"
-MIN_SPEEDUP = 1.5  # bf16 must measure at least this much faster than fp32 for the switch to be offered
+MIN_SPEEDUP = BF16_SPEEDUP  # the switch is offered where train_sae's dtype=None would pick bf16
 # What it costs, per tab: the tolerances tests/test_dtype_bulk.py pins.
 SWEEP_COST = "bf16 keeps 8 bits of mantissa: the heatmap stays within 0.05 of fp32's (normalized, every cell)."
 SCAN_COST = ("bf16 keeps 8 bits of mantissa: examples whose activations are within bf16's error (~1-3 % of the "

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..model.params import BF16_SPEEDUP, bf16_bulk_speedup
 from ..scans.corpus import CorpusError
 from .activations import (
     Source,
@@ -72,7 +73,6 @@ INIT_DECODER_NORM = 0.1  # SAELens's decoder_init_norm (Anthropic's April 2024 u
 THRESHOLD_LR = 0.01  # SAELens's topk_threshold_lr
 THRESHOLD_ROWS = 8192  # rows of the last block the final BatchTopK threshold is measured on (estimate_threshold)
 CLIP_GRAD_NORM = 1.0  # SAELens's trainer clips every step
-BF16_SPEEDUP = 1.5  # dtype=None picks bf16 where its matmuls measure at least this much faster than fp32
 Progress = bool | Callable[[dict[str, Any]], None]
 
 
@@ -212,24 +212,15 @@ def train_sae(
 def fastest_dtype(device: torch.device | str = "cpu") -> str:
     """"bfloat16" where bf16 matmuls measure >= BF16_SPEEDUP times faster than fp32 on `device`, else "float32".
 
-    Measured at run time (a few [1024, 576] x [576, 2048] products), never read off the CPU's name: the same machine
-    kind has had CPUs where bf16 GEMMs were 6x faster (AMX) and ones where they were hundreds of times slower."""
+    Measured at run time (`params.bf16_bulk_speedup`: a [1024, 576] x [576, 2048] product, timed once per process,
+    the same measurement the app's fast (bf16) switch reads), never read off the CPU's name: the same machine kind
+    has had CPUs where bf16 GEMMs were 6x faster (AMX) and ones where they were hundreds of times slower."""
     device = torch.device(device)
     if device.type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     if device.type != "cpu":
         return "float32"
-    times = {}
-    for dt in (torch.float32, torch.bfloat16):
-        a, b = torch.randn(1024, 576, dtype=dt), torch.randn(576, 2048, dtype=dt)
-        a @ b  # warm-up
-        best = math.inf
-        for _ in range(3):
-            t = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - t)
-        times[dt] = best
-    return "bfloat16" if times[torch.float32] >= BF16_SPEEDUP * times[torch.bfloat16] else "float32"
+    return "bfloat16" if bf16_bulk_speedup() >= BF16_SPEEDUP else "float32"
 
 
 def _dtype_name(dtype: str | torch.dtype) -> str:
