@@ -60,10 +60,13 @@ def prompt_ids(model, n_tokens: int) -> torch.Tensor:
 
 
 def interleaved(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: int = 7,
-                into: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+                into: dict[str, list[float]] | None = None,
+                sync: Callable[[], object] = lambda: None) -> dict[str, list[float]]:
     """Wall-clock seconds of each fn over `repeats` alternating rounds, after `warmup` untimed rounds.
 
     Appends to `into` when given (so callers can interleave several groups round by round) and returns it.
+    `sync` runs before the clock starts and before it stops (torch.cuda.synchronize on a GPU, whose kernels run
+    after the call returns).
     """
     times = into if into is not None else {name: [] for name in fns}
     with torch.inference_mode():
@@ -72,8 +75,10 @@ def interleaved(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: 
                 fn()
         for _ in range(repeats):
             for name, fn in fns.items():
+                sync()
                 start = time.perf_counter()
                 fn()
+                sync()
                 times[name].append(time.perf_counter() - start)
     return times
 

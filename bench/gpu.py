@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import BENCH_DIR, GENERATE_PROMPT, Row, median, prompt_ids, spread
+from common import BENCH_DIR, GENERATE_PROMPT, Row, interleaved, median, prompt_ids, spread
 
 PAIR = ("When Mary and John went out, John gave a drink to", "When Mary and John went out, Mary gave a drink to")
 ANSWER, WRONG = " Mary", " John"
@@ -40,23 +40,8 @@ CHECK_PROMPT = "Once upon a time, in a small village by the sea, there lived an 
 def timed_rounds(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int,
                  warmup: int = 1) -> dict[str, list[float]]:
     """Seconds per call of each fn, alternating round by round, the device synchronised around each call."""
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    with torch.inference_mode():
-        for _ in range(warmup):
-            for fn in fns.values():
-                fn()
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                sync()
-                start = time.perf_counter()
-                fn()
-                sync()
-                times[name].append(time.perf_counter() - start)
-    return times
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    return interleaved(fns, warmup=warmup, repeats=repeats, sync=sync)
 
 
 def parity_row(m, folder: Path, dtype: torch.dtype, device: torch.device) -> Row:
