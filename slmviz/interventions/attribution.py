@@ -28,12 +28,12 @@ from .result import PatchResult
 from .sites import Site, axis_sizes, site_hook_name
 
 
-def attribution_sweep(model: Any, site: Site, site_name: str, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor,
-                      target_ids: torch.Tensor, source_ids: torch.Tensor, metric: Metric, metric_name: str,
-                      direction: str, variant: Variant, saes: Any = None) -> PatchResult:
-    """Every cell's estimate as a PatchResult: values = the target's metric + the first-order change."""
-    names = [site_hook_name(site, layer) for layer in range(model.cfg.n_layers)]
-    source = model.trace(source_ids, variant=variant, names=names, saes=saes)
+def gradients_at(model: Any, ids: torch.Tensor, names: list[str], metric: Metric, variant: Variant,
+                 saes: Any = None, what: str = "Attribution",
+                 ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor | None], torch.Tensor]:
+    """(each of `names`' value {name: [b = 1, pos, ...]}, d metric / d that value for each of `names` (None where
+    the metric does not depend on it), the metric) from one forward of `ids` with autograd on and one backward.
+    `what` names the caller in the error a float metric gets."""
     acts: dict[str, torch.Tensor] = {}
 
     def leaf(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -47,12 +47,22 @@ def attribution_sweep(model: Any, site: Site, site_name: str, clean_ids: torch.T
 
     ctx = build_context(model.hook_names, [], {"hook_embed": leaf, **{n: grab for n in names}}, batched=True,
                         saes=saes)
-    logits = model.decoder.forward(target_ids[None], ctx, variant, grad=True)[0]  # [pos, vocab]
+    logits = model.decoder.forward(ids[None], ctx, variant, grad=True)[0]  # [pos, vocab]
     value = metric(logits)
     if not (isinstance(value, torch.Tensor) and value.requires_grad):
-        raise ValueError("Attribution patching differentiates the metric: it must return a tensor computed from "
+        raise ValueError(f"{what} differentiates the metric: it must return a tensor computed from "
                          "the logits (e.g. logits[-1, a] - logits[-1, b]), not a float")
-    grads = torch.autograd.grad(value.sum(), [acts[n] for n in names], allow_unused=True)
+    grads = list(torch.autograd.grad(value.sum(), [acts[n] for n in names], allow_unused=True))
+    return acts, grads, value.detach()
+
+
+def attribution_sweep(model: Any, site: Site, site_name: str, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor,
+                      target_ids: torch.Tensor, source_ids: torch.Tensor, metric: Metric, metric_name: str,
+                      direction: str, variant: Variant, saes: Any = None) -> PatchResult:
+    """Every cell's estimate as a PatchResult: values = the target's metric + the first-order change."""
+    names = [site_hook_name(site, layer) for layer in range(model.cfg.n_layers)]
+    source = model.trace(source_ids, variant=variant, names=names, saes=saes)
+    acts, grads, value = gradients_at(model, target_ids, names, metric, variant, saes, what="Attribution patching")
     shape = axis_sizes(site, model.cfg, target_ids.numel())
     estimate = torch.zeros(shape, dtype=torch.float64)
     for layer, (name, grad) in enumerate(zip(names, grads, strict=True)):

@@ -33,6 +33,7 @@ import torch
 from ..hooks import build_context
 from ..metrics import Metric, as_float
 from ..variants import Variant, VariantLike, resolve_variant
+from .attribution import gradients_at
 from .result import PatchResult
 
 SITE = "sae"
@@ -216,25 +217,9 @@ def _output_gradients(model: Any, saes: Sequence[Any], target_ids: torch.Tensor,
 
     Run without splicing: with error terms the spliced run is this run, and this is the derivative of the function
     an exact patch evaluates (every SAE's output is x_out + (x_hat(f) - x_hat(f_target)))."""
-    grabbed: dict[str, torch.Tensor] = {}
-
-    def leaf(x: torch.Tensor, name: str) -> torch.Tensor:
-        return x.detach().requires_grad_()  # the root of the graph: the weights need no gradient
-
-    def grab(x: torch.Tensor, name: str) -> torch.Tensor:
-        grabbed[name] = y = x.clone()  # a fresh node the rest of the forward reads (see attribution.attribution_sweep)
-        return y
-
-    outs = [sae.hook_name_out for sae in saes]
-    hooks = {"hook_embed": leaf, **{o: grab for o in outs}}
-    ctx = build_context(model.hook_names, [], hooks, batched=True)
-    logits = model.decoder.forward(target_ids[None], ctx, variant, grad=True)[0]  # [pos, vocab]
-    value = metric(logits)
-    if not (isinstance(value, torch.Tensor) and value.requires_grad):
-        raise ValueError("Attribution over features differentiates the metric: it must return a tensor computed from "
-                         "the logits (e.g. logits[-1, a] - logits[-1, b]), not a float")
-    grads = torch.autograd.grad(value.sum(), [grabbed[o] for o in outs], allow_unused=True)
-    return [None if g is None else g[0].detach() for g in grads], value.detach()
+    _, grads, value = gradients_at(model, target_ids, [sae.hook_name_out for sae in saes], metric, variant,
+                                what="Attribution over features")
+    return [None if g is None else g[0].detach() for g in grads], value
 
 
 def _exact(model: Any, saes: Sequence[Any], target: Any, jobs: list[tuple[Any, int, int, float]], metric: Metric,
