@@ -15,10 +15,17 @@ import torch
 from conftest import build_tiny_model
 
 import slmviz
-from slmviz.features.activations import Source, block_rows, plan_blocks, sae_rows
+from slmviz.features.activations import Source, batch_ids, block_rows, plan_blocks, sae_batch_shape, sae_rows
 from slmviz.features.evaluate import Totals, evaluate_sae
 from slmviz.features.sae import SAE
-from slmviz.features.train import CheckpointError, TrainConfig, Trainer, read_checkpoint, train_sae
+from slmviz.features.train import (
+    CheckpointError,
+    TrainConfig,
+    Trainer,
+    read_checkpoint,
+    train_sae,
+    training_batches,
+)
 from slmviz.scans.corpus import CorpusError
 
 HOOK = "blocks.1.hook_resid_post"
@@ -241,6 +248,43 @@ def test_blocks_hold_a_bounded_number_of_rows(tiny, corpus):
     source = Source(HOOK, HOOK, window=16, forward_tokens=128, buffer_tokens=512)
     sizes = [block_rows(tiny, b, source).seen for b in plan_blocks(tiny.tokenizer, corpus * 4, source)]
     assert len(sizes) > 4 and max(sizes) <= 512 + 128
+
+
+def test_training_forwards_have_few_shapes(tiny, corpus):
+    """Every training forward is padded to one of LENGTH_BUCKETS shapes (oneDNN caches one primitive per shape, so
+    more shapes grow a bf16 run's memory), every window lands in exactly one batch, and padding keeps the rows."""
+    source = Source(HOOK, HOOK, window=16, forward_tokens=128, buffer_tokens=512)
+    docs = [t[: 5 + 7 * i] for i, t in enumerate(corpus)]  # many lengths, so every bucket is used
+    shapes, seen = set(), []
+    for block in plan_blocks(tiny.tokenizer, docs, source):
+        for batch in block.batches:
+            shape = sae_batch_shape(max(len(w.ids) for w in batch.windows), source)
+            ids, real = batch_ids(batch, shape)
+            shapes.add(tuple(ids.shape))
+            assert real.sum() == batch.n_tokens and len(batch.windows) <= shape[0]
+            seen += [(w.doc, w.offset) for w in batch.windows]
+    assert shapes <= {(32, 4), (16, 8), (10, 12), (8, 16)} and len(shapes) >= 3
+    windows = slmviz.scans.batches.iter_windows(tiny.tokenizer, docs, 16)
+    assert sorted(seen) == sorted((w.doc, w.offset) for w in windows)
+    # a padded forward gives the same rows as the unpadded one
+    block = next(plan_blocks(tiny.tokenizer, docs, source))
+    batch = block.batches[0]
+    plain = slmviz.features.activations.forward_hooks(tiny, batch_ids(batch)[0], [HOOK])[HOOK]
+    padded_ids, real = batch_ids(batch, sae_batch_shape(max(len(w.ids) for w in batch.windows), source))
+    padded = slmviz.features.activations.forward_hooks(tiny, padded_ids, [HOOK])[HOOK]
+    torch.testing.assert_close(padded[real], plain[batch_ids(batch)[1]], rtol=1e-5, atol=1e-5)
+
+
+def test_training_steps_have_one_shape():
+    """A block's rows are cut into steps of exactly batch rows (the last topped up from the block's first rows),
+    so the SAE step's matmuls meet one shape whatever the block's size."""
+    order = torch.randperm(1000, generator=torch.Generator().manual_seed(0))
+    steps = training_batches(order, 128)
+    assert {len(s) for s in steps} == {128} and len(steps) == 8
+    assert set(torch.cat(steps).tolist()) == set(range(1000))
+    assert torch.equal(steps[-1][-(128 * 8 - 1000):], order[:128 * 8 - 1000])
+    assert [len(s) for s in training_batches(order[:100], 128)] == [100]
+    assert len(training_batches(order[:512], 128)) == 4
 
 
 def test_bad_input_is_a_clear_error(tiny, corpus, tmp_path):

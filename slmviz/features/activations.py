@@ -1,10 +1,10 @@
 """Activations for SAE training and evaluation: corpus -> windows -> batched forwards that stop after the hook's
 layer -> the rows an SAE may see (`sae_rows`) -> blocks of a bounded shuffle buffer.
 
-The windows and batches are the corpus scan's (scans.batches.iter_windows / plan_batches): documents are cut
-into windows of `window` tokens, padded on the right into batches of at most `forward_tokens`, and the forward
-stops after the last layer an SAE reads (`Decoder.forward(stop_after_layer=)`): a layer-15 SAE on a 30-layer
-model runs 16 blocks and no unembedding.
+The windows are the corpus scan's (scans.batches.iter_windows): documents are cut into windows of `window`
+tokens. They are batched by `plan_sae_batches` into a few fixed forward shapes (one per length bucket), padded on
+the right, and the forward stops after the last layer an SAE reads (`Decoder.forward(stop_after_layer=)`): a
+layer-15 SAE on a 30-layer model runs 16 blocks and no unembedding.
 
 A *block* is consecutive planned batches holding at least `buffer_tokens` real tokens; its kept rows are shuffled
 together and cut into training batches (train.py). A block is a pure function of the corpus, the tokenizer and
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..hooks import build_context, check_names, layer_of
-from ..scans.batches import PAD_ID, Batch, iter_windows, plan_batches
+from ..scans.batches import PAD_ID, Batch, Window, iter_windows
 from ..scans.corpus import CorpusError, iter_documents
 from ..variants import resolve_variant
 
@@ -145,7 +145,7 @@ def plan_blocks(tokenizer: Any, corpus: Any, source: Source, limit: int | None =
     docs = iter_documents(corpus, limit)
     windows = iter_windows(tokenizer, docs, source.window)
     index, current, tokens = 0, [], 0
-    for batch in plan_batches(windows, source.forward_tokens):
+    for batch in plan_sae_batches(windows, source):
         current.append(batch)
         tokens += batch.n_tokens
         if tokens >= source.buffer_tokens:
@@ -155,14 +155,58 @@ def plan_blocks(tokenizer: Any, corpus: Any, source: Source, limit: int | None =
         yield PlannedBlock(index, tuple(current))
 
 
-def batch_ids(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [b, L] padded on the right with PAD_ID, and the real-token mask [b, L]."""
+LENGTH_BUCKETS = 4  # forward lengths per window size (window/4, window/2, 3 window/4, window): see sae_batch_shape
+
+
+def sae_batch_shape(longest: int, source: Source) -> tuple[int, int]:
+    """The padded shape [rows, length] of a training or evaluation forward whose longest window has `longest`
+    tokens: the length rounded up to the next of LENGTH_BUCKETS steps of the window, and as many rows as fit
+    `forward_tokens` at that length.
+
+    Why fixed shapes: bf16 matmuls run in oneDNN, which (with ideep) caches a compiled primitive for every input
+    shape it meets, up to 1024 of them. A stream of forwards padded to whatever each batch's longest window was
+    met 27 shapes on the broad corpus and kept growing the process (train_sae's peak RSS 1.09x at 4x the tokens,
+    bench/sae_memory_shapes.py); at most LENGTH_BUCKETS shapes keep it flat. The cost is the padding: under a
+    quarter window per short window (a document's last), none for full windows, which are most of them.
+    Pinned by tests/test_sae_train.py::test_training_forwards_have_few_shapes.
+    """
+    step = max(1, -(-source.window // LENGTH_BUCKETS))
+    length = min(source.window, -(-longest // step) * step)
+    return max(1, source.forward_tokens // length), length
+
+
+def plan_sae_batches(windows: Iterable[Window], source: Source) -> Iterator[Batch]:
+    """Windows grouped by their length bucket (sae_batch_shape) into batches that fill its shape, emitted in the
+    order they fill; at the end of the corpus each bucket's partial batch (padded with empty rows). Memory: at most
+    one batch per bucket waits."""
+    waiting: dict[int, list[Window]] = {}
+    index = 0
+    for w in windows:
+        rows, length = sae_batch_shape(len(w.ids), source)
+        group = waiting.setdefault(length, [])
+        group.append(w)
+        if len(group) == rows:
+            yield Batch(index, tuple(group))
+            index += 1
+            waiting[length] = []
+    for length in sorted(waiting, reverse=True):
+        if waiting[length]:
+            yield Batch(index, tuple(waiting[length]))
+            index += 1
+
+
+def batch_ids(batch: Batch, shape: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [b, L] padded on the right with PAD_ID, and the real-token mask [b, L]; `shape` pads to [rows, length]
+    (rows of PAD_ID only are all False in the mask)."""
     lengths = torch.tensor([len(w.ids) for w in batch.windows])  # [b]
-    longest = int(lengths.max())
-    ids = torch.full((len(batch.windows), longest), PAD_ID, dtype=torch.long)  # [b, L]
+    rows, longest = shape if shape is not None else (len(batch.windows), int(lengths.max()))
+    if rows < len(batch.windows) or longest < int(lengths.max()):
+        raise ValueError(f"a batch of {len(batch.windows)} windows up to {int(lengths.max())} tokens does not fit "
+                         f"the shape {shape}")
+    ids = torch.full((rows, longest), PAD_ID, dtype=torch.long)  # [rows, L]
     for i, w in enumerate(batch.windows):
         ids[i, : len(w.ids)] = torch.tensor(w.ids)
-    real = torch.arange(longest)[None, :] < lengths[:, None]  # [b, L]
+    real = torch.arange(longest)[None, :] < torch.cat([lengths, lengths.new_zeros(rows - len(lengths))])[:, None]
     return ids, real
 
 
@@ -185,7 +229,7 @@ class Rows:
 
 def batch_rows(model: Any, batch: Batch, source: Source, dtype: torch.dtype = torch.float32) -> Rows:
     """One planned batch's kept rows (sae_rows), in corpus order (window by window)."""
-    ids, real = batch_ids(batch)
+    ids, real = batch_ids(batch, sae_batch_shape(max(len(w.ids) for w in batch.windows), source))
     values = forward_hooks(model, ids, source.hooks)
     first = torch.zeros_like(real)
     first[:, 0] = True

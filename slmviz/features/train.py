@@ -353,7 +353,7 @@ class Trainer:
                     if cur.batch == 0:
                         cur.seen += rows.seen
                     order = torch.randperm(x.shape[0], generator=_block_generator(cfg.seed, cur.epoch, block.index))
-                    chunks = torch.tensor_split(order, max(1, round(x.shape[0] / cfg.batch_tokens)))
+                    chunks = training_batches(order, cfg.batch_tokens)
                     for j in range(cur.batch, len(chunks)):
                         idx = chunks[j].to(self.device)
                         stats = self.step(x[idx] * self.scale_in, y[idx] * self.scale_out)
@@ -512,6 +512,24 @@ class Trainer:
         arch = "topk" if cfg.architecture == "topk" else "jumprelu"
         return SAE.from_state(state, architecture=arch, k=cfg.k, hook_name=cfg.hook, hook_name_out=cfg.hook_out,
                               apply_b_dec_to_input=self.is_sae, skip=cfg.skip, metadata=meta)
+
+
+def training_batches(order: torch.Tensor, batch: int) -> list[torch.Tensor]:
+    """A block's shuffled row indices cut into steps of exactly `batch` rows: the last, short one is topped up with
+    the block's first rows (a block smaller than one batch is one step of all its rows).
+
+    Why exactly: bf16 matmuls run in oneDNN, which caches a compiled primitive for every shape it meets (up to
+    1024). Cutting each block into near-equal parts gave its steps row counts that changed from block to block
+    (4093, 4094, ...), one new set of cached primitives per block, and train_sae's memory grew with the tokens.
+    Pinned by tests/test_sae_train.py::test_training_steps_have_one_shape.
+    """
+    n = order.numel()
+    if n <= batch:
+        return [order]
+    short = n % batch
+    if short:
+        order = torch.cat([order, order[:batch - short]])
+    return list(order.split(batch))
 
 
 def decode_sparse(rows: torch.Tensor, feats: torch.Tensor, values: torch.Tensor, W_dec: torch.Tensor,
