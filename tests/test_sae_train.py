@@ -23,6 +23,7 @@ from slmviz.features.train import (
     TrainConfig,
     Trainer,
     read_checkpoint,
+    threshold_rows,
     train_sae,
     training_batches,
 )
@@ -285,6 +286,21 @@ def test_training_steps_have_one_shape():
     assert torch.equal(steps[-1][-(128 * 8 - 1000):], order[:128 * 8 - 1000])
     assert [len(s) for s in training_batches(order[:100], 128)] == [100]
     assert len(training_batches(order[:512], 128)) == 4
+
+
+def test_the_threshold_sample_spans_the_corpus(tiny, corpus):
+    """BatchTopK's final threshold is measured on rows from blocks spread over the whole corpus (the first and the
+    last among them), not on the last block's rows, which can be one long document."""
+    source = Source(HOOK, HOOK, window=16, forward_tokens=128, buffer_tokens=256)
+    blocks = [block_rows(tiny, b, source).x for b in plan_blocks(tiny.tokenizer, corpus, source)]
+    assert len(blocks) >= 6  # blocks=4 of 6 draws from blocks 0, 2, 3 and 5
+    sample = threshold_rows(tiny, corpus, source, rows=60, blocks=4)
+    assert sample.shape == (60, tiny.cfg.d_model)
+
+    def holds(rows: torch.Tensor) -> bool:  # some sample row is one of `rows`
+        return bool(torch.cdist(sample, rows).min() < 1e-5)
+
+    assert holds(blocks[0]) and holds(blocks[-1]) and not holds(blocks[1])
 
 
 def test_bad_input_is_a_clear_error(tiny, corpus, tmp_path):

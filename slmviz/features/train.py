@@ -12,7 +12,8 @@ pre-activations of dead features reconstruct the detached residual, scaled by mi
 (0.9, 0.999), gradient norm clipped to 1, W_dec initialised with kaiming-uniform rows of norm 0.1 and W_enc = W_dec.T.
 BatchTopK keeps the k*B largest activations of the whole batch and learns one threshold (an EMA, rate 0.01, of the
 batch's smallest kept activation); it is saved as jumprelu with a threshold, as SAELens saves it, but one measured at
-the end on the final weights (Trainer.estimate_threshold: the EMA from 0 lags badly in a run of a few hundred steps).
+the end on the final weights and on rows drawn from across the corpus (Trainer.estimate_threshold, threshold_rows:
+the EMA from 0 lags badly in a run of a few hundred steps, and one block's rows can be one long document).
 
 Where this differs from SAELens's defaults, and why (each a documented option there too):
 - inputs are scaled so their mean squared norm is d_in ("expected_average_only_in"), and the scale is folded into
@@ -56,6 +57,7 @@ from ..model.params import BF16_SPEEDUP, bf16_bulk_speedup
 from ..scans.corpus import CorpusError
 from .activations import (
     Source,
+    batch_rows,
     block_rows,
     check_source,
     checked_corpus,
@@ -71,7 +73,8 @@ FORMAT = 1
 ADAM_BETAS = (0.9, 0.999)  # SAELens's adam_beta1 / adam_beta2
 INIT_DECODER_NORM = 0.1  # SAELens's decoder_init_norm (Anthropic's April 2024 update)
 THRESHOLD_LR = 0.01  # SAELens's topk_threshold_lr
-THRESHOLD_ROWS = 8192  # rows of the last block the final BatchTopK threshold is measured on (estimate_threshold)
+THRESHOLD_ROWS = 8192  # rows, from across the corpus, the final BatchTopK threshold is measured on (threshold_rows)
+THRESHOLD_BLOCKS = 32  # blocks those rows are drawn from, evenly spaced over one pass
 CLIP_GRAD_NORM = 1.0  # SAELens's trainer clips every step
 Progress = bool | Callable[[dict[str, Any]], None]
 
@@ -383,7 +386,9 @@ class Trainer:
             if bar is not None:
                 bar.close()
         if cfg.architecture == "batchtopk":
-            self.estimate_threshold(x[:THRESHOLD_ROWS] * self.scale_in)
+            with autocast:
+                sample = threshold_rows(model, corpus, source)
+            self.estimate_threshold(sample.to(self.device) * self.scale_in)
         cur.finished = True
         sae = self.to_sae(model)
         sae.save(out)
@@ -446,7 +451,7 @@ class Trainer:
 
     @torch.no_grad()
     def estimate_threshold(self, x: torch.Tensor) -> None:
-        """BatchTopK's threshold, measured with the final weights on x [n, d_in] (scaled rows of the last block):
+        """BatchTopK's threshold, measured with the final weights on x [n, d_in] (scaled rows, threshold_rows):
         the largest value below the k*n largest activations, so that relu(h) * 1[h > threshold] keeps k per row
         on average, as the batch-wide top-k did.
 
@@ -512,6 +517,33 @@ class Trainer:
         arch = "topk" if cfg.architecture == "topk" else "jumprelu"
         return SAE.from_state(state, architecture=arch, k=cfg.k, hook_name=cfg.hook, hook_name_out=cfg.hook_out,
                               apply_b_dec_to_input=self.is_sae, skip=cfg.skip, metadata=meta)
+
+
+def threshold_rows(model: Any, corpus: Any, source: Source, rows: int = THRESHOLD_ROWS,
+                   blocks: int = THRESHOLD_BLOCKS) -> torch.Tensor:
+    """SAE input rows [<= rows, d_in] from `blocks` blocks evenly spaced over one pass of the corpus (the first
+    batches of each, in order), for BatchTopK's final threshold.
+
+    Why not the last block's rows: a block is 65 536 consecutive tokens of the (document-shuffled) corpus, and one
+    long document (a standard-library source file) can fill it. A threshold measured there kept 65.9 features per
+    token on the training split and 75.1 on held-out text (SmolLM2's layer-3 transcoder), above the k it was
+    trained for. Tokenizing the corpus twice and ~8 extra forwards is the cost.
+    """
+    n_blocks = sum(1 for _ in plan_blocks(model.tokenizer, corpus, source))
+    chosen = {round(i * (n_blocks - 1) / max(blocks - 1, 1)) for i in range(min(blocks, n_blocks))}
+    quota = -(-rows // max(len(chosen), 1))
+    parts: list[torch.Tensor] = []
+    for block in plan_blocks(model.tokenizer, corpus, source):
+        if block.index not in chosen:
+            continue
+        got = 0
+        for batch in block.batches:
+            x = batch_rows(model, batch, source).x
+            parts.append(x[: quota - got])
+            got += parts[-1].shape[0]
+            if got >= quota:
+                break
+    return torch.cat(parts)[:rows]
 
 
 def training_batches(order: torch.Tensor, batch: int) -> list[torch.Tensor]:
