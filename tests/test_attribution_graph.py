@@ -80,6 +80,25 @@ def test_the_graphs_linear_model_reproduces_the_logits_and_feature_inputs(models
     assert torch.allclose(logits, m.logits(torch.tensor(g.input_ids)), atol=1e-4, rtol=1e-5)
 
 
+def test_a_gemma_scope_2_transcoder_all_set_gives_an_exact_graph(models, tmp_path):
+    """Gemma Scope 2's `transcoder_all` layout (an affine JumpReLU transcoder folder for every layer, no config.json,
+    as the hub serves it) loads through load_sae onto every layer of a Gemma 3 and gives a graph with features at
+    every layer whose linear model reproduces the logits and the features' inputs."""
+    from test_sae_io import gemma_scope_folder
+
+    m = models["gemma3"]
+    tcs = [slmviz.load_sae(gemma_scope_folder(tmp_path, m, "transcoder", L, config=False, affine=True, seed=L,
+                                              every_layer=True)[0], model=m) for L in range(m.cfg.n_layers)]
+    assert all(tc.W_skip is not None and tc.architecture == "jumprelu" for tc in tcs)
+    g = attribution_graph(PROMPT, transcoders=tcs, model=m, batch_size=16)
+    g._encoders = {L: tc.W_enc.detach() for L, tc in enumerate(tcs)}
+    expected = targets_from_a_plain_forward(m, g)
+    is_target = torch.tensor(g.nodes["kind"].isin(["feature", "logit"]).to_numpy())
+    got = g.adjacency.sum(1) + g.constant
+    assert torch.allclose(got[is_target], expected[is_target], atol=2e-5 * expected[is_target].abs().max(), rtol=0)
+    assert set(g.nodes.loc[g.nodes["kind"] == "feature", "layer"]) == set(range(m.cfg.n_layers))
+
+
 def removed(g, state, i, n_layers, d_model, f_vecs):
     """(embed, deltas) of the replacement model with node i removed."""
     n_pos = len(g.input_ids)

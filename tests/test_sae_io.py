@@ -37,13 +37,16 @@ def gemma(tiny_dirs):
 
 
 def gemma_scope_folder(root: Path, m, site: str, layer: int, config: bool, affine: bool = False,
-                       d_sae: int = 32, seed: int = 0) -> tuple[Path, dict[str, torch.Tensor]]:
+                       d_sae: int = 32, seed: int = 0,
+                       every_layer: bool = False) -> tuple[Path, dict[str, torch.Tensor]]:
     """A folder laid out exactly like Gemma Scope 2's: {site}/layer_{L}_width_{W}_l0_{size}[_affine]/params.safetensors
-    with w_enc, w_dec, b_enc, b_dec, threshold (+ affine_skip_connection [d_in, d_out]) and maybe config.json."""
+    with w_enc, w_dec, b_enc, b_dec, threshold (+ affine_skip_connection [d_in, d_out]) and maybe config.json;
+    `every_layer`: under {site}_all/, as its every-layer sets (transcoder_all, resid_post_all) are."""
     g = torch.Generator().manual_seed(seed)
     d_in = m.cfg.n_heads * m.cfg.d_head if site == "attn_out" else m.cfg.d_model
     d_out = d_in
-    folder = root / site / f"layer_{layer}_width_{d_sae}_l0_small{'_affine' if affine else ''}"
+    group = f"{site}_all" if every_layer else site
+    folder = root / group / f"layer_{layer}_width_{d_sae}_l0_small{'_affine' if affine else ''}"
     folder.mkdir(parents=True)
     params = {
         "w_enc": torch.randn(d_in, d_sae, generator=g) * 0.3, "w_dec": torch.randn(d_sae, d_out, generator=g) * 0.1,
@@ -84,6 +87,21 @@ def test_gemma_scope_2_folders_load_for_each_site(tmp_path, gemma, site, config)
     spliced = gemma.trace(torch.arange(1, 8), saes=[sae])
     torch.testing.assert_close(spliced[f"{hook_out}.hook_sae_acts_post"], f)
     torch.testing.assert_close(spliced.logits, t.logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("site", ["resid_post", "transcoder"])
+def test_every_layer_sets_load_by_their_folder_names(tmp_path, gemma, site):
+    """Gemma Scope 2's every-layer sets (`transcoder_all/layer_L_...`, `resid_post_all/...`) hold the same files;
+    without a config.json their site comes from the folder name with `_all` dropped."""
+    for layer in range(gemma.cfg.n_layers):
+        folder, _ = gemma_scope_folder(tmp_path, gemma, site, layer, config=False, every_layer=True)
+        sae = slmviz.load_sae(folder, model=gemma)
+        assert (sae.hook_name, sae.hook_name_out) == tuple(h.format(L=layer) for h in EXPECTED_HOOKS[site])
+    odd = tmp_path / "transcoders_every" / "layer_0_width_32_l0_small"
+    odd.mkdir(parents=True)
+    (odd / "params.safetensors").write_bytes((folder / "params.safetensors").read_bytes())
+    with pytest.raises(SAEError, match=r"site one of .*got 'transcoders_every/layer_0"):
+        slmviz.load_sae(odd, model=gemma)
 
 
 @pytest.mark.parametrize("config", [True, False], ids=["config", "no_config"])

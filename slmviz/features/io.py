@@ -50,6 +50,7 @@ GEMMA_SCOPE_CONFIG = "config.json"
 GEMMA_SCOPE_KEYS = ("w_enc", "w_dec", "b_enc", "b_dec", "threshold")
 GEMMA_SCOPE_SKIP = "affine_skip_connection"  # [d_in, d_out]: W_skip is its transpose
 SITES = ("resid_post", "attn_out", "mlp_out", "transcoder")
+ALL_LAYERS = "_all"  # Gemma Scope 2's every-layer sets: transcoder_all/layer_{L}_..., resid_post_all/... (same files)
 # site -> (hook read, hook written or None) for layer L.
 SITE_HOOKS: dict[str, tuple[str, str | None]] = {
     "resid_post": ("blocks.{L}.hook_resid_post", None),
@@ -129,7 +130,8 @@ def load_folder(path: str | os.PathLike) -> SAE:
 
 def gemma_scope_site(folder: Path, config: dict[str, Any] | None) -> tuple[str, int]:
     """(site, layer) of a Gemma Scope 2 folder: from config.json's hf_hook_point_in / _out when it has them,
-    else from the folder's name `{site}/layer_{L}_width_{W}_l0_{size}[_affine]`."""
+    else from the folder's name `{site}[_all]/layer_{L}_width_{W}_l0_{size}[_affine]` (`transcoder_all` is the set
+    for every layer, `transcoder` the one for a few)."""
     if config and config.get("hf_hook_point_in"):
         point_in, point_out = str(config["hf_hook_point_in"]), config.get("hf_hook_point_out")
         for pattern, site in HF_HOOK_POINTS:
@@ -145,11 +147,11 @@ def gemma_scope_site(folder: Path, config: dict[str, Any] | None) -> tuple[str, 
         raise SAEError(f"{folder}: config.json's hf_hook_point_in {point_in!r} is not one of Gemma Scope 2's "
                        f"sites ({', '.join(SITES)}); known hook points: {[p.pattern for p, _ in HF_HOOK_POINTS]}")
     match = FOLDER_NAME.match(folder.name)
-    site = folder.parent.name
+    site = folder.parent.name.removesuffix(ALL_LAYERS)
     if not match or site not in SITES:
         raise SAEError(
             f"{folder}: without a config.json the folder must be named like Gemma Scope 2's "
-            f"'{{site}}/layer_{{L}}_width_{{W}}_l0_{{size}}[_affine]' with site one of {SITES}; got "
+            f"'{{site}}[{ALL_LAYERS}]/layer_{{L}}_width_{{W}}_l0_{{size}}[_affine]' with site one of {SITES}; got "
             f"'{site}/{folder.name}'"
         )
     return site, int(match.group(1))
