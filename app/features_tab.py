@@ -523,9 +523,11 @@ def build_sae_loader(fh: FeatureHandlers) -> tuple[gr.components.Component, ...]
 
 
 def build_features_tab(fh: FeatureHandlers, prompt: gr.Textbox, chat: gr.Checkbox, source: gr.State,
-                       loader: tuple, model_kw: dict, light_kw: dict, job_kw: dict, load_kw: dict) -> None:
+                       loader: tuple, model_kw: dict, light_kw: dict, job_kw: dict, load_kw: dict,
+                       decode_kw: dict | None = None) -> None:
     """The Features tab, inside the page's gr.Tabs. Waiting for a feature scan holds a "jobs" slot (job_kw);
-    the model queue (model_kw) only serves the prompt's features and steering."""
+    the model queue (model_kw) only serves the prompt's features, and steering decodes in the "decode" queue
+    (decode_kw, app/main.py)."""
     model = fh.h.store.get()
     names = fh.saes.names(model)
     with gr.Tab("Features", id="tab-features") as tab:
@@ -615,7 +617,7 @@ def build_features_tab(fh: FeatureHandlers, prompt: gr.Textbox, chat: gr.Checkbo
     gr.on([search_btn.click, query.submit], fh.search, [picker, query, mode, source], results,
           api_name="feature_search", **job_kw)
     steer_btn.click(fh.steer, [prompt, chat, picker, steer_feature, strength, steer_new, temperature, seed, source],
-                    [default_text, steered_text], api_name="steer", **model_kw)
+                    [default_text, steered_text], api_name="steer", **(decode_kw or model_kw))
     gr.on([load_btn.click, box.submit], fh.load, [box, sub, source], [load_status, picker], api_name="load_sae",
           **load_kw)
     source.change(fh.model_changed, source, [picker, status, card, tokens, found], api_visibility="private",

@@ -56,6 +56,11 @@ LOAD_CONCURRENCY = 1  # one model load at a time, in its own queue: a minute-lon
 # Long work (corpus scans, patch sweeps, feature scans) runs in app/scan_jobs.py's worker, one job at a time;
 # the request that waits for it holds a "jobs" slot, never a "model" one, so short requests go on meanwhile.
 JOB_WAITERS = 8
+# Calls that decode (Generate, Compare's continuations, Steer) or run every preset take seconds, not the fraction
+# of a second a Run takes: they wait in a queue of their own, one at a time, so a Run from another session is served
+# beside them instead of behind them. Two threads may then use one model at once; its forward keeps no state
+# between calls (params.one_thread's thread count is restored by whichever call set it).
+DECODE_CONCURRENCY = 1
 LIGHT_CONCURRENCY = 4  # re-plotting a stored trace and filling presets never run the model
 
 THEME = gr.themes.Default(
@@ -91,6 +96,7 @@ def build(handlers: Handlers) -> gr.Blocks:
     light_kw = {"concurrency_limit": LIGHT_CONCURRENCY, "concurrency_id": "light"}
     load_kw = {"concurrency_limit": LOAD_CONCURRENCY, "concurrency_id": "load"}
     scan_kw = {"concurrency_limit": JOB_WAITERS, "concurrency_id": "jobs"}
+    decode_kw = {"concurrency_limit": DECODE_CONCURRENCY, "concurrency_id": "decode"}
     features = FeatureHandlers(handlers)
     with gr.Blocks(title="slmviz", analytics_enabled=False, delete_cache=(1800, 3600)) as demo:
         source = gr.State("")  # this session's model ("" = the startup model)
@@ -200,7 +206,8 @@ def build(handlers: Handlers) -> gr.Blocks:
                 sae_loader = build_sae_loader(features)
             from .corpus_tab import build_corpus_tab
             build_corpus_tab(handlers, prompt, source, model_kw, light_kw, scan_kw)
-            build_features_tab(features, prompt, chat, source, sae_loader, model_kw, light_kw, scan_kw, load_kw)
+            build_features_tab(features, prompt, chat, source, sae_loader, model_kw, light_kw, scan_kw, load_kw,
+                               decode_kw)
 
         # --- events ---
         examples.input(handlers.example, [examples], [prompt, chat], api_name="example", **light_kw)
@@ -220,12 +227,12 @@ def build(handlers: Handlers) -> gr.Blocks:
         compare_btn.click(
             handlers.compare, [prompt, chat, *field_inputs, break_layer, break_head, break_new, source],
             [verdict, next_faithful, next_broken, kl_plot, overlay_plot, diff_plot, att_faithful, att_broken,
-             cont_faithful, cont_broken], api_name="compare", **model_kw)
+             cont_faithful, cont_broken], api_name="compare", **decode_kw)
         compare_all_btn.click(handlers.compare_all, [prompt, chat, source], all_table, api_name="compare_all",
-                              **model_kw)
+                              **decode_kw)
         gen_btn.click(handlers.generate,
                       [prompt, chat, *field_inputs, gen_new, temperature, top_k, seed, source],
-                      [gen_faithful, gen_broken], api_name="generate", **model_kw)
+                      [gen_faithful, gen_broken], api_name="generate", **decode_kw)
         model_outputs = [model_status, source, layer, head, break_layer, break_head, model_picker, preset,
                          *field_inputs, prompt]
         load_btn.click(handlers.load_model, [model_box], model_outputs, api_name="load_model", **load_kw)

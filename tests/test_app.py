@@ -261,14 +261,15 @@ def test_widget_values_round_trip_to_variants_and_a_wrong_count_says_what_is_exp
 
 def test_model_loads_queue_apart_from_model_work_with_progress():
     """The load events use their own queue ("load"): a minute-long first Gemma load never takes the single
-    "model" slot that every Run, Compare and Generate waits for."""
+    "model" slot that every Run waits for; nor do the calls that decode for seconds ("decode")."""
     from app import main
     from app.handlers import Handlers, ModelStore
 
     demo = main.build(Handlers(ModelStore(), examples=main.load_examples()))
     ids = {fn.api_name: fn.concurrency_id for fn in demo.fns.values()}
     assert ids["load_model"] == ids["pick_model"] == "load"
-    assert ids["run"] == ids["compare"] == ids["generate"] == "model"
+    assert ids["run"] == ids["feature_prompt"] == "model"
+    assert ids["compare"] == ids["compare_all"] == ids["generate"] == ids["steer"] == "decode"
 
 
 def test_a_slow_load_holds_up_neither_loaded_models_nor_a_second_request_for_it(monkeypatch):

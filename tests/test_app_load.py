@@ -1,4 +1,5 @@
-"""The app under load: 8 concurrent gradio_client sessions × 5 requests each, and a cancelled generation.
+"""The app under load: 8 concurrent gradio_client sessions × 5 requests each, a cancelled generation, and a Run
+served during another session's generation (checked by order of completion, never by time).
 
 Checks every request succeeds, results equal a single client's (determinism under Gradio's queue and
 its concurrency limit), and the server's memory stays bounded (peak RSS is printed and recorded in
@@ -117,3 +118,19 @@ def test_cancelling_a_long_generation_leaves_the_server_answering(server):
     assert job.outputs()[-1][0] and len(job.outputs()[-1][0]) < 2000  # partial text, not a full 256 tokens
     result = run(client, "The capital of France is")
     assert result[4].startswith("Traced")
+
+
+def test_another_sessions_run_during_a_long_generation_finishes_first(server):
+    """Generate decodes in the "decode" queue, not the one-at-a-time "model" queue: a Run from another session,
+    asked for while a 256-token generation streams, is served beside it and finishes first."""
+    alice, bob = Client(server, verbose=False), Client(server, verbose=False)
+    job = alice.submit("Tell me a very long story about the sea.", True, *FAITHFUL_WIDGETS, 256, 0, 0, 0,
+                       api_name="/generate")
+    deadline = time.monotonic() + 120
+    while not job.outputs() and time.monotonic() < deadline:  # the generation is under way
+        time.sleep(0.2)
+    assert job.outputs(), "generation never started streaming"
+    result = run(bob, "The capital of France is")
+    assert result[4].startswith("Traced")
+    assert not job.done()  # bob's Run did not wait for alice's generation
+    job.cancel()
