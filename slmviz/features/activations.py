@@ -159,7 +159,7 @@ LENGTH_BUCKETS = 4  # forward lengths per window size (window/4, window/2, 3 win
 
 
 def sae_batch_shape(longest: int, source: Source) -> tuple[int, int]:
-    """The padded shape [rows, length] of a training or evaluation forward whose longest window has `longest`
+    """The padded shape [rows, length] of a training forward whose longest window has `longest`
     tokens: the length rounded up to the next of LENGTH_BUCKETS steps of the window, and as many rows as fit
     `forward_tokens` at that length.
 
