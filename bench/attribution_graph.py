@@ -1,5 +1,5 @@
-"""Attribution graph of a 16-token prompt on SmolLM2-135M-Instruct with the bundled transcoders (transcoder_l3,
-transcoder_l6; the other 28 layers are all error): wall time, CPU time and peak RSS of `slmviz.attribution_graph`.
+"""Attribution graph of a 16-token prompt on SmolLM2-135M-Instruct with the bundled transcoders (transcoder_l6,
+transcoder_l9; the other 28 layers are all error): wall time, CPU time and peak RSS of `slmviz.attribution_graph`.
 
 Peak RSS: the kernel's peak counter (VmHWM) is reset after the model and transcoders are loaded
 (`echo 5 > /proc/self/clear_refs`), so the figure is the most the process held while building one graph, model
@@ -42,7 +42,7 @@ def main() -> None:
 
     load_before = os.getloadavg()
     m = slmviz.load()
-    tcs = [slmviz.load_sae(name, model=m) for name in ("transcoder_l3", "transcoder_l6")]
+    tcs = [slmviz.load_sae(name, model=m) for name in ("transcoder_l6", "transcoder_l9")]
     ids = prompt_ids(m, args.tokens)
     print(f"prompt ({len(ids)} tokens): {''.join(m.to_strings(ids))!r}")
     print(f"after load: RSS {status_gb('VmRSS'):.2f} GB; torch threads {torch.get_num_threads()}")

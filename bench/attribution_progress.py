@@ -28,7 +28,7 @@ class Stop(Exception):
 def main() -> None:
     print(f"load average {os.getloadavg()[0]:.1f}")
     m = slmviz.load()
-    tcs = [slmviz.load_sae(name, model=m) for name in ("transcoder_l3", "transcoder_l6")]
+    tcs = [slmviz.load_sae(name, model=m) for name in ("transcoder_l6", "transcoder_l9")]
     stamps: list[float] = []
     start = time.perf_counter()
     g = slmviz.attribution_graph(PROMPT, transcoders=tcs, model=m,

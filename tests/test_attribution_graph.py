@@ -424,15 +424,15 @@ def test_bad_input_gets_a_clear_error(models):
 
 @pytest.mark.slow
 def test_smollm2_graph_with_the_bundled_transcoders_reproduces_its_logits(model):
-    """The real thing: SmolLM2 with transcoder_l3 and transcoder_l6 (every other layer all error)."""
-    tcs = [slmviz.load_sae(name, model=model) for name in ("transcoder_l3", "transcoder_l6")]
+    """The real thing: SmolLM2 with transcoder_l6 and transcoder_l9 (every other layer all error)."""
+    tcs = [slmviz.load_sae(name, model=model) for name in ("transcoder_l6", "transcoder_l9")]
     g = attribution_graph("The capital of France is", transcoders=tcs, model=model)
     last = model.logits(torch.tensor(g.input_ids))[-1]
     logit = torch.tensor((g.nodes["kind"] == "logit").to_numpy())
     expected = last[torch.tensor(g.nodes.loc[logit.numpy(), "feature"].to_numpy())] - last.mean()
     got = (g.adjacency.sum(1) + g.constant)[logit]
     assert torch.allclose(got, expected, atol=1e-3 * float(expected.abs().max()), rtol=0)
-    assert set(g.nodes.loc[g.nodes["kind"] == "feature", "layer"]) == {3, 6}
+    assert set(g.nodes.loc[g.nodes["kind"] == "feature", "layer"]) == {6, 9}
     assert g.nodes.loc[logit.numpy(), "token"].iloc[0] == " Paris"
     p = g.prune()
     assert 0 < p.kept_nodes.shape[0] < g.nodes.shape[0]

@@ -55,8 +55,8 @@ def test_run_see_the_graph_and_the_curve_and_select_an_edge(page, server):
 def test_build_an_attribution_graph_and_click_a_feature_to_open_its_page(page, server):
     page.get_by_role("tab", name="Circuits").click()
     page.wait_for_selector("#circuit-attr-prompt textarea")
-    assert page.locator("#circuit-attr-transcoders input:checked").count() == 2  # transcoder_l3 and _l6
-    page.get_by_label("transcoder_l6").uncheck()  # one transcoder: half the targets, half the time
+    assert page.locator("#circuit-attr-transcoders input:checked").count() == 2  # transcoder_l6 and _l9
+    page.get_by_label("transcoder_l9").uncheck()  # one transcoder: half the targets, half the time
     page.click("#circuit-attr-run")
     page.wait_for_function("document.querySelector('#circuit-attr-status').innerText.includes('Pruned to')",
                            timeout=PLOT_TIMEOUT_MS)

@@ -63,7 +63,7 @@ def checked_transcoders(transcoders: Any, d_model: int, n_layers: int) -> dict[i
     if transcoders is None or (isinstance(transcoders, Sequence) and len(transcoders) == 0):
         raise AttributionGraphError(
             "attribution_graph needs transcoders=[...]: features are what its nodes are. Load one with "
-            "slmviz.load_sae(name, model=m); slmviz.bundled_saes(m) lists those that ship (transcoder_l3, ...)")
+            "slmviz.load_sae(name, model=m); slmviz.bundled_saes(m) lists those that ship (transcoder_l6, ...)")
     if not isinstance(transcoders, Sequence):
         transcoders = [transcoders]
     by_layer: dict[int, Any] = {}

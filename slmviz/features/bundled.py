@@ -1,6 +1,6 @@
 """The SAEs and transcoders that ship inside the package, and the offline corpus they were trained on.
 
-    slmviz.bundled_saes(m)                       # ['resid_post_l15', 'transcoder_l3', ...] for SmolLM2
+    slmviz.bundled_saes(m)                       # ['resid_post_l15', 'transcoder_l6', ...] for SmolLM2
     sae = slmviz.load_sae("resid_post_l15", model=m)
 
 They live in slmviz/features/bundled/<model name>/<sae name>/ as SAELens folders (cfg.json + sae_weights.safetensors),
