@@ -103,14 +103,20 @@ def test_eight_concurrent_clients_get_the_single_client_results(server, record_p
     assert rss.peak < MAX_SERVER_RSS
 
 
-def test_cancelling_a_long_generation_leaves_the_server_answering(server):
-    client = Client(server, verbose=False)
-    fields = FAITHFUL_WIDGETS  # one widget value per Variant field, faithful
-    job = client.submit("Tell me a very long story about the sea.", True, *fields, 256, 0, 0, 0, api_name="/generate")
+def streaming_generation(client: Client):
+    """A faithful 256-token generation, returned once its first tokens have streamed."""
+    job = client.submit("Tell me a very long story about the sea.", True, *FAITHFUL_WIDGETS, 256, 0, 0, 0,
+                        api_name="/generate")
     deadline = time.monotonic() + 120
-    while not job.outputs() and time.monotonic() < deadline:  # wait for the first streamed tokens
+    while not job.outputs() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert job.outputs(), "generation never started streaming"
+    return job
+
+
+def test_cancelling_a_long_generation_leaves_the_server_answering(server):
+    client = Client(server, verbose=False)
+    job = streaming_generation(client)
     job.cancel()
     streamed = len(job.outputs())
     time.sleep(2)
@@ -124,12 +130,7 @@ def test_another_sessions_run_during_a_long_generation_finishes_first(server):
     """Generate decodes in the "decode" queue, not the one-at-a-time "model" queue: a Run from another session,
     asked for while a 256-token generation streams, is served beside it and finishes first."""
     alice, bob = Client(server, verbose=False), Client(server, verbose=False)
-    job = alice.submit("Tell me a very long story about the sea.", True, *FAITHFUL_WIDGETS, 256, 0, 0, 0,
-                       api_name="/generate")
-    deadline = time.monotonic() + 120
-    while not job.outputs() and time.monotonic() < deadline:  # the generation is under way
-        time.sleep(0.2)
-    assert job.outputs(), "generation never started streaming"
+    job = streaming_generation(alice)
     result = run(bob, "The capital of France is")
     assert result[4].startswith("Traced")
     assert not job.done()  # bob's Run did not wait for alice's generation
