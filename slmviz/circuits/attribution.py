@@ -38,15 +38,7 @@ import torch
 from ..tokens import PromptError
 from .attribution_json import graph_json
 from .attribution_prune import graph_scores, prune_masks
-from .replacement import (
-    AttributionGraphError,
-    PromptState,
-    checked_transcoders,
-    decoder_vectors,
-    frozen_forward,
-    prompt_state,
-    skip_of,
-)
+from .replacement import AttributionGraphError, PromptState, checked_transcoders, prompt_state
 
 DEFAULT_MEMORY_BUDGET_GB = 4.0
 Progress = bool | Callable[[int, int], None] | None  # a tqdm bar (True), nothing (False / None), fn(done, total)
@@ -257,7 +249,7 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
 
         model = load()
     cfg = model.cfg
-    by_layer = checked_transcoders(transcoders, cfg.d_model, cfg.n_layers)
+    ts = checked_transcoders(transcoders, model)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise AttributionGraphError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not 0 < desired_logit_prob <= 1 or not isinstance(max_n_logits, int) or max_n_logits < 1:
@@ -270,42 +262,8 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
     if len(ids) == 0:
         raise PromptError("the prompt is empty: an attribution graph needs at least one token")
     n_pos, n_layers = len(ids), cfg.n_layers
-    state = prompt_state(model, ids)
-
-    # Phase 0: active features, errors, embeddings (circuit-tracer's setup_attribution).
-    bos = zero_bos
-    feat_layer, feat_pos, feat_idx, feat_act, feat_vec, enc_rows, feat_hook = [], [], [], [], [], [], []
-    errors = torch.zeros(n_layers, n_pos, cfg.d_model)
-    for layer in range(n_layers):
-        out = state.mlp_out[layer].float()
-        sae = by_layer.get(layer)
-        if sae is None:
-            errors[layer] = out
-            continue
-        with torch.no_grad():
-            x = state.mlp_in[layer]
-            acts = sae.encode(x).float()  # [pos, d_sae]
-            recon = sae.decode(sae.encode(x), x).float()
-            errors[layer] = out - recon
-        if bos:
-            acts[0] = 0
-        pos, idx = torch.nonzero(acts, as_tuple=True)  # row-major: position, then feature
-        feat_layer.append(torch.full_like(pos, layer))
-        feat_pos.append(pos)
-        feat_idx.append(idx)
-        feat_act.append(acts[pos, idx])
-        feat_vec.append(decoder_vectors(sae, idx, acts[pos, idx]))
-        enc_rows.append(sae.W_enc.detach()[:, idx].T.float())  # [n, d_model]
-        feat_hook += [sae.hook_name_out] * len(pos)
-    if bos:
-        errors[:, 0] = 0
-
-    def cat(xs: list[torch.Tensor], w: int = 0) -> torch.Tensor:
-        return torch.cat(xs) if xs else torch.zeros((0, w)) if w else torch.zeros(0, dtype=torch.long)
-
-    f_layer, f_pos, f_idx = cat(feat_layer), cat(feat_pos), cat(feat_idx)
-    f_act = torch.cat(feat_act) if feat_act else torch.zeros(0)
-    f_vec, f_enc = cat(feat_vec, cfg.d_model), cat(enc_rows, cfg.d_model)
+    state = prompt_state(model, ids, ts)
+    f_layer, f_pos, f_idx, f_act, f_enc, writes, errors = active_features(ts, state, n_layers, zero_bos)
     n_feat = len(f_layer)
     token_vecs = state.embed.float()  # [pos, d_model]
 
@@ -337,7 +295,7 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
     with _Reporter(progress, n_logits + n_feat) as report:
         for base, targets in ((0, logit_targets), (n_logits, feature_targets)):
             if targets:
-                attribute_rows(model, state, by_layer, targets, adjacency, batch_size, f_layer, f_pos, f_vec,
+                attribute_rows(model, state, ts, targets, adjacency, batch_size, f_pos, writes,
                                errors, token_vecs, err_off, tok_off, logit_off, vmap=vmap,
                                progress=lambda n, base=base: report(base + n))
 
@@ -352,21 +310,92 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
     else:  # the graph's logit is the one before the softcap
         pre = _pre_softcap(model, state)
         target_values[logit_off:] = pre[logit_idx] - pre.mean()
-    constant = replacement_constant(model, state, by_layer, f_layer, f_pos, f_vec, errors, f_enc, logit_vecs,
+    constant = replacement_constant(model, state, ts, f_layer, f_pos, writes, errors, f_enc, logit_vecs,
                                     n_nodes, logit_off)
-    nodes = node_table(model, ids, f_layer, f_pos, f_idx, f_act, feat_hook, n_layers, logit_idx, logit_p, by_layer)
+    feat_hook = [ts.write_hook(L) for L in f_layer.tolist()]
+    nodes = node_table(model, ids, f_layer, f_pos, f_idx, f_act, feat_hook, n_layers, logit_idx, logit_p)
     return AttributionGraph(
         prompt=prompt if isinstance(prompt, str) else "".join(model.to_strings(ids)),
         tokens=model.to_strings(ids), input_ids=[int(i) for i in ids], nodes=nodes, adjacency=adjacency,
         constant=constant, target_values=target_values, logit_probabilities=logit_p, n_layers=n_layers,
         model_name=str(getattr(model, "name", "")),
-        transcoder_names=[transcoder_name(sae) for sae in by_layer.values()])
+        transcoder_names=ts.names)
 
 
-def attribute_rows(model: Any, state: PromptState, by_layer: dict[int, Any], targets: list[tuple],
-                   adjacency: torch.Tensor, batch_size: int, f_layer: torch.Tensor, f_pos: torch.Tensor,
-                   f_vec: torch.Tensor, errors: torch.Tensor, token_vecs: torch.Tensor, err_off: int, tok_off: int,
-                   logit_off: int, vmap: bool = True, progress: Callable[[int], None] | None = None) -> None:
+@dataclass
+class Writes:
+    """What the active features add to the MLP outputs: one entry per (feature node, layer it writes): the node's
+    index, the layer written, and the vector [d_model] (fp32). A per-layer transcoder writes its own layer once; a
+    cross-layer transcoder's feature writes every later layer too."""
+
+    node: torch.Tensor  # [w] long: the feature node (0..n_features-1)
+    layer: torch.Tensor  # [w] long: the MLP output written
+    vec: torch.Tensor  # [w, d_model]
+
+    @classmethod
+    def empty(cls, d_model: int) -> Writes:
+        return cls(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, d_model))
+
+
+def active_features(ts: Any, state: PromptState, n_layers: int, zero_bos: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Writes,
+                               torch.Tensor]:
+    """Phase 0 (circuit-tracer's setup_attribution): the active features of the prompt, ordered by layer, position,
+    feature, as (layer, position, feature, activation, encoder rows [n, d_model], writes, errors [n_layers, pos,
+    d_model]). A layer's error is its MLP output minus the set's prediction there (the whole output where nothing
+    writes). `zero_bos` drops position 0's features and errors."""
+    n_pos, d_model = len(state.ids), state.embed.shape[-1]
+    acts_by_layer: dict[int, torch.Tensor] = {}
+    layers, positions, feats, values, enc = [], [], [], [], []
+    for layer in ts.layers:
+        with torch.no_grad():
+            acts = ts.encode(layer, state.mlp_in[layer]).float()  # [pos, d_sae]
+        acts_by_layer[layer] = acts
+        shown = acts.clone()
+        if zero_bos:
+            shown[0] = 0
+        pos, idx = torch.nonzero(shown, as_tuple=True)  # row-major: position, then feature
+        layers.append(torch.full_like(pos, layer))
+        positions.append(pos)
+        feats.append(idx)
+        values.append(shown[pos, idx])
+        enc.append(ts.encoder_rows(layer, idx))
+
+    def cat(xs: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
+        return torch.cat(xs) if xs else empty
+
+    long0 = torch.zeros(0, dtype=torch.long)
+    f_layer, f_pos, f_idx = cat(layers, long0), cat(positions, long0), cat(feats, long0)
+    f_act, f_enc = cat(values, torch.zeros(0)), cat(enc, torch.zeros(0, d_model))
+    nodes, targets, vecs = [], [], []
+    start = 0
+    for layer, idx, act in zip(ts.layers, feats, values, strict=True):
+        node = torch.arange(start, start + len(idx))
+        for target, v in ts.writes(layer, idx, act):
+            nodes.append(node)
+            targets.append(torch.full_like(node, target))
+            vecs.append(v)
+        start += len(idx)
+    writes = Writes(cat(nodes, long0), cat(targets, long0), cat(vecs, torch.zeros(0, d_model)))
+    errors = torch.zeros(n_layers, n_pos, d_model)
+    inputs = {L: state.mlp_in[L] for L in ts.layers}
+    written = {int(L) for L in writes.layer.unique()} | set(ts.layers)
+    for layer in range(n_layers):
+        out = state.mlp_out[layer].float()
+        if layer not in written:
+            errors[layer] = out
+            continue
+        with torch.no_grad():
+            errors[layer] = out - ts.reconstruct(layer, acts_by_layer, inputs).float()
+    if zero_bos:
+        errors[:, 0] = 0
+    return f_layer, f_pos, f_idx, f_act, f_enc, writes, errors
+
+
+def attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple], adjacency: torch.Tensor,
+                   batch_size: int, f_pos: torch.Tensor, writes: Writes, errors: torch.Tensor,
+                   token_vecs: torch.Tensor, err_off: int, tok_off: int, logit_off: int, vmap: bool = True,
+                   progress: Callable[[int], None] | None = None) -> None:
     """Fill adjacency's rows of `targets` [(layer read, position, read vector, node index)]: one forward of the
     replacement model up to the deepest layer they read, then one backward per `batch_size` of them, each row's
     gradient injected at its own target. `progress(n)` after each backward: n rows of `targets` are filled
@@ -377,8 +406,8 @@ def attribute_rows(model: Any, state: PromptState, by_layer: dict[int, Any], tar
     `batch_size`. circuit-tracer runs `batch_size` copies instead; so does this function with vmap=False, and as
     the fallback where an op has no batching rule. The gradients are the same (tests compare both).
     """
-    args = (model, state, by_layer, targets, adjacency, batch_size, f_layer, f_pos, f_vec, errors, token_vecs,
-            err_off, tok_off, logit_off)
+    args = (model, state, ts, targets, adjacency, batch_size, f_pos, writes, errors, token_vecs, err_off, tok_off,
+            logit_off)
     for one_row in ((True, False) if vmap else (False,)):
         batches = _attribute_rows(*args, one_row=one_row)
         try:
@@ -397,11 +426,15 @@ def attribute_rows(model: Any, state: PromptState, by_layer: dict[int, Any], tar
             batches.close()  # a stop mid-way: the suspended backward's autograd graph goes now
 
 
-def _attribute_rows(model: Any, state: PromptState, by_layer: dict[int, Any], targets: list[tuple],
-                    adjacency: torch.Tensor, batch_size: int, f_layer: torch.Tensor, f_pos: torch.Tensor,
-                    f_vec: torch.Tensor, errors: torch.Tensor, token_vecs: torch.Tensor, err_off: int, tok_off: int,
-                    logit_off: int, one_row: bool) -> Iterator[int]:
-    """attribute_rows' work, yielding the number of rows filled after each backward."""
+def _attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple], adjacency: torch.Tensor,
+                    batch_size: int, f_pos: torch.Tensor, writes: Writes, errors: torch.Tensor,
+                    token_vecs: torch.Tensor, err_off: int, tok_off: int, logit_off: int,
+                    one_row: bool) -> Iterator[int]:
+    """attribute_rows' work, yielding the number of rows filled after each backward.
+
+    A feature's edge into a target is the sum over the MLP outputs it writes of (gradient there) · (its vector
+    there): the gradient at layer j's output is the same for every source writing j, so each layer's writes are one
+    matrix product."""
     cfg, dtype = model.cfg, model.dtype
     n_layers, n_pos, n_nodes = cfg.n_layers, len(state.ids), adjacency.shape[0]
     top = max(t[0] for t in targets)
@@ -409,9 +442,11 @@ def _attribute_rows(model: Any, state: PromptState, by_layer: dict[int, Any], ta
     copies = 1 if one_row else rows
     embed_leaf = state.embed[None].expand(copies, -1, -1).clone().requires_grad_(True)  # [c, pos, d_model]
     deltas = [torch.zeros(copies, n_pos, cfg.d_model, dtype=dtype, requires_grad=True) for _ in range(n_layers)]
-    mlp_in, normed = frozen_forward(model, state, by_layer, embed_leaf, deltas, grad=True,
-                                    last_layer=None if top == n_layers else top)
+    mlp_in, normed = ts.frozen_forward(model, state, embed_leaf, deltas, grad=True,
+                                       last_layer=None if top == n_layers else top)
     reads = [*mlp_in, normed]  # what a target at layer L reads (n_layers: the logits)
+    write_pos = f_pos[writes.node]  # [w]
+    n_feat = len(f_pos)
     for start in range(0, len(targets), rows):
         batch = targets[start:start + rows]
         inject: dict[int, torch.Tensor] = {}
@@ -430,11 +465,13 @@ def _attribute_rows(model: Any, state: PromptState, by_layer: dict[int, Any], ta
             if g is not None:
                 g_layers[:, L] = g.float()
         block = torch.zeros(rows, n_nodes)
+        feature_edges = torch.zeros(rows, n_feat)
         for layer in range(deepest):
-            sel = (f_layer == layer).nonzero(as_tuple=True)[0]
+            sel = (writes.layer == layer).nonzero(as_tuple=True)[0]
             if len(sel):
-                m = g_layers[:, layer] @ f_vec[sel].T  # [b, pos, n_L]
-                block[:, sel] = m[:, f_pos[sel], torch.arange(len(sel))]
+                m = g_layers[:, layer] @ writes.vec[sel].T  # [b, pos, n_sel]
+                feature_edges.index_add_(1, writes.node[sel], m[:, write_pos[sel], torch.arange(len(sel))])
+        block[:, :n_feat] = feature_edges
         err = torch.einsum("blpd,lpd->blp", g_layers, errors[:deepest])  # [b, deepest, pos]
         block[:, err_off:err_off + deepest * n_pos] = err.reshape(rows, -1)
         block[:, tok_off:logit_off] = torch.einsum("bpd,pd->bp", g_embed, token_vecs)
@@ -478,24 +515,19 @@ def _pre_softcap(model: Any, state: PromptState) -> torch.Tensor:
     return torch.atanh((state.logits[-1].float() / cap).clamp(-1 + 1e-7, 1 - 1e-7)) * cap
 
 
-def transcoder_name(sae: Any) -> str:
-    """A transcoder's name in the JSON's transcoder_list: its bundled/hub name when it has one, else its hooks."""
-    meta = getattr(sae, "metadata", {}) or {}
-    return str(meta.get("name") or meta.get("release") or f"{sae.hook_name}->{sae.hook_name_out}")
-
-
-def replacement_constant(model: Any, state: PromptState, by_layer: dict[int, Any], f_layer: torch.Tensor,
-                         f_pos: torch.Tensor, f_vec: torch.Tensor, errors: torch.Tensor, f_enc: torch.Tensor,
-                         logit_vecs: torch.Tensor, n_nodes: int, logit_off: int) -> torch.Tensor:
+def replacement_constant(model: Any, state: PromptState, ts: Any, f_layer: torch.Tensor, f_pos: torch.Tensor,
+                         writes: Writes, errors: torch.Tensor, f_enc: torch.Tensor, logit_vecs: torch.Tensor,
+                         n_nodes: int, logit_off: int) -> torch.Tensor:
     """Each target's value with every node removed: the replacement model run with the embeddings zeroed and every
-    feature's and error's vector subtracted from its MLP output (what remains is b_dec, biases, a zeroed BOS)."""
+    feature's and error's vector subtracted from the MLP outputs it writes (what remains is b_dec, biases, a zeroed
+    BOS)."""
     cfg = model.cfg
     n_pos = len(state.ids)
     deltas = -errors.clone()
-    deltas.index_put_((f_layer, f_pos), -f_vec, accumulate=True)
+    deltas.index_put_((writes.layer, f_pos[writes.node]), -writes.vec, accumulate=True)
     deltas = [d[None].to(model.dtype) for d in deltas]
     zero = torch.zeros(1, n_pos, cfg.d_model, dtype=model.dtype)
-    mlp_in, normed = frozen_forward(model, state, by_layer, zero, deltas)
+    mlp_in, normed = ts.frozen_forward(model, state, zero, deltas)
     out = torch.zeros(n_nodes)
     n_feat = len(f_layer)
     for i in range(n_feat):
@@ -506,7 +538,7 @@ def replacement_constant(model: Any, state: PromptState, by_layer: dict[int, Any
 
 def node_table(model: Any, ids: torch.Tensor, f_layer: torch.Tensor, f_pos: torch.Tensor, f_idx: torch.Tensor,
                f_act: torch.Tensor, feat_hook: list[str], n_layers: int, logit_idx: torch.Tensor,
-               logit_p: torch.Tensor, by_layer: dict[int, Any]) -> pd.DataFrame:
+               logit_p: torch.Tensor) -> pd.DataFrame:
     """One row per node in adjacency order, with circuit-tracer's node ids (frontend/graph_models.Node)."""
     n_pos = len(ids)
     strings = model.to_strings(ids)
@@ -533,4 +565,4 @@ def node_table(model: Any, ids: torch.Tensor, f_layer: torch.Tensor, f_pos: torc
                                        "token", "probability"])
 
 
-__all__ = ["AttributionGraph", "AttributionGraphError", "attribution_graph", "skip_of"]
+__all__ = ["AttributionGraph", "AttributionGraphError", "attribution_graph"]

@@ -9,24 +9,22 @@ x · W_skipᵀ where it has one (linear, so gradients flow through it, as in cir
 
 What stays outside every node and so forms each target's `constant` (`replacement_constant`): b_dec, the
 attention/MLP biases of families that have them, a LayerNorm's bias, and whatever `zero_bos` zeroes.
-This module runs the model; attribution.py turns its gradients into a graph.
+The replacement itself (which coders read and write where, their decoder vectors, the frozen forward) belongs to the
+transcoder set (features.transcoder_set.TranscoderSet); this module captures the prompt's run it freezes, and
+attribution.py turns the set's gradients into a graph.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..features.transcoder_set import TranscoderSet, TranscoderSetError, as_transcoder_set
 from ..hooks import build_context
-from ..model.norm import unhooked
 from ..variants import resolve_variant
-
-_IN = re.compile(r"blocks\.(\d+)\.mlp\.hook_in")
-_OUT = re.compile(r"blocks\.(\d+)\.hook_mlp_out")
 
 
 class AttributionGraphError(ValueError):
@@ -34,68 +32,15 @@ class AttributionGraphError(ValueError):
     too long for the memory budget."""
 
 
-def transcoder_layer(sae: Any, d_model: int, n_layers: int) -> int:
-    """The layer a transcoder replaces; refuses one that reads or writes anywhere else, or another model's width.
-
-    circuit-tracer's transcoders read the MLP's input and write its output; here that is `blocks.L.mlp.hook_in` ->
-    `blocks.L.hook_mlp_out` (DESIGN.md "Features"). An SAE of the residual stream, or a transcoder whose d_in is not
-    this model's d_model, would run and give a graph of nothing.
-    """
-    hook_in, hook_out = str(getattr(sae, "hook_name", "")), str(getattr(sae, "hook_name_out", ""))
-    m_in, m_out = _IN.fullmatch(hook_in), _OUT.fullmatch(hook_out)
-    if not (m_in and m_out and m_in.group(1) == m_out.group(1)):
-        raise AttributionGraphError(
-            f"{sae!r} reads {hook_in!r} and writes {hook_out!r}; an attribution graph needs transcoders that read "
-            f"blocks.L.mlp.hook_in and write blocks.L.hook_mlp_out of the same layer L (an SAE of another site "
-            f"cannot replace an MLP)")
-    layer = int(m_in.group(1))
-    if layer >= n_layers:
-        raise AttributionGraphError(f"{sae!r} is for layer {layer}; this model has layers 0..{n_layers - 1}")
-    if sae.d_in != d_model or sae.d_out != d_model:
-        raise AttributionGraphError(
-            f"{sae!r} has d_in={sae.d_in}, d_out={sae.d_out}, but this model's d_model is {d_model}: "
-            f"it is a transcoder for another model")
-    return layer
-
-
-def checked_transcoders(transcoders: Any, d_model: int, n_layers: int) -> dict[int, Any]:
-    """{layer: transcoder}, each validated (transcoder_layer); at least one, at most one per layer."""
-    if transcoders is None or (isinstance(transcoders, Sequence) and len(transcoders) == 0):
-        raise AttributionGraphError(
-            "attribution_graph needs transcoders=[...]: features are what its nodes are. Load one with "
-            "slmviz.load_sae(name, model=m); slmviz.bundled_saes(m) lists those that ship (transcoder_l6, ...)")
-    if not isinstance(transcoders, Sequence):
-        transcoders = [transcoders]
-    by_layer: dict[int, Any] = {}
-    for sae in transcoders:
-        if not all(hasattr(sae, a) for a in ("W_enc", "W_dec", "hook_name", "hook_name_out")):
-            raise AttributionGraphError(f"transcoders must be slmviz SAE objects (slmviz.load_sae), got {sae!r}")
-        layer = transcoder_layer(sae, d_model, n_layers)
-        if layer in by_layer:
-            raise AttributionGraphError(f"two transcoders for layer {layer}: {by_layer[layer]!r} and {sae!r}")
-        by_layer[layer] = sae
-    return dict(sorted(by_layer.items()))
-
-
-def decoder_vectors(sae: Any, features: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
-    """What each active feature adds to the MLP output: acts [n] · W_dec[features] -> [n, d_model] (fp32).
-
-    A topk SAE with rescale_acts_by_decoder_norm divides its activation by |W_dec[f]| before decoding (SAE.decode),
-    so the vector it writes is (a / |W_dec[f]|) W_dec[f].
-    """
-    w = sae.W_dec.detach()[features].float()  # [n, d_model]
-    a = acts.float()
-    if getattr(sae, "architecture", "") == "topk" and getattr(sae, "rescale_acts_by_decoder_norm", False):
-        a = a / w.norm(dim=-1)
-    return a[:, None] * w
-
-
-def skip_of(sae: Any, x: torch.Tensor) -> torch.Tensor:
-    """The transcoder's linear skip path x · W_skipᵀ (zeros without W_skip): the part of the MLP replacement that
-    depends on the input, and so carries gradients between layers."""
-    if getattr(sae, "W_skip", None) is None:
-        return torch.zeros_like(x)
-    return (x.to(sae.W_skip.dtype) @ sae.W_skip.T).to(x.dtype)  # [..., d_in] -> [..., d_out]
+def checked_transcoders(transcoders: Any, model: Any) -> TranscoderSet:
+    """`transcoders=` as a TranscoderSet that fits `model` (a set, one transcoder or a list); each problem is an
+    AttributionGraphError naming the coder."""
+    try:
+        ts = as_transcoder_set(transcoders)
+        ts.check_model(model)
+    except TranscoderSetError as e:
+        raise AttributionGraphError(str(e)) from e
+    return ts
 
 
 def frozen_names(hook_names: Sequence[str]) -> list[str]:
@@ -112,17 +57,18 @@ class PromptState:
     logits: torch.Tensor  # [pos, vocab], the model's own
     frozen: dict[str, torch.Tensor]  # hook name -> [1, ...] pattern or scale
     embed: torch.Tensor  # [pos, d_model] hook_embed: what enters the residual stream (Gemma's scale included)
-    mlp_in: list[torch.Tensor]  # per layer [pos, d_model], blocks.L.mlp.hook_in
+    mlp_in: list[torch.Tensor]  # per layer [pos, d_model]: what the set's layer-L features read (mlp.hook_in)
     mlp_out: list[torch.Tensor]  # per layer [pos, d_model], blocks.L.hook_mlp_out
     final_scale: torch.Tensor  # [1, pos, 1] ln_final's divisor
 
 
-def prompt_state(model: Any, ids: torch.Tensor) -> PromptState:
-    """Run the prompt once, capturing what the replacement model freezes and reads."""
+def prompt_state(model: Any, ids: torch.Tensor, transcoders: Any = None) -> PromptState:
+    """Run the prompt once, capturing what the replacement model freezes and reads (each layer's read hook is the
+    set's, `blocks.L.mlp.hook_in` without one)."""
     cfg, dec = model.cfg, model.decoder
     n = cfg.n_layers
-    names = [*frozen_names(model.hook_names), "hook_embed",
-             *[f"blocks.{L}.mlp.hook_in" for L in range(n)], *[f"blocks.{L}.hook_mlp_out" for L in range(n)]]
+    reads = [transcoders.read_hook(L) if transcoders is not None else f"blocks.{L}.mlp.hook_in" for L in range(n)]
+    names = [*frozen_names(model.hook_names), "hook_embed", *reads, *[f"blocks.{L}.hook_mlp_out" for L in range(n)]]
     names = [x for x in names if x != "ln_final.hook_scale"]
     ctx = build_context(model.hook_names, names, batched=True)
     v = resolve_variant(None, cfg)
@@ -143,64 +89,15 @@ def prompt_state(model: Any, ids: torch.Tensor) -> PromptState:
     return PromptState(
         ids=ids, logits=logits[0].clone(),
         frozen={k: s[k] for k in names if k in s and k.endswith(("pattern", "scale"))},
-        embed=s["hook_embed"][0], mlp_in=[s[f"blocks.{L}.mlp.hook_in"][0] for L in range(n)],
+        embed=s["hook_embed"][0], mlp_in=[s[r][0] for r in reads],
         mlp_out=[s[f"blocks.{L}.hook_mlp_out"][0] for L in range(n)], final_scale=scales[0].clone(),
     )
 
 
-def frozen_forward(
-    model: Any, state: PromptState, transcoders: dict[int, Any], embed: torch.Tensor, deltas: Sequence[torch.Tensor],
-    grad: bool = False, last_layer: int | None = None,
-) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """The local replacement model on a batch: embed [b, pos, d_model] enters the residual stream in place of the
-    tokens' embeddings, and layer L's MLP output is
-
-        prompt's mlp_out[L] - skip(prompt's mlp_in[L]) + skip(mlp_in[L]) + deltas[L]      [b, pos, d_model]
-
-    (the prompt's output, its skip path live, plus an edit), under the prompt's attention patterns and norm scales.
-    With embed = the prompt's and deltas = 0 it reproduces the prompt's run; it is linear in (embed, deltas).
-    Returns (mlp_in per layer [b, pos, d_model], ln_final's output [b, pos, d_model]). `last_layer`: run blocks
-    0..last_layer only (what feature targets up to that layer read) and return None for ln_final's output.
-    """
-    cfg, dec = model.cfg, model.decoder
-    b = embed.shape[0]
-    mlp_in: list[torch.Tensor | None] = [None] * cfg.n_layers
-
-    def frozen(x: torch.Tensor, name: str) -> torch.Tensor:
-        return state.frozen[name].expand_as(x)
-
-    def inject(x: torch.Tensor, name: str) -> torch.Tensor:
-        return embed
-
-    def read_in(layer: int):
-        def fn(x: torch.Tensor, name: str) -> None:
-            mlp_in[layer] = x
-        return fn
-
-    def replace_out(layer: int):
-        sae = transcoders.get(layer)
-
-        def fn(x: torch.Tensor, name: str) -> torch.Tensor:
-            base = state.mlp_out[layer]
-            if sae is None:
-                return (base + deltas[layer]).to(x.dtype)
-            live = skip_of(sae, mlp_in[layer])
-            return (base - skip_of(sae, state.mlp_in[layer]) + live + deltas[layer]).to(x.dtype)
-        return fn
-
-    fns: dict[str, Any] = {name: frozen for name in state.frozen}
-    fns["hook_embed"] = inject
-    for layer in range(cfg.n_layers):
-        fns[f"blocks.{layer}.mlp.hook_in"] = read_in(layer)
-        fns[f"blocks.{layer}.hook_mlp_out"] = replace_out(layer)
-    ctx = build_context(model.hook_names, [], fns, batched=True)
-    v = resolve_variant(None, cfg)
-    ids = state.ids[None].expand(b, -1)
-    stop = cfg.n_layers - 1 if last_layer is None else last_layer
-    resid = dec.forward(ids, ctx, v, grad=grad, stop_after_layer=stop)  # [b, pos, d_model]
-    if last_layer is not None:
-        return [t for t in mlp_in if t is not None], None
-    with torch.enable_grad() if grad else torch.inference_mode():
-        scale = state.final_scale.expand(b, -1, -1)
-        normed = dec.final_norm(resid, dec.conventions(v), lambda s: scale.to(s.dtype), unhooked)
-    return [t for t in mlp_in if t is not None], normed
+def frozen_forward(model: Any, state: PromptState, transcoders: Any, embed: torch.Tensor,
+                   deltas: Sequence[torch.Tensor], grad: bool = False, last_layer: int | None = None
+                   ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """The set's local replacement model (TranscoderSet.frozen_forward); `transcoders` as attribution_graph takes
+    them."""
+    return as_transcoder_set(transcoders).frozen_forward(model, state, embed, deltas, grad=grad,
+                                                         last_layer=last_layer)
