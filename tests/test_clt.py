@@ -1,0 +1,228 @@
+"""Cross-layer transcoders (slmviz.features.clt): the formula, splicing, and exact attribution graphs.
+
+Checked against references that do not share the CLT's own code paths: the formula written out by hand from the
+CLT's tensors on a plain trace's inputs, the model's own logits, generate's KV-cache decoding against full traces,
+and the frozen replacement model run forward with one node removed. Not covered here: the file formats
+(tests/test_clt_io.py), training, bf16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import slmviz
+from slmviz.circuits.attribution import AttributionGraphError, attribution_graph
+from slmviz.circuits.replacement import prompt_state
+from slmviz.features.clt import CLTError, CrossLayerTranscoder
+
+PROMPT = "w3 w5 w7 w9 w11 w4"
+ARCHS = ("llama_gqa", "llama_bias", "gemma3", "qwen3", "olmo2")
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dirs):
+    return {arch: slmviz.load(tiny_dirs[arch]) for arch in ARCHS}
+
+
+def clt_for(model, seed=0, input_hook="mlp.hook_in", d_sae=48, **kw) -> CrossLayerTranscoder:
+    return CrossLayerTranscoder.random(model.cfg.n_layers, model.cfg.d_model, d_sae, seed=seed, input_hook=input_hook,
+                                       **kw)
+
+
+def by_hand(clt, inputs):
+    """Each layer's features and y_j = Σ_{L ≤ j} f_L W_dec[L][:, j - L] + b_dec[j] (+ x_j W_skip[j]ᵀ), from the
+    tensors alone (float64)."""
+    n = clt.n_layers
+    W_enc, b_enc = clt.W_enc.detach().double(), clt.b_enc.detach().double()
+    feats = []
+    for L in range(n):
+        h = inputs[L].double() @ W_enc[L] + b_enc[L]
+        if clt.architecture == "jumprelu":
+            f = h.relu() * (h > clt.threshold.detach().double()[L])
+        elif clt.architecture == "topk":
+            v, i = h.topk(clt.k, dim=-1)
+            f = torch.zeros_like(h).scatter(-1, i, v.relu())
+        else:
+            f = h.relu()
+        feats.append(f)
+    outs = []
+    for j in range(n):
+        y = clt.b_dec.detach().double()[j].expand(inputs[j].shape).clone()
+        for L in range(j + 1):
+            y += feats[L] @ clt.W_dec[L].detach().double()[:, j - L]
+        if clt.W_skip is not None:
+            y += inputs[j].double() @ clt.W_skip.detach().double()[j].T
+        outs.append(y)
+    return feats, outs
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("input_hook,architecture,skip", [("mlp.hook_in", "jumprelu", False),
+                                                          ("hook_resid_mid", "relu", True),
+                                                          ("mlp.hook_in", "topk", False)])
+def test_splicing_with_error_terms_keeps_the_logits_and_recons_is_the_formula(models, arch, input_hook,
+                                                                               architecture, skip):
+    """trace(saes=clt) with error terms: logits bit-equal to the plain trace; every layer's hook_sae_acts_post and
+    hook_sae_recons equal the hand formula on that layer's input hook (recons at j sums every layer L ≤ j)."""
+    m = models[arch]
+    clt = clt_for(m, seed=1, input_hook=input_hook, architecture=architecture, skip=skip,
+                  k=5 if architecture == "topk" else None)
+    plain = m.trace(PROMPT)
+    t = m.trace(PROMPT, saes=clt)
+    assert torch.equal(t.logits, plain.logits)
+    inputs = [plain[clt.read_hook(L)] for L in range(m.cfg.n_layers)]
+    feats, outs = by_hand(clt, inputs)
+    for j in range(m.cfg.n_layers):
+        out = f"blocks.{j}.hook_mlp_out"
+        assert torch.allclose(t[f"{out}.hook_sae_acts_post"].double(), feats[j], atol=1e-5)
+        assert torch.allclose(t[f"{out}.hook_sae_recons"].double(), outs[j], atol=1e-4)
+        assert torch.allclose(t[f"{out}.hook_sae_error"] + t[f"{out}.hook_sae_recons"], plain[out], atol=1e-5)
+    assert (feats[0] > 0).any() and (feats[-1] > 0).any()
+
+
+@pytest.mark.parametrize("arch", ["llama_gqa", "gemma3"])
+def test_without_error_terms_every_mlp_output_is_the_formula_of_the_spliced_run(models, arch):
+    """use_error_term=False: each hook_mlp_out carries y_j of the inputs the spliced run itself computed, so the
+    logits change; the inputs of later layers are those of the replaced run."""
+    m = models[arch]
+    clt = clt_for(m, seed=2)
+    clt.use_error_term = False
+    names = [n for L in range(m.cfg.n_layers) for n in (clt.read_hook(L), f"blocks.{L}.hook_mlp_out")]
+    t = m.trace(PROMPT, saes=clt, names=names)
+    _, outs = by_hand(clt, [t[clt.read_hook(L)] for L in range(m.cfg.n_layers)])
+    for j in range(m.cfg.n_layers):
+        assert torch.allclose(t[f"blocks.{j}.hook_mlp_out"].double(), outs[j], atol=1e-4)
+    assert not torch.allclose(t.logits, m.trace(PROMPT, names=[]).logits)
+
+
+def test_an_edit_of_layer_0s_features_moves_every_later_layers_reconstruction(models):
+    """Zeroing layer 0's features (hook_sae_acts_post) removes their writes from recons at every layer j ≥ 0, and
+    the output of each layer moves by exactly recons - its unedited value (the error term stays the clean one)."""
+    m = models["gemma3"]
+    clt = clt_for(m, seed=3)
+    plain = m.trace(PROMPT)
+    zero = {"blocks.0.hook_mlp_out.hook_sae_acts_post": lambda x, name: torch.zeros_like(x)}
+    t = m.trace(PROMPT, saes=clt, hooks=zero)
+    inputs = [t[clt.read_hook(L)] for L in range(m.cfg.n_layers)]
+    feats, _ = by_hand(clt, inputs)
+    feats[0] = torch.zeros_like(feats[0])
+    for j in range(m.cfg.n_layers):
+        expected = clt.b_dec.detach().double()[j] + sum(feats[L] @ clt.W_dec[L].detach().double()[:, j - L]
+                                                        for L in range(j + 1))
+        assert torch.allclose(t[f"blocks.{j}.hook_mlp_out.hook_sae_recons"].double(), expected, atol=1e-4)
+    with torch.no_grad():
+        clean0 = clt.encode(0, plain[clt.read_hook(0)])
+        moved = -(clean0 @ clt.W_dec[0][:, 0])
+    assert torch.allclose(t["blocks.0.hook_mlp_out"] - plain["blocks.0.hook_mlp_out"], moved, atol=1e-5)
+    assert not torch.allclose(t.logits, plain.logits)
+
+
+def test_generate_with_a_clt_decodes_as_full_traces_do(models):
+    """generate (KV cache, one position per step) with the CLT spliced and no error terms picks, at every step, the
+    argmax of a full spliced trace of the text so far: each step's forward starts the shared record afresh."""
+    m = models["llama_gqa"]
+    clt = clt_for(m, seed=4, d_sae=64)
+    clt.use_error_term = False
+    ids = m.encode(PROMPT)
+    got = m.generate_ids(ids, max_new_tokens=5, saes=clt, stop_at_eos=False)
+    plain = m.generate_ids(ids, max_new_tokens=5, stop_at_eos=False)
+    seq = ids.tolist()
+    for token in got:
+        assert token == int(m.trace(torch.tensor(seq), saes=clt, names=[]).logits[-1].argmax())
+        seq.append(token)
+    assert len(got) == len(plain) == 5
+
+
+def test_a_clt_of_another_model_or_hook_is_refused(models):
+    m = models["llama_gqa"]
+    with pytest.raises(AttributionGraphError, match="3 layers.*has 2"):
+        attribution_graph(PROMPT, transcoders=CrossLayerTranscoder.random(3, m.cfg.d_model, 8), model=m)
+    with pytest.raises(CLTError, match="reads one of"):
+        CrossLayerTranscoder(2, 64, 8, input_hook="ln2.hook_normalized")
+    with pytest.raises(CLTError, match="needs k"):
+        CrossLayerTranscoder(2, 64, 8, architecture="topk")
+
+
+def targets_by_hand(model, clt, graph):
+    """Each target's value from a plain forward: W_enc[L][:, f] · (layer L's input hook) for features, logit minus
+    the mean logit at the last position for logits."""
+    ids = torch.tensor(graph.input_ids)
+    t = model.trace(ids, names=[clt.read_hook(L) for L in range(model.cfg.n_layers)])
+    out = torch.zeros(len(graph.nodes))
+    kinds = graph.nodes["kind"].to_numpy()
+    for i in np.nonzero(kinds == "feature")[0]:
+        row = graph.nodes.iloc[i]
+        out[i] = t[clt.read_hook(row.layer)][row.position] @ clt.W_enc.detach()[row.layer][:, row.feature]
+    last = t.logits[-1]
+    for i in np.nonzero(kinds == "logit")[0]:
+        out[i] = last[graph.nodes.iloc[i].feature] - last.mean()
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("input_hook,skip", [("mlp.hook_in", False), ("hook_resid_mid", True)])
+def test_the_graph_over_a_clt_is_exact_in_its_linear_model(models, arch, input_hook, skip):
+    """Σ edges + constant = every target's value from a plain forward (features reading mlp.hook_in or
+    hook_resid_mid), with features at every layer."""
+    m = models[arch]
+    clt = clt_for(m, seed=5, input_hook=input_hook, skip=skip)
+    g = attribution_graph(PROMPT, transcoders=clt, model=m, batch_size=16, progress=False)
+    expected = targets_by_hand(m, clt, g)
+    is_target = torch.tensor(g.nodes["kind"].isin(["feature", "logit"]).to_numpy())
+    got = g.adjacency.sum(1) + g.constant
+    scale = expected[is_target].abs().max()
+    assert torch.allclose(got[is_target], expected[is_target], atol=3e-5 * scale, rtol=0), \
+        (got - expected)[is_target].abs().max()
+    assert set(g.nodes.loc[g.nodes["kind"] == "feature", "layer"]) == set(range(m.cfg.n_layers))
+    assert g.transcoder_names == clt.names
+
+
+@pytest.mark.parametrize("arch,skip", [("llama_gqa", True), ("gemma3", False), ("olmo2", False)])
+def test_removing_a_clt_feature_moves_each_target_by_its_edges_including_its_later_layer_writes(models, arch,
+                                                                                                   skip):
+    """Removing a layer-0 feature subtracts a · W_dec[0][f, j] from the MLP output of every layer j; in the frozen
+    linear model that moves every target by minus the feature's adjacency column, whose edges into the logits thus
+    include the writes to layer 1 and later (for a feature at the last position: the change differs without them)."""
+    m = models[arch]
+    n, d = m.cfg.n_layers, m.cfg.d_model
+    clt = clt_for(m, seed=6, skip=skip)
+    g = attribution_graph(PROMPT, transcoders=clt, model=m, batch_size=32, progress=False)
+    ids = torch.tensor(g.input_ids)
+    state = prompt_state(m, ids, clt)
+    kinds = g.nodes["kind"].to_numpy()
+    feats = np.nonzero(kinds == "feature")[0]
+    layer0 = [i for i in feats if g.nodes.iloc[i].layer == 0]
+
+    def targets(deltas):
+        reads, normed = clt.frozen_forward(m, state, state.embed[None], deltas)
+        out = torch.zeros(len(g.nodes))
+        for i in feats:
+            row = g.nodes.iloc[i]
+            out[i] = reads[row.layer][0, row.position] @ clt.W_enc.detach()[row.layer][:, row.feature]
+        last = normed[0, -1] @ m.decoder.params.unembed.T
+        for i in np.nonzero(kinds == "logit")[0]:
+            out[i] = last[g.nodes.iloc[i].feature] - last.mean()
+        return out
+
+    zeros = [torch.zeros(1, len(ids), d) for _ in range(n)]
+    with torch.no_grad():
+        base = targets(zeros)
+        for i in [*layer0[:3], *layer0[-2:]]:
+            row = g.nodes.iloc[i]
+            deltas = [z.clone() for z in zeros]
+            for j in range(n):
+                deltas[j][0, row.position] = -row.activation * clt.W_dec[0].detach()[row.feature, j]
+            change = targets(deltas) - base
+            column = g.adjacency[:, i]
+            assert column.abs().max() > 0
+            scale = max(float(base.abs().max()), float(column.abs().max()), 1.0)
+            assert torch.allclose(change, -column, atol=3e-5 * scale, rtol=0), (row, (change + column).abs().max())
+            if row.position < len(ids) - 1:
+                continue  # a write after the last attention reaches the logits only at the last position
+            # without the later-layer writes the column would be different: they carry part of it
+            only_own = [z.clone() for z in zeros]
+            only_own[0][0, row.position] = deltas[0][0, row.position]
+            partial = targets(only_own) - base
+            assert not torch.allclose(partial, change, atol=1e-6)
