@@ -23,6 +23,9 @@ from .features.io import load_sae
 from .features.sae import SAE, SAEError
 from .features.steer import steer
 from .features.train import train_sae
+from .features.train_set import train_transcoders
+from .features.transcoder_io import load_transcoders
+from .features.transcoder_set import TranscoderSet, TranscoderSetError
 from .hooks import HookError, HookNameError, hook_names
 from .interventions.ablation import ablation
 from .interventions.compare import compare
@@ -49,6 +52,7 @@ __all__ = [
     "Scan", "scan",
     "SAE", "SAEError", "load_sae", "steer",
     "bundled_saes", "evaluate_sae", "train_sae",
+    "TranscoderSet", "TranscoderSetError", "load_transcoders", "train_transcoders",
     "Circuit", "circuit", "graph_edges", "patch_edges",
     "AttributionGraph", "AttributionGraphError", "attribution_graph",
 ]

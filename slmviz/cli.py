@@ -1,4 +1,4 @@
-"""`slmviz check | trace | prepare | app | scan | train-sae | evaluate-sae`."""
+"""`slmviz check | trace | prepare | app | scan | train-sae | train-transcoders | evaluate-sae`."""
 
 from __future__ import annotations
 
@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     p_prepare = sub.add_parser("prepare", help="dequantize the bundled models into the cache (once each)")
     p_prepare.add_argument("--model", action="append", help="only this bundled model (repeatable; default: all)")
     p_prepare.add_argument("--force", action="store_true", help="dequantize again even if the folder is ready")
+    p_prepare.add_argument("--transcoders", default=None, choices=["plt"],
+                           help="also train this bundled model's full transcoder set into the cache (resumable; "
+                                "docs/features.md says how long it takes)")
 
     p_app = sub.add_parser("app", help="start the Gradio app")
     p_app.add_argument("--port", type=int, default=None, help="default: $GRADIO_SERVER_PORT or 7860")
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "scan":
             return scan_cli.run(args)
-        if args.command in ("train-sae", "evaluate-sae"):
+        if args.command in ("train-sae", "evaluate-sae", "train-transcoders"):
             return features_cli.run(args, argv)
         if args.command == "check":
             return 0 if check(args.model, args.prompt or CHECK_PROMPTS, dtype=args.dtype) else 1
@@ -173,7 +176,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"saved {t.save(args.save)}")
             return 0
         if args.command == "prepare":
-            return prepare(args.model, args.force)
+            code = prepare(args.model, args.force)
+            if args.transcoders:
+                import slmviz
+
+                from .features.prepared import prepare_transcoders
+
+                for name in args.model or [slmviz.bundled_models()[0]]:
+                    ts = prepare_transcoders(slmviz.load(name), args.transcoders)
+                    print(f"{name}: {ts!r} ready (slmviz.load_transcoders({args.transcoders!r}, model=m))")
+            return code
         if args.command == "app":
             launch = _app_launcher()
             launch(port=args.port, host=args.host, allow_local_models=args.allow_local_models, model=args.model)

@@ -10,6 +10,7 @@ from typing import Any
 
 CORPORA = {"broad": "the broad corpus's training split (features.bundled.broad_corpus)",
            "broad-heldout": "its held-out split", "bible": "the bundled King James Bible"}
+SET_CORPORA = (*CORPORA, "chat", "mixed")  # chat / mixed: the model's own text (features.generated_corpus)
 
 
 def add_parsers(sub: Any) -> None:
@@ -36,6 +37,27 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--checkpoint-every", type=float, default=120.0, help="seconds between checkpoints")
     t.add_argument("--skip", action="store_true", help="a skip transcoder: + a learned linear map of the input")
     t.add_argument("--no-progress", action="store_true")
+
+    s = sub.add_parser("train-transcoders", help="train a transcoder at every layer from one forward per batch "
+                       "(resumable)")
+    s.add_argument("--model", default=None, help="bundled model name, folder or hub id (default: SmolLM2-135M)")
+    s.add_argument("--layers", default="all", help="'all' or comma-separated layer indices")
+    s.add_argument("--corpus", required=True, help=f"a .txt/.jsonl/.parquet path, or one of {', '.join(SET_CORPORA)}")
+    s.add_argument("--d-sae", type=int, required=True)
+    s.add_argument("--k", type=int, required=True)
+    s.add_argument("--tokens", type=int, required=True, help="tokens (activation rows) per layer")
+    s.add_argument("--out", required=True, help="folder: checkpoints while training, the set at the end")
+    s.add_argument("--kind", default="plt", choices=["plt"])
+    s.add_argument("--architecture", default="batchtopk", choices=["topk", "batchtopk"])
+    s.add_argument("--no-skip", action="store_true", help="plain transcoders (default: skip transcoders)")
+    s.add_argument("--lr", type=float, default=1e-3)
+    s.add_argument("--batch-tokens", type=int, default=512)
+    s.add_argument("--buffer-tokens", type=int, default=16_384)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: measured (bf16 if faster)")
+    s.add_argument("--format", default="slmviz", choices=["slmviz", "circuit-tracer"],
+                   help="also write the finished set in this layout, into OUT/circuit-tracer when not slmviz")
+    s.add_argument("--no-progress", action="store_true")
 
     e = sub.add_parser("evaluate-sae", help="SAEBench's core metrics of an SAE on a corpus (prints JSON)")
     e.add_argument("sae", help="SAE folder, or the name of a bundled SAE of --model")
@@ -65,6 +87,23 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     import slmviz
 
     model = slmviz.load(args.model)
+    if args.command == "train-transcoders":
+        from .corpora import resolve_corpus as named_corpus
+        from .train_set import train_transcoders
+
+        argv = sys.argv[1:] if argv is None else argv
+        layers = "all" if args.layers == "all" else [int(x) for x in args.layers.split(",")]
+        corpus = named_corpus(args.corpus, model) if args.corpus in ("chat", "mixed") else resolve_corpus(args.corpus)
+        ts = train_transcoders(
+            model, layers=layers, corpus=corpus, d_sae=args.d_sae, k=args.k, tokens=args.tokens, out=args.out,
+            kind=args.kind, skip=not args.no_skip, architecture=args.architecture, lr=args.lr,
+            batch_tokens=args.batch_tokens, buffer_tokens=args.buffer_tokens, seed=args.seed, dtype=args.dtype,
+            progress=not args.no_progress,
+            metadata={"training_command": "slmviz " + shlex.join(argv), "corpus_name": args.corpus})
+        if args.format != "slmviz":
+            ts.save(f"{args.out}/{args.format}", format=args.format)
+        print(f"saved {ts!r} to {args.out}")
+        return 0
     if args.command == "train-sae":
         from .train import train_sae
 

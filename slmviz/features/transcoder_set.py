@@ -167,6 +167,14 @@ class TranscoderSet(Sequence):
                     f"{sae!r} has d_in={sae.d_in}, d_out={sae.d_out}, but {model.name!r}'s d_model is "
                     f"{cfg.d_model}: a set for another model")
 
+    def save(self, folder: Any, format: str = "slmviz") -> Any:
+        """Write the set to `folder`: slmviz's layout (transcoder_set.json + one SAELens folder per layer) or
+        format="circuit-tracer" (config.yaml + layer_{L}.safetensors); features.transcoder_io says what each holds.
+        Returns the folder."""
+        from .transcoder_io import save_transcoders
+
+        return save_transcoders(self, folder, format)
+
     # ---- the replacement: features, their writes and reads ----------------------------------------------------
     def encode(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """Layer `layer`'s feature activations [..., d_sae] of its input x [..., d_model]."""

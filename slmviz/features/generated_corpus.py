@@ -1,0 +1,218 @@
+"""The "chat" corpus: text the model itself writes from varied seeds of the kind people type, generated offline.
+
+    train, heldout = chat_corpus(m)       # $SLMVIZ_CACHE/sae_corpus/chat-{model}/{train,heldout}.jsonl, made once
+
+Why the model's own text: coders trained on the broad corpus (code, pydoc, licences, the King James Bible) explain
+the prompts users type worse (SmolLM2's resid_post_l15: EV 0.70 on a dozen modern sentences against 0.83 on the
+broad corpus's own held-out split). Nothing else offline has modern prose and chat turns, and an instruct model's
+own continuations of news openings, facts, dialogue and chat questions are, by construction, the distribution its
+activations meet when people use it.
+
+How: SEEDS are short openings in six registers (news, encyclopaedic facts, dialogue, everyday prose, how-to, chat
+questions; chat seeds are wrapped in the model's chat template, so the chat turn tokens are in the corpus too).
+Each batch continues one seed `SAMPLES_PER_SEED` times at once (one padded-free [b, pos] forward per step with a
+batched KV cache: every row has the seed's length), sampled at temperature TEMPERATURE with top-k TOP_K from a
+generator seeded by (seed index, round), so the corpus is a pure function of the model's weights and these
+constants. Documents are seed + continuation; 5 % of seeds (by a hash of the seed text) are held out whole, so the
+held-out split never shares an opening with the training split. Written to a temporary file and renamed: an
+interrupted generation starts again (it takes minutes; measured figures in docs/features.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SAMPLES_PER_SEED = 24  # rows of one batched generation
+NEW_TOKENS = 128
+TEMPERATURE = 0.9
+TOP_K = 50
+HELDOUT_PERCENT = 5
+ROUNDS = 1  # how many times each seed is continued SAMPLES_PER_SEED times
+
+NEWS = [
+    "BREAKING: The city council voted on Tuesday to", "Shares of the electric carmaker fell sharply after",
+    "Scientists announced a new discovery about", "The government said on Monday that it would",
+    "Heavy rain caused flooding across the region, and", "The central bank kept interest rates unchanged, saying",
+    "In a surprise move, the team signed", "Officials confirmed that the wildfire", "The election results show that",
+    "A new study published this week suggests that", "Local residents gathered outside the school to",
+    "The tech company unveiled its latest smartphone,", "Health officials are urging people to",
+    "After months of negotiations, the two countries", "The museum reopened to visitors after",
+]
+FACTS = [
+    "The capital of France is", "Water boils at", "The Great Wall of China was built", "Photosynthesis is the process",
+    "The Amazon rainforest covers", "Mount Everest is the highest", "The human heart has four chambers",
+    "Shakespeare wrote", "The speed of light is", "The Roman Empire fell", "DNA stands for", "The Moon orbits",
+    "Tokyo is the capital of", "The first person to walk on the Moon was", "Dallas is a city in the state of",
+    "The largest planet in our solar system is", "The Eiffel Tower is located in", "Albert Einstein is known for",
+    "Penguins live mostly in", "The Pacific Ocean is",
+]
+DIALOGUE = [
+    '"Where are you going?" asked Mary. John replied,', "Tom: Did you finish the report?\nAnna:",
+    "When Mary and John went to the store, John gave a drink to", '"I can\'t believe it," she said. "',
+    "Customer: Hi, I'd like to return these shoes.\nClerk:", "Interviewer: Tell me about yourself.\nCandidate:",
+    "Mom: Have you done your homework?\nSam:", '"We need to talk," said the captain, looking at',
+    "Alice and Bob were arguing about", "Doctor: How long have you had these symptoms?\nPatient:",
+]
+PROSE = [
+    "I woke up early this morning and", "My favourite thing about summer is", "Last weekend we drove to the coast and",
+    "The best way to learn a new language is", "She opened the letter and", "Yesterday at work, my manager",
+    "Our neighbours just got a new puppy, and", "The restaurant on the corner serves", "Every year in the autumn,",
+    "The train was late again, so", "He had always wanted to become a", "The old house at the end of the street",
+    "When I was a child, I used to", "The movie was surprisingly good because", "Running a small business means",
+]
+HOWTO = [
+    "To make a good cup of coffee, first", "Here is how to change a flat tire:", "Step 1: Preheat the oven to",
+    "The easiest way to save money is", "To reset your password, click", "If you want to grow tomatoes,",
+    "A simple recipe for pancakes:", "Before a job interview, you should", "To fix a leaking tap,",
+    "Tips for sleeping better:",
+]
+CHAT = [
+    "What is the capital of Australia?", "Can you explain how vaccines work?", "Write a short poem about the sea.",
+    "How do I make pasta from scratch?", "What are the benefits of regular exercise?", "Who was Napoleon?",
+    "Give me three ideas for a birthday party.", "Why is the sky blue?", "What's the difference between weather "
+    "and climate?", "How can I improve my writing?", "Summarize the plot of Romeo and Juliet.",
+    "What should I pack for a trip to Japan?", "Translate 'good morning' into Spanish and French.",
+    "What is 17 plus 25?", "Explain what a black hole is to a child.", "Tell me a fun fact about octopuses.",
+    "How does the stock market work?", "What are some good books for learning history?",
+    "Can you help me write an email to my landlord about a broken heater?", "What causes earthquakes?",
+    "Is coffee bad for you?", "What is machine learning?", "Recommend a healthy breakfast.",
+    "What happened in 1969?", "How do airplanes stay in the air?",
+]
+SEEDS: list[tuple[str, str]] = [(kind, s) for kind, group in (("news", NEWS), ("fact", FACTS), ("dialogue", DIALOGUE),
+                                ("prose", PROSE), ("howto", HOWTO), ("chat", CHAT)) for s in group]
+
+
+def corpus_dir(model: Any, kind: str = "chat") -> Path:
+    from ..loading.bundled import cache_dir
+
+    return cache_dir() / "sae_corpus" / f"{kind}-{model.name}"
+
+
+def held_out(seed_text: str) -> bool:
+    return int.from_bytes(hashlib.sha256(seed_text.encode("utf-8")).digest()[:4], "little") % 100 < HELDOUT_PERCENT
+
+
+def chat_corpus(model: Any, folder: str | Path | None = None, progress: bool | Callable[[int, int], None] = True,
+                rounds: int = ROUNDS, samples: int = SAMPLES_PER_SEED, new_tokens: int = NEW_TOKENS,
+                seeds: list[tuple[str, str]] | None = None) -> tuple[Path, Path]:
+    """(train.jsonl, heldout.jsonl) of the model's own text (module docstring), generated once and reused. Each
+    line: {"text", "source": "generated", "kind", "seed"}."""
+    folder = Path(folder) if folder is not None else corpus_dir(model)
+    train, heldout = folder / "train.jsonl", folder / "heldout.jsonl"
+    if train.is_file() and heldout.is_file():
+        return train, heldout
+    seeds = SEEDS if seeds is None else seeds
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs = [(r, i, kind, text) for r in range(rounds) for i, (kind, text) in enumerate(seeds)]
+    bar = None
+    if progress is True:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs), unit="seed", desc=f"chat corpus ({model.name})")
+    tmp = {p: p.with_suffix(".tmp") for p in (train, heldout)}
+    with tmp[train].open("w", encoding="utf-8") as ft, tmp[heldout].open("w", encoding="utf-8") as fh:
+        for n, (r, i, kind, text) in enumerate(jobs):
+            chat = kind == "chat"
+            prompt = _chat_text(model, text) if chat else text
+            for doc in sample_continuations(model, prompt, samples, new_tokens, seed=1000 * r + i):
+                line = json.dumps({"text": doc, "source": "generated", "kind": kind, "seed": text},
+                                  ensure_ascii=False)
+                (fh if held_out(text) else ft).write(line + "\n")
+            if bar is not None:
+                bar.update(1)
+            elif callable(progress):
+                progress(n + 1, len(jobs))
+    if bar is not None:
+        bar.close()
+    for final, t in tmp.items():
+        t.replace(final)
+    return train, heldout
+
+
+def mixed_corpus(model: Any) -> tuple[Path, Path]:
+    """The broad corpus and the chat corpus interleaved line by line (train and held-out splits apart): what the
+    prepared full sets train on, so the coders see code, prose and chat in every block."""
+    from .bundled import broad_corpus
+
+    folder = corpus_dir(model, "mixed")
+    train, heldout = folder / "train.jsonl", folder / "heldout.jsonl"
+    if train.is_file() and heldout.is_file():
+        return train, heldout
+    chat = chat_corpus(model)
+    broad = broad_corpus()
+    folder.mkdir(parents=True, exist_ok=True)
+    for out, a, b in ((train, broad[0], chat[0]), (heldout, broad[1], chat[1])):
+        la = a.read_text(encoding="utf-8").splitlines()
+        lb = b.read_text(encoding="utf-8").splitlines()
+        merged = _interleave(la, lb)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text("\n".join(merged) + "\n", encoding="utf-8")
+        tmp.replace(out)
+    return train, heldout
+
+
+def _interleave(a: list[str], b: list[str]) -> list[str]:
+    """a and b merged evenly (each keeps its order): b's lines spread across a's."""
+    if not a or not b:
+        return a + b
+    out, j = [], 0
+    for i, line in enumerate(a):
+        out.append(line)
+        while j < len(b) and (j + 1) * len(a) <= (i + 1) * len(b):
+            out.append(b[j])
+            j += 1
+    out.extend(b[j:])
+    return out
+
+
+def _chat_text(model: Any, user: str) -> str:
+    """The user's turn in the model's chat template, ready for the assistant's answer (the template's text)."""
+    tok = model.tokenizer
+    if getattr(tok, "chat_template", None):
+        return tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
+    return user
+
+
+@torch.inference_mode()
+def sample_continuations(model: Any, prompt: str, samples: int, new_tokens: int, seed: int) -> list[str]:
+    """`samples` sampled continuations of `prompt` decoded together: one [samples, pos] prefill and one
+    [samples, 1] step per token through a batched KV cache. Each document is the prompt's text + its continuation,
+    cut at the model's end-of-sequence token."""
+    from ..hooks import build_context
+    from ..tokens import decode, eos_id
+    from ..variants import resolve_variant
+
+    ids = model.encode(prompt)
+    n = min(new_tokens, model.cfg.context_length - len(ids))
+    ctx = build_context(model.hook_names, [])
+    v = resolve_variant(None, model.cfg)
+    cache = model.decoder.new_cache(len(ids) + n, batch=samples)
+    g = torch.Generator().manual_seed(seed)
+    eos = eos_id(model.tokenizer)
+    out = torch.zeros(samples, n, dtype=torch.long)
+    done = torch.zeros(samples, dtype=torch.bool)
+    step_in = ids[None].expand(samples, -1)
+    for t in range(n):
+        logits = model.decoder.forward(step_in, ctx, v, cache, last_only=True)[:, -1].float()  # [b, vocab]
+        kth = logits.topk(TOP_K, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf")) / TEMPERATURE
+        token = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=g)[:, 0]  # [b]
+        out[:, t] = token
+        if eos is not None:
+            done |= token == eos
+        if bool(done.all()):
+            out = out[:, : t + 1]
+            break
+        step_in = token[:, None]
+    docs = []
+    for row in out.tolist():
+        if eos is not None and eos in row:
+            row = row[: row.index(eos)]
+        docs.append(prompt + decode(model.tokenizer, row))
+    return docs

@@ -1,0 +1,51 @@
+"""The full transcoder sets of the bundled models, prepared once into $SLMVIZ_CACHE by one command.
+
+    slmviz prepare --transcoders plt [--model SmolLM2-135M-Instruct]     # or: make transcoders
+    ts = slmviz.load_transcoders("plt", model=m)
+
+A set is hundreds of MB (SmolLM2's: 30 layers x (2 x 4096 x 576 + 576²) fp32 weights), too much for the repository
+or the wheel, so it is *trained* here from a fixed recipe (RECIPES), seeded, on the "mixed" corpus (the broad
+corpus interleaved with the model's own chat and prose: features.generated_corpus), into
+$SLMVIZ_CACHE/transcoders/{model}/{kind}/. The run checkpoints as it goes (train_transcoders), so an interrupted
+`prepare` resumes where it stopped; a finished one returns at once. How long each takes on a 2-core CPU and how large
+it is: docs/features.md ("Full transcoder sets").
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from .transcoder_io import prepared_dir
+
+# One recipe per (model, kind). Chosen for a 2-core CPU; docs/features.md records what each costs and scores.
+RECIPES: dict[tuple[str, str], dict[str, Any]] = {
+    ("SmolLM2-135M-Instruct", "plt"): dict(d_sae=4096, k=64, tokens=500_000, architecture="batchtopk", skip=True,
+                                           batch_tokens=512, buffer_tokens=16_384, lr=1e-3, seed=0),
+    ("gemma-3-270m", "plt"): dict(d_sae=4096, k=64, tokens=300_000, architecture="batchtopk", skip=True,
+                                  batch_tokens=512, buffer_tokens=16_384, lr=1e-3, seed=0),
+}
+CORPUS = "mixed"
+
+
+def recipe(model: Any, kind: str) -> dict[str, Any]:
+    name = model if isinstance(model, str) else str(getattr(model, "name", ""))
+    if (name, kind) not in RECIPES:
+        known = ", ".join(f"{m} {k}" for m, k in RECIPES)
+        raise ValueError(f"no prepared {kind!r} recipe for {name!r} (recipes: {known}); train one yourself with "
+                         "slmviz.train_transcoders(model, layers='all', ..., out=folder)")
+    return dict(RECIPES[(name, kind)])
+
+
+def prepare_transcoders(model: Any, kind: str = "plt", progress: Any = True, **overrides: Any) -> Any:
+    """Train (or resume, or load when finished) `model`'s prepared `kind` set into $SLMVIZ_CACHE; returns it."""
+    from .corpora import resolve_corpus
+    from .train_set import train_transcoders
+
+    args = {**recipe(model, kind), **overrides}
+    out = prepared_dir(model, kind)
+    corpus = resolve_corpus(CORPUS, model)
+    command = "slmviz prepare --transcoders " + shlex.join([kind, "--model", model.name])
+    return train_transcoders(model, layers="all", corpus=corpus, kind=kind, out=out, progress=progress,
+                             name=f"{model.name}-{kind}",
+                             metadata={"training_command": command, "corpus_name": CORPUS}, **args)
