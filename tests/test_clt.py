@@ -226,3 +226,56 @@ def test_removing_a_clt_feature_moves_each_target_by_its_edges_including_its_lat
             only_own[0][0, row.position] = deltas[0][0, row.position]
             partial = targets(only_own) - base
             assert not torch.allclose(partial, change, atol=1e-6)
+
+
+CLEAN = [3, 10, 11, 12, 13, 14, 15, 16]
+CORRUPTED = [3, 10, 11, 12, 40, 14, 15, 16]
+ANSWER, WRONG = 20, 21
+
+
+def metric_of(logits):
+    return logits[-1, ANSWER] - logits[-1, WRONG]
+
+
+def test_patch_site_sae_over_a_clt_attributes_through_every_layer_a_feature_writes(models):
+    """patch(site="sae", saes=clt): each cell's attribution is (f_source - f_target) · d metric / d f, where by hand
+    f is a leaf whose writes a · W_dec[L][f, j - L] are added at every hook_mlp_out j ≥ L of a plain target run;
+    the exact cells (layer-1 ones start their batched run at layer 1, where layer 0's CLT units never run) equal a
+    hand-written hook on a spliced trace."""
+    from slmviz.hooks import build_context
+
+    m = models["gemma3"]
+    n = m.cfg.n_layers
+    clt = clt_for(m, seed=7, d_sae=32)
+    r = slmviz.patch(CLEAN, CORRUPTED, answer=ANSWER, wrong=WRONG, site="sae", saes=clt, model=m, top=10)
+    frame = r.frame()
+    assert set(frame["layer"]) == set(range(n))
+    for L in range(n):
+        name = f"blocks.{L}.hook_mlp_out.hook_sae_acts_post"
+        f_target = m.trace(CORRUPTED, saes=clt, names=[name])[name]
+        f_source = m.trace(CLEAN, saes=clt, names=[name])[name]
+        leaf = f_target[None].clone().requires_grad_()
+
+        def add(j, L=L, leaf=leaf, f_target=f_target):
+            def fn(x, _):
+                return x + ((leaf - f_target[None]) @ clt.W_dec[L].detach()[:, j - L]).to(x.dtype)
+            return fn
+
+        ctx = build_context(m.hook_names, [], {f"blocks.{j}.hook_mlp_out": add(j) for j in range(L, n)}, batched=True)
+        value = metric_of(m.decoder.forward(torch.tensor(CORRUPTED)[None], ctx, slmviz.Variant(), grad=True)[0])
+        (grad,) = torch.autograd.grad(value, [leaf])
+        want = (f_source - f_target).double() * grad[0].double()
+        cells = frame[frame["layer"] == L]
+        assert len(cells) > 0
+        for row in cells.itertuples():
+            assert row.effect == pytest.approx(float(want[row.position, row.feature]), rel=1e-4, abs=1e-6)
+    ran = frame.dropna(subset=["exact"])
+    assert len(ran) == 10 and ran["layer"].max() >= 1
+    for row in ran.itertuples():
+        def put(x, _, p=row.position, f=row.feature, value=row.source_act):
+            out = x.clone()
+            out[p, f] = value
+            return out
+
+        t = m.trace(CORRUPTED, saes=clt, names=[], hooks={f"{row.hook}.hook_sae_acts_post": put})
+        assert row.exact == pytest.approx(float(metric_of(t.logits)), abs=1e-5)

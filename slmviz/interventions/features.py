@@ -174,14 +174,11 @@ def feature_sweep(model: Any, saes: Sequence[Any], clean_ids: torch.Tensor, corr
     grads, value = _output_gradients(model, saes, target_ids, metric, v)
     rows: list[dict[str, Any]] = []
     estimate: list[torch.Tensor] = []
-    for sae, name, grad_out in zip(saes, names, grads, strict=True):
+    grad_at = {sae.hook_name_out: g for sae, g in zip(saes, grads, strict=True)}
+    for sae, name in zip(saes, names, strict=True):
         src, tgt = source[name].double(), target[name].double()  # [pos, d_sae]
         positions, features = ((src != 0) | (tgt != 0)).nonzero(as_tuple=True)
-        if grad_out is None:  # the metric does not read this hook (e.g. a position after the one it reads)
-            grad_f = torch.zeros_like(tgt)
-        else:
-            flat = grad_out.flatten(1) if grad_out.dim() == 3 else grad_out  # [pos, d_out] (hook_z: [pos, h*dh])
-            grad_f = flat.double() @ sae.W_dec.detach().double().T  # [pos, d_sae]: d output / d f = W_dec
+        grad_f = feature_gradient(sae, grad_at, tgt)
         delta = src - tgt
         estimate.append((delta * grad_f)[positions, features])
         rows += [{"hook": sae.hook_name_out, "layer": _layer(sae.hook_name_out), "feature": f, "position": p,
@@ -209,6 +206,21 @@ def feature_sweep(model: Any, saes: Sequence[Any], clean_ids: torch.Tensor, corr
         exact=exact, cells=cells, target_metric=base,
         _run={"model": model, "target_ids": target_ids, "source_ids": source_ids, "variant": v, "saes": saes},
     )
+
+
+def feature_gradient(sae: Any, grad_at: dict[str, torch.Tensor | None], like: torch.Tensor) -> torch.Tensor:
+    """d metric / d f [pos, d_sae] (float64): Σ over the hooks the SAE's features write of d metric / d (that hook)
+    @ the decoder rows there. An SAE writes its own hook through W_dec; a cross-layer transcoder's layer
+    (features.clt.CLTLayer.decoder_rows) writes every later MLP output, each through its own slice of W_dec. A hook
+    the metric does not read (e.g. a position after the one it reads) adds nothing."""
+    rows = sae.decoder_rows() if callable(getattr(sae, "decoder_rows", None)) else {sae.hook_name_out: sae.W_dec}
+    out = torch.zeros_like(like)
+    for hook, w in rows.items():
+        g = grad_at.get(hook)
+        if g is not None:
+            flat = g.flatten(1) if g.dim() == 3 else g  # [pos, d_out] (hook_z: [pos, h*dh])
+            out += flat.double() @ w.detach().double().T  # [pos, d_sae]: d output / d f = the decoder rows
+    return out
 
 
 def _output_gradients(model: Any, saes: Sequence[Any], target_ids: torch.Tensor, metric: Metric,
