@@ -278,6 +278,8 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
     bytes_per = torch.finfo(model.dtype).bits // 8
     rows = min(batch_size, n_feat + n_logits)
     estimate = estimate_memory_bytes(n_nodes, n_pos, rows, cfg, bytes_per, copies=1 if vmap else rows)
+    # the features' decoder vectors, one per layer each writes: a CLT feature of layer L has n_layers - L of them
+    estimate += 4 * writes.vec.numel()
     budget = memory_budget_gb * 2**30
     if estimate > budget:
         raise AttributionGraphError(
