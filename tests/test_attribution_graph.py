@@ -359,7 +359,8 @@ def test_json_has_circuit_tracers_schema_and_node_ids(models, tmp_path):
     g = attribution_graph(PROMPT, transcoders=[transcoder(m, 0, seed=5)], model=m).prune()
     j = g.to_json(slug="tiny")
     assert list(j) == ["metadata", "qParams", "nodes", "links"]
-    assert list(j["metadata"]) == CT_METADATA and list(j["qParams"]) == CT_QPARAMS
+    # + Neuronpedia's optional metadata.info (generator, and the model and transcoders that load_json checks)
+    assert list(j["metadata"]) == [*CT_METADATA, "info"] and list(j["qParams"]) == CT_QPARAMS
     assert j["metadata"]["prompt_tokens"] == g.tokens and j["metadata"]["node_threshold"] == 0.8
     ids = {n["node_id"] for n in j["nodes"]}
     L = m.cfg.n_layers

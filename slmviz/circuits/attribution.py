@@ -71,6 +71,15 @@ class AttributionGraph:
     edge_mask: torch.Tensor | None = None
     influence: torch.Tensor | None = None
     node_threshold: float | None = None
+    # The workbench (circuits.workbench, circuits.intervene): what the graph was built from, so that interventions
+    # rerun it; Neuronpedia's pins and supernodes ([name, *node_ids]); edited labels {"layer_feature": text}; and
+    # feature scans {layer: Scan} that automatic labels read the tokens a feature fires on from (use_scans).
+    model: Any = field(default=None, repr=False, compare=False)
+    transcoders: Any = field(default=None, repr=False, compare=False)
+    pinned: list[str] = field(default_factory=list, repr=False)
+    supernodes: list[list[str]] = field(default_factory=list, repr=False)
+    user_labels: dict[str, str] = field(default_factory=dict, repr=False)
+    scans: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.nodes)
@@ -118,7 +127,8 @@ class AttributionGraph:
             adjacency=self.adjacency, constant=self.constant, target_values=self.target_values,
             logit_probabilities=self.logit_probabilities, n_layers=self.n_layers, model_name=self.model_name,
             transcoder_names=self.transcoder_names, node_mask=node_mask, edge_mask=edge_mask, influence=cumulative,
-            node_threshold=node_threshold)
+            node_threshold=node_threshold, model=self.model, transcoders=self.transcoders, pinned=self.pinned,
+            supernodes=self.supernodes, user_labels=self.user_labels, scans=self.scans)
 
     def scores(self) -> dict[str, float]:
         """circuit-tracer's graph scores of the whole (unpruned) graph: `replacement` (the share of token-to-logit
@@ -134,8 +144,10 @@ class AttributionGraph:
         Without `prune`, it is pruned at thresholds 1.0 (the influence fields need a prune), like create_graph_files
         with node_threshold=1.0 and edge_threshold=1.0: nearly everything is kept, except the least influential
         nodes and edges whose cumulative share float rounding puts past 1.0."""
+        from .workbench import annotate_json
+
         g = self if self.influence is not None else self.prune(1.0, 1.0)
-        return graph_json(g, slug=slug, scan=scan)
+        return annotate_json(g, graph_json(g, slug=slug, scan=scan))
 
     def save_json(self, path: str | Path, slug: str | None = None, scan: str | None = None) -> Path:
         """Write `to_json()` to `path` (circuit-tracer's frontend reads it; the slug defaults to the file's stem)."""
@@ -143,6 +155,81 @@ class AttributionGraph:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_json(slug=slug or path.stem, scan=scan), indent=2))
         return path
+
+    # ---- the workbench (circuits.workbench and circuits.intervene hold the logic) ------------------------------
+    def pin(self, *node_ids: str) -> list[str]:
+        """Pin nodes by id (an unknown id: WorkbenchError, nothing pinned); returns the pins. A pruned copy shares
+        its pins, supernodes and labels with the graph it came from."""
+        from .workbench import pin
+
+        return pin(self, *node_ids)
+
+    def unpin(self, *node_ids: str) -> list[str]:
+        from .workbench import unpin
+
+        return unpin(self, *node_ids)
+
+    def clear_pins(self) -> None:
+        """No pins and no supernodes (labels stay)."""
+        from .workbench import clear
+
+        clear(self)
+
+    def pin_top(self, n: int) -> list[str]:
+        """Pin the n kept features with the largest influence on the logits."""
+        from .workbench import pin_top
+
+        return pin_top(self, n)
+
+    def supernode(self, name: str, members: Any = None) -> list[str]:
+        """Group nodes (default: the pinned ones in no supernode) under `name`; returns [name, *members]."""
+        from .workbench import supernode
+
+        return supernode(self, name, members)
+
+    def subgraph(self):
+        """The pinned nodes, supernodes collapsed, with Neuronpedia's subgraph scores (workbench.Subgraph)."""
+        from .workbench import subgraph
+
+        return subgraph(self)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """{node_id: label} of the kept feature nodes: edited ones, else automatic ones ("[auto] ..."), the same as
+        SAE.label gives (features.labels)."""
+        from .workbench import feature_labels
+
+        return feature_labels(self)
+
+    def label(self, node_id: str, text: str | None = None) -> str:
+        """The label of a feature node; with `text`, set it first for every position of that feature ("" goes
+        back to the automatic one)."""
+        from .workbench import feature_labels, set_label
+
+        if text is not None:
+            set_label(self, node_id, text)
+        return feature_labels(self, [node_id]).get(node_id, "")
+
+    def use_scans(self, scans: dict[int, Any]) -> AttributionGraph:
+        """Feature scans {layer: Scan of that transcoder's hook_sae_acts_post} for the automatic labels."""
+        self.scans.update(scans)
+        return self
+
+    def intervene(self, values: dict[str, Any], constrained: bool = True) -> torch.Tensor:
+        """Set features ({node_id or supernode name: value}; a number, or "0", "-1x", "2x") and rerun the model:
+        the new logits at the last position, a tensor [vocab]. constrained: attention patterns, norm scales and
+        error terms frozen at the prompt's (the graph's linear model while no feature crosses its threshold; a
+        ThresholdCrossed warning names any that does); free: the model rerun. See circuits.intervene."""
+        from .intervene import intervene_logits
+
+        return intervene_logits(self, values, constrained=constrained)
+
+    def load_json(self, source: Any) -> AttributionGraph:
+        """Take the pins, supernodes and edited labels of a saved graph JSON (a path, a JSON string or a dict)
+        made for this graph's model, transcoders and prompt; WorkbenchError, and nothing changed, otherwise."""
+        from .workbench import load_json
+
+        return load_json(self, source)
 
     def plot(self, **kwargs: Any):
         """The kept nodes by position (x) and layer (y), edges width |weight| and colour sign (plotly Figure).
@@ -321,7 +408,7 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
         tokens=model.to_strings(ids), input_ids=[int(i) for i in ids], nodes=nodes, adjacency=adjacency,
         constant=constant, target_values=target_values, logit_probabilities=logit_p, n_layers=n_layers,
         model_name=str(getattr(model, "name", "")),
-        transcoder_names=ts.names)
+        transcoder_names=ts.names, model=model, transcoders=ts)
 
 
 @dataclass

@@ -347,6 +347,22 @@ class SAE(torch.nn.Module):
         values, ids = cos.topk(k)
         return pd.DataFrame({"rank": range(k), "feature": ids.tolist(), "cosine": values.tolist()})
 
+    @property
+    def labels(self) -> dict[int, str]:
+        """Edited labels {feature: text}: set one and `label` returns it instead of the automatic one."""
+        return self.__dict__.setdefault("_labels", {})
+
+    def label(self, feature: int, scan: Any = None, model: Any = None) -> str:
+        """The feature's label: the edited one if set (`labels`), else an automatic one from the tokens it fires
+        on in `scan` and the tokens it promotes, starting "[auto] " (features.labels; AttributionGraph.labels
+        gives its feature nodes the same ones)."""
+        from .labels import auto_labels
+
+        f = check_feature(self, feature)
+        if self.labels.get(f):
+            return self.labels[f]
+        return auto_labels(self, [f], model=model, scan=scan)[f]
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (a Ray scan's spec) without the model it was loaded for."""
         state = self.__dict__.copy()
