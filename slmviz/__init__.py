@@ -19,6 +19,7 @@ from .circuits.graph import graph_edges
 from .config import ArchConfig, UnsupportedModelError
 from .features.bundled import bundled_saes
 from .features.evaluate import evaluate_sae
+from .features.evaluate_set import evaluate_transcoders
 from .features.io import load_sae
 from .features.sae import SAE, SAEError
 from .features.steer import steer
@@ -52,7 +53,7 @@ __all__ = [
     "Scan", "scan",
     "SAE", "SAEError", "load_sae", "steer",
     "bundled_saes", "evaluate_sae", "train_sae",
-    "TranscoderSet", "TranscoderSetError", "load_transcoders", "train_transcoders",
+    "TranscoderSet", "TranscoderSetError", "load_transcoders", "train_transcoders", "evaluate_transcoders",
     "Circuit", "circuit", "graph_edges", "patch_edges",
     "AttributionGraph", "AttributionGraphError", "attribution_graph",
 ]

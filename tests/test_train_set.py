@@ -228,3 +228,24 @@ def test_bad_sets_are_clear_errors_naming_the_file(tiny, tmp_path):
     # the prepared set by name, before it is prepared
     with pytest.raises(TranscoderSetError, match="slmviz prepare --transcoders plt"):
         load_transcoders("plt", model=tiny)
+
+
+def test_set_evaluation_matches_evaluate_sae_layer_by_layer(tiny, corpus, trained):
+    """evaluate_transcoders' per-layer figures are evaluate_sae's for each coder, from one forward; a one-layer set
+    replaced alone gives evaluate_sae's CE-loss and KL scores exactly."""
+    from slmviz.features.evaluate_set import evaluate_transcoders
+
+    r = evaluate_transcoders(trained, corpus, model=tiny, tokens=600, window=16, batch_tokens=128, progress=False)
+    for L in trained.layers:
+        alone = slmviz.evaluate_sae(trained.coder(L), corpus, model=tiny, tokens=600, window=16, batch_tokens=128,
+                                    progress=False)
+        row = r["layers"].set_index("layer").loc[L]
+        for key in ("explained_variance", "l0", "frac_dead"):
+            assert row[key] == pytest.approx(alone[key], rel=1e-5, abs=1e-6), (L, key)
+    one = TranscoderSet([trained.coder(1)])
+    r1 = evaluate_transcoders(one, corpus, model=tiny, tokens=600, window=16, batch_tokens=128, progress=False)
+    alone = slmviz.evaluate_sae(trained.coder(1), corpus, model=tiny, tokens=600, window=16, batch_tokens=128,
+                                progress=False)
+    assert r1["replaced"]["ce_loss_score"] == pytest.approx(alone["ce_loss_score"], rel=1e-5)
+    assert r1["replaced"]["kl_score"] == pytest.approx(alone["kl_score"], rel=1e-5)
+    assert 0 <= r["replaced"]["top1_agreement"] <= 1 and r["replaced"]["targets"] > 0
