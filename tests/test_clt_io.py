@@ -193,3 +193,15 @@ def test_formats_that_cannot_hold_a_clt_say_why(models, tmp_path):
         negative.save(tmp_path / "d")
     with pytest.raises(CLTError, match="no CLT here"):
         load_clt(tmp_path)
+
+
+@pytest.mark.parametrize("fmt", ["circuit-tracer", "gemma-scope-2"])
+def test_load_transcoders_takes_a_clt_folder_in_either_layout(models, tmp_path, fmt):
+    from slmviz.features.transcoder_io import load_transcoders
+
+    m = models["llama_gqa"]
+    clt = random_clt(m, seed=8)
+    back = load_transcoders(clt.save(tmp_path / fmt, format=fmt), model=m)
+    assert isinstance(back, CrossLayerTranscoder) and back.kind == "clt"
+    for k, v in clt.tensors().items():
+        assert torch.equal(back.tensors()[k], v), k

@@ -36,6 +36,7 @@ from typing import Any
 
 from safetensors.torch import save_file
 
+from .clt_io import is_clt_folder, load_clt
 from .io import FOLDER_NAME, GEMMA_SCOPE_FILENAME, check_against_model, load_gemma_scope
 from .sae import SAE, SAEError, read_safetensors, refuse_pickle
 from .transcoder_set import READ_HOOK, WRITE_HOOK, TranscoderSet, TranscoderSetError
@@ -69,7 +70,7 @@ def load_transcoders(source: str | os.PathLike, model: Any = None, width: str | 
         if model is None:
             raise TranscoderSetError(f"load_transcoders({source!r}) loads a model's prepared set: pass model=")
         folder = prepared_dir(model, source)
-        if not (folder / SET_FILE).is_file() and not (folder / CT_CONFIG).is_file():
+        if not (folder / SET_FILE).is_file() and not (folder / CT_CONFIG).is_file() and not is_clt_folder(folder):
             raise TranscoderSetError(
                 f"{model.name!r} has no prepared {source.upper()} set yet ({folder} is empty); build it once with "
                 f"`slmviz prepare --transcoders {source} --model {model.name}` (docs/features.md says how long it "
@@ -81,6 +82,8 @@ def load_transcoders(source: str | os.PathLike, model: Any = None, width: str | 
                                  f"circuit-tracer: {CT_CONFIG} + layer_L.safetensors; Gemma Scope 2: "
                                  "transcoder_all/layer_L_width_W_l0_S/), or 'plt' / 'clt' with model=")
     refuse_pickle(path)
+    if is_clt_folder(path):  # a cross-layer transcoder, in circuit-tracer's or Gemma Scope 2's layout
+        return load_clt(path, model=model)
     if (path / SET_FILE).is_file():
         ts = _load_slmviz(path)
     elif (path / CT_CONFIG).is_file():
@@ -230,7 +233,7 @@ def _load_circuit_tracer(folder: Path, model: Any) -> Any:
             from .clt_io import load_circuit_tracer_clt  # the cross-layer transcoder's own loader
         except ImportError as e:
             raise TranscoderSetError(f"{folder}: a cross-layer transcoder, which this version cannot load") from e
-        return load_circuit_tracer_clt(folder, config)
+        return load_circuit_tracer_clt(folder)
     if kind != "transcoder_set":
         raise TranscoderSetError(f"{folder / CT_CONFIG}: model_kind {kind!r}; expected 'transcoder_set' or "
                                  "'cross_layer_transcoder'")
