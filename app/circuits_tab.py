@@ -41,6 +41,7 @@ from .corpus_tab import SCANS, session
 from .features_tab import FEATURE_CLICK_JS
 from .handlers import Handlers, display_frame, readable_errors, to_plot
 from .scan_jobs import RUNNER, Job, JobCancelled, wait
+from .workbench import build_workbench
 
 EXAMPLE_CLEAN = "When Mary and John went to the store, John gave a drink to"
 EXAMPLE_CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
@@ -582,6 +583,8 @@ def build_circuits_tab(handlers: Handlers, source: gr.State, model_kw: dict, lig
             opened = gr.State(None)  # the transcoder whose card is open (its nearest features link to it)
             opened_feature = gr.State(None)  # the Features tab's handler also returns the feature number
             card = gr.HTML(elem_id="circuit-feature-card", js_on_load=FEATURE_CLICK_JS)
+            redraw_workbench = build_workbench(handlers, features, attr_found, node_threshold, edge_threshold,
+                                               light_kw, job_kw)
 
     fill_outputs = [clean, corrupted, answer, wrong, bound, status]
     gr.on([fill_btn.click, task.input], ch.fill, [task, pair, source], fill_outputs, api_name="circuit_task",
@@ -609,8 +612,10 @@ def build_circuits_tab(handlers: Handlers, source: gr.State, model_kw: dict, lig
         SCANS.jobs.leave(session(request), kind="scan")  # a feature page waiting for its transcoder's scan
         return "Cancelled."
 
-    gr.on([node_threshold.release, edge_threshold.release], ch.reprune, [attr_found, node_threshold, edge_threshold],
-          attr_outputs[:4], api_name="circuit_prune", **light_kw)
+    repruned = gr.on([node_threshold.release, edge_threshold.release], ch.reprune,
+                     [attr_found, node_threshold, edge_threshold], attr_outputs[:4], api_name="circuit_prune",
+                     **light_kw)
+    redraw_workbench(built, repruned)  # app/workbench.py: pins, subgraph, supernodes, labels, interventions
     on_card = {"show_progress_on": card}  # the scan's progress on the card, not on the node box
     opening = [attr_nodes.select(ch.select_feature, [attr_found, source], [card, opened, node_box],
                                  api_visibility="private", **on_card, **job_kw),

@@ -262,15 +262,13 @@ def subgraph(graph: Any) -> Subgraph:
                          "position": float(r.position), "members": members, "member_kinds": r.kind})
     nodes = pd.DataFrame(rows, columns=["node_id", "kind", "label", "layer", "position", "members", "member_kinds"])
     names = list(units)
-    idx = [torch.tensor([index[m] for m in units[u]]) for u in names]
-    links = []
-    for t, tgt in enumerate(names):
-        for s, src in enumerate(names):
-            if s == t:
-                continue
-            w = float(a[idx[t]][:, idx[s]].sum())
-            if w != 0.0:
-                links.append((src, tgt, w))
+    member = torch.zeros(len(names), a.shape[0])  # [units, n_nodes]: 1 where a node belongs to a unit
+    for u, name in enumerate(names):
+        member[u, [index[m] for m in units[name]]] = 1.0
+    summed = member @ a @ member.T  # [units, units]: target unit <- source unit, the sum of members' edges
+    summed.fill_diagonal_(0.0)
+    tgt, src = torch.nonzero(summed, as_tuple=True)
+    links = [(names[s], names[t], float(summed[t, s])) for t, s in zip(tgt.tolist(), src.tolist(), strict=True)]
     links_df = pd.DataFrame(links, columns=["source", "target", "weight"])
     if len(links_df):
         links_df = links_df.iloc[np.argsort(-links_df["weight"].abs().to_numpy(), kind="stable")]
