@@ -70,7 +70,7 @@ from .train import (
 from .transcoder_io import SET_FILE
 from .transcoder_set import READ_HOOK, WRITE_HOOK, TranscoderSet
 
-KINDS = ("plt",)
+KINDS = ("plt", "clt")
 FORMAT = 1
 Progress = bool | Callable[[dict[str, Any]], None]
 
@@ -127,7 +127,8 @@ def train_transcoders(
     """Train a transcoder at every layer in `layers` from one forward per batch, checkpointing to `out`.
 
     The arguments are train_sae's (one value for every layer); `corpus="broad"` is the bundled training corpus
-    (features.corpora). `kind`: "plt" (per-layer transcoders). Returns the set, also saved in `out`; a finished
+    (features.corpora). `kind`: "plt" (per-layer transcoders) or "clt" (one cross-layer transcoder over every
+    layer, features.clt_train: `k` per layer). Returns the set, also saved in `out`; a finished
     run in `out` is loaded, not re-run, and an interrupted one resumes (the same arguments; CheckpointError names
     what differs otherwise). `progress`: a tqdm bar whose postfix shows the layers' EV, L0 and dead fraction
     (mean and worst), nothing (False), or fn(stats) after every step of every layer's batch, stats holding
@@ -149,6 +150,15 @@ def train_transcoders(
     if buffer_tokens < batch_tokens:
         raise ValueError(f"buffer_tokens={buffer_tokens} must hold at least one batch (batch_tokens={batch_tokens})")
     chosen = resolve_layers(layers, model.cfg.n_layers)
+    if kind == "clt":  # one coder over every layer, its own step and checkpoint (features.clt_train)
+        from .clt_train import train_clt
+
+        if chosen != tuple(range(model.cfg.n_layers)):
+            raise ValueError(f"a CLT covers every layer (its features write all later ones): layers='all', not "
+                             f"{layers!r}")
+        return train_clt(model, corpus, d_sae, k, tokens, out, skip, architecture, lr, batch_tokens, seed, device,
+                         dtype, progress, window, forward_tokens, buffer_tokens, dead_window, aux_coefficient,
+                         lr_decay, checkpoint_every, name, metadata)
     sources = {L: Source(READ_HOOK.format(L=L), WRITE_HOOK.format(L=L), window, forward_tokens, buffer_tokens)
                for L in chosen}
     for s in sources.values():

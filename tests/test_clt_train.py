@@ -1,0 +1,126 @@
+"""train_transcoders(kind="clt"): a cross-layer transcoder trained from one forward per batch, resumable, on a tiny
+random LLaMA (no real model here; CI never trains a full CLT).
+
+Independent references: the trainer's own prediction in its scaled units against the saved CLT's formula on the
+model's rows (the folding of scales and decoder norms), a run never interrupted (for resume), and the graph's
+linear model (tests/test_clt.py's check) for the trained CLT.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import build_tiny_model
+
+import slmviz
+from slmviz.circuits.attribution import attribution_graph
+from slmviz.features.activations import Source, plan_blocks
+from slmviz.features.clt import CrossLayerTranscoder
+from slmviz.features.clt_io import load_clt
+from slmviz.features.clt_train import CLTTrainer, clt_block_rows, read_clt_checkpoint
+from slmviz.features.train import CheckpointError
+from slmviz.features.train_set import train_transcoders
+
+SMALL = dict(d_sae=48, k=4, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512, progress=False,
+             dtype="float32", checkpoint_every=0)
+PROMPT = [1, 7, 12, 3, 44, 9, 101, 23]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return slmviz.load(build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", "llama_gqa"))
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return [" ".join(f"w{(i * 7 + j * 3) % 120}" for j in range(20 + i % 13)) for i in range(60)]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny, corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("clt") / "clt"
+    return train_transcoders(tiny, kind="clt", corpus=corpus, tokens=1200, out=out, architecture="batchtopk",
+                             skip=True, **SMALL), out
+
+
+def test_a_batchtopk_clt_trains_saves_as_jumprelu_and_graphs_exactly(tiny, trained):
+    clt, out = trained
+    assert isinstance(clt, CrossLayerTranscoder) and clt.kind == "clt" and clt.architecture == "jumprelu"
+    assert clt.n_layers == tiny.cfg.n_layers and clt.d_sae == 48 and clt.W_skip is not None
+    assert clt.input_hook == "mlp.hook_in"
+    back = load_clt(out, model=tiny)  # a JumpReLU CLT with a skip path: Gemma Scope 2's layout
+    assert (out / "params_layer_0.safetensors").is_file()
+    for k, v in clt.tensors().items():
+        assert torch.equal(back.tensors()[k], v), k
+    t = tiny.trace(PROMPT, saes=back)
+    assert torch.equal(t.logits, tiny.trace(PROMPT).logits)
+    l0 = [float((t[f"blocks.{L}.hook_mlp_out.hook_sae_acts_post"][1:] > 0).sum(-1).float().mean())
+          for L in range(clt.n_layers)]
+    assert all(0 < x < 4 * 4 for x in l0), l0  # BatchTopK's threshold keeps ~k per token (on this prompt: loosely)
+    g = attribution_graph(PROMPT, transcoders=back, model=tiny, progress=False)
+    kinds = g.nodes["kind"]
+    target = torch.tensor(kinds.isin(["feature", "logit"]).to_numpy())
+    assert g.n_features > 0
+    got = (g.adjacency.sum(1) + g.constant)[target]
+    assert torch.allclose(got, g.target_values[target], atol=3e-5 * g.target_values[target].abs().max(), rtol=0)
+
+
+def test_the_saved_clt_is_the_trainers_prediction_in_model_units(tiny, corpus, tmp_path):
+    """A TopK CLT (selection on h times decoder norms, as trained): for the training rows x, y of one block, the
+    trainer's prediction in scaled units divided by each layer's output scale equals the saved CLT's formula on
+    the model's own rows, and the loss it minimised is the squared error summed over layers."""
+    out = tmp_path / "topk"
+    seen = []
+    clt = train_transcoders(tiny, kind="clt", corpus=corpus, tokens=1200, out=out, architecture="topk", skip=False,
+                            lr=1e-2, **{**SMALL, "progress": seen.append})
+    assert seen[-1]["explained_variance"] > seen[0]["explained_variance"] + 0.1, [s["explained_variance"] for s in seen]
+    assert seen[-1]["l0"] == 4 and seen[-1]["l0_total"] == 4 * tiny.cfg.n_layers
+    assert clt.architecture == "topk" and clt.k == 4 and (out / "W_dec_0.safetensors").is_file()
+    cfg, tensors, meta = read_clt_checkpoint(out)
+    trainer = CLTTrainer(cfg, torch.device("cpu"), {})
+    trainer.restore(tensors, meta)
+    n = tiny.cfg.n_layers
+    sources = {L: Source(f"blocks.{L}.mlp.hook_in", f"blocks.{L}.hook_mlp_out", 16, 128, 512) for L in range(n)}
+    block = next(plan_blocks(tiny.tokenizer, corpus, sources[0]))
+    rows = clt_block_rows(tiny, block, sources)
+    s_in = torch.tensor(trainer.scale_in)[None, :, None]
+    s_out = torch.tensor(trainer.scale_out)[None, :, None]
+    with torch.no_grad():
+        x = rows.x[:64] * s_in
+        hs, norms = trainer.pre(x)
+        y_hat = trainer.decode([trainer.activate(L, h) for L, h in enumerate(hs)], norms, x) / s_out
+        formula = clt(rows.x[:64].transpose(0, 1)).transpose(0, 1)  # [rows, n, d]
+    assert torch.allclose(formula, y_hat, atol=1e-4, rtol=1e-4), (formula - y_hat).abs().max()
+    expected = ((y_hat - rows.y[:64]) * s_out).pow(2).sum(-1).mean(0).sum()
+    stats = trainer.step(rows.x[:64] * s_in, rows.y[:64] * s_out)  # its statistics: of the prediction before the update
+    assert stats["mse"] == pytest.approx(float(expected), rel=1e-4)
+
+
+def test_a_clt_run_killed_mid_block_resumes_to_the_same_weights(tiny, corpus, trained, tmp_path):
+    calls = []
+
+    def stop(stats):
+        calls.append(stats["tokens"])
+        if len(calls) == 5:  # inside block 1 (blocks of ~4 steps here): the checkpoint holds a block half done
+            raise KeyboardInterrupt
+
+    args = dict(kind="clt", corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk", skip=True)
+    with pytest.raises(KeyboardInterrupt):
+        train_transcoders(tiny, **args, **{**SMALL, "progress": stop})
+    _, _, meta = read_clt_checkpoint(tmp_path / "cut")
+    assert meta["cursor"]["batch"] > 0 and not meta["cursor"]["finished"], meta["cursor"]
+    resumed = train_transcoders(tiny, **args, **SMALL)
+    for k, v in trained[0].tensors().items():
+        assert torch.equal(resumed.tensors()[k], v), k
+    again = train_transcoders(tiny, **args, **SMALL)  # finished: loaded, not re-run
+    assert torch.equal(again.W_enc, resumed.W_enc)
+    with pytest.raises(CheckpointError, match="d_sae: 48 there, 32 now"):
+        train_transcoders(tiny, **args, **{**SMALL, "d_sae": 32})
+
+
+def test_what_a_clt_cannot_be_trained_as_is_refused(tiny, corpus, tmp_path):
+    with pytest.raises(ValueError, match="every layer"):
+        train_transcoders(tiny, kind="clt", layers=[1], corpus=corpus, tokens=100, out=tmp_path / "a", **SMALL)
+    with pytest.raises(ValueError, match="no file format"):
+        train_transcoders(tiny, kind="clt", corpus=corpus, tokens=100, out=tmp_path / "b", architecture="topk",
+                          skip=True, **SMALL)
