@@ -18,6 +18,7 @@ from .circuits.circuit import Circuit, circuit, patch_edges
 from .circuits.graph import graph_edges
 from .config import ArchConfig, UnsupportedModelError
 from .features.bundled import bundled_saes
+from .features.clt import CLTError, CrossLayerTranscoder
 from .features.evaluate import evaluate_sae
 from .features.evaluate_set import evaluate_transcoders
 from .features.io import load_sae
@@ -54,6 +55,7 @@ __all__ = [
     "SAE", "SAEError", "load_sae", "steer",
     "bundled_saes", "evaluate_sae", "train_sae",
     "TranscoderSet", "TranscoderSetError", "load_transcoders", "train_transcoders", "evaluate_transcoders",
+    "CrossLayerTranscoder", "CLTError",
     "Circuit", "circuit", "graph_edges", "patch_edges",
     "AttributionGraph", "AttributionGraphError", "attribution_graph",
 ]
