@@ -8,6 +8,8 @@ and the frozen replacement model run forward with one node removed. Not covered 
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -279,3 +281,30 @@ def test_patch_site_sae_over_a_clt_attributes_through_every_layer_a_feature_writ
 
         t = m.trace(CORRUPTED, saes=clt, names=[], hooks={f"{row.hook}.hook_sae_acts_post": put})
         assert row.exact == pytest.approx(float(metric_of(t.logits)), abs=1e-5)
+
+
+def test_the_workbench_intervenes_on_and_labels_a_clt_graph(models):
+    """Constrained (error terms, patterns and norm scales frozen), zeroing a last-layer CLT feature moves each
+    demeaned logit by minus its edge; automatic labels read a feature's summed writes (its direct path to the
+    unembedding)."""
+    m = models["llama_gqa"]
+    clt = clt_for(m, seed=8)
+    g = attribution_graph(PROMPT, transcoders=clt, model=m, progress=False)
+    nodes = g.nodes
+    last = len(g.input_ids) - 1
+    feats = nodes[(nodes["kind"] == "feature") & (nodes["layer"] == m.cfg.n_layers - 1) & (nodes["position"] == last)]
+    i = int(feats.index[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no feature crosses its threshold: a last-layer feature feeds none
+        new = g.intervene({feats.iloc[0].node_id: 0.0}, constrained=True)
+    orig = m.logits(torch.tensor(g.input_ids))[-1]
+    logit_rows = np.nonzero((nodes["kind"] == "logit").to_numpy())[0]
+    for r in logit_rows:
+        tok = int(nodes.iloc[r].feature)
+        moved = (new[tok] - new.mean()) - (orig[tok] - orig.mean())
+        assert float(moved) == pytest.approx(-float(g.adjacency[r, i]), abs=2e-5)
+    labels = g.labels
+    assert labels and all(v.startswith("[auto]") for v in labels.values())
+    g.label(feats.iloc[0].node_id, "edited")
+    assert g.labels[feats.iloc[0].node_id] == "edited"
+

@@ -91,6 +91,8 @@ class CrossLayerTranscoder(torch.nn.Module):
         self.b_dec = p(torch.zeros(n_layers, d_model, dtype=dtype))
         self.W_skip = p(torch.zeros(n_layers, d_model, d_model, dtype=dtype)) if (skip or arch_skip) else None
         self._units = [CLTLayer(self, L) for L in range(n_layers)]
+        self.model = None  # set by load_clt(model=...): automatic labels read its unembedding
+        self.labels: dict[int, dict[int, str]] = {}  # edited labels {layer: {feature: text}}
 
     # ---- sizes and coverage -------------------------------------------------------------------------------------
     @property
@@ -134,6 +136,11 @@ class CrossLayerTranscoder(torch.nn.Module):
 
     def __contains__(self, layer: object) -> bool:
         return isinstance(layer, int) and 0 <= layer < self.n_layers
+
+    @property
+    def coders(self) -> dict[int, CLTLayer]:
+        """{layer: its splice unit}, as TranscoderSet.coders maps layers to coders (the workbench reads it)."""
+        return dict(enumerate(self._units))
 
     def __repr__(self) -> str:
         name = f"{self.name!r}: " if self.name else ""
@@ -403,6 +410,22 @@ class CLTLayer:
     @use_error_term.setter
     def use_error_term(self, value: bool) -> None:
         self.clt.use_error_term = bool(value)
+
+    @property
+    def model(self) -> Any:
+        return self.clt.model
+
+    @property
+    def labels(self) -> dict[int, str]:
+        """Edited labels {feature: text} of this layer's features (SAE.labels)."""
+        return self.clt.labels.setdefault(self.layer, {})
+
+    def residual_direction(self, feature: int, model: Any = None) -> torch.Tensor:
+        """[d_model]: everything feature f writes into the residual stream, Σ_j W_dec[L][f, j - L] (each write is
+        added to the stream, so their sum is its direct path to the unembedding; SAE.residual_direction)."""
+        if not 0 <= int(feature) < self.d_sae:
+            raise CLTError(f"feature {feature} is out of range: layer {self.layer} has d_sae={self.d_sae} features")
+        return self.clt.W_dec[self.layer][int(feature)].detach().float().sum(0)
 
     def decoder_rows(self) -> dict[str, torch.Tensor]:
         """{hook written: [d_sae, d_model]} for every output this layer's features write (d output / d feature)."""

@@ -97,6 +97,7 @@ def load_clt(folder: str | os.PathLike, model: Any = None, input_hook: str | Non
     if model is not None:
         clt.check_model(model, where=f"{folder}: ")
         clt.to(getattr(model, "device", "cpu"))
+        clt.model = model
     return clt
 
 
