@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 
 from slmviz.circuits.intervene import intervene
-from slmviz.circuits.workbench import WorkbenchError, feature_labels, node_index, top_features
+from slmviz.circuits.workbench import WorkbenchError, feature_labels, node_index
 from slmviz.features.dashboard import acts_hook, top_contexts
 from slmviz.plots.subgraph import subgraph_figure, workbench_figure
 
@@ -203,7 +203,7 @@ class WorkbenchHandlers:
     @readable_errors
     def pin_top(self, found: dict | None, n: float | None, node_threshold: float | None,
                 edge_threshold: float | None) -> tuple:
-        """Pin the n kept features with the largest influence on the logits."""
+        """Pin the n kept features with the largest influence on the logits, and the most probable logit."""
         found = self._found(found)
         try:
             count = int(n) if n is not None and float(n) == int(n) else None
@@ -212,7 +212,7 @@ class WorkbenchHandlers:
         if count is None or count < 1:
             raise ValueError(f"The number of nodes to pin must be a whole number of at least 1, got {n!r}")
         pruned = self._pruned(found, node_threshold, edge_threshold)
-        pruned.pin(top_features(pruned, count))
+        pruned.pin_top(count, logit=True)
         return self._views(found, node_threshold, edge_threshold)
 
     @readable_errors
@@ -475,7 +475,8 @@ def build_workbench(handlers: Handlers, features: Any, found: gr.State, node_thr
                 with gr.Row():
                     top_n = gr.Number(value=PIN_TOP_N, precision=0, minimum=1, label="n", elem_id="graph-pin-top-n",
                                       min_width=80)
-                    top_btn = gr.Button("Pin the top n by influence", elem_id="graph-pin-top")
+                    top_btn = gr.Button("Pin the top n features by influence (and the top logit)",
+                                        elem_id="graph-pin-top")
                 card = gr.HTML(elem_id="graph-node-card")
         with gr.Row():
             with gr.Column(scale=3):

@@ -175,11 +175,11 @@ class AttributionGraph:
 
         clear(self)
 
-    def pin_top(self, n: int) -> list[str]:
-        """Pin the n kept features with the largest influence on the logits."""
+    def pin_top(self, n: int, logit: bool = False) -> list[str]:
+        """Pin the n kept features with the largest influence on the logits (and the top logit if `logit`)."""
         from .workbench import pin_top
 
-        return pin_top(self, n)
+        return pin_top(self, n, logit)
 
     def supernode(self, name: str, members: Any = None) -> list[str]:
         """Group nodes (default: the pinned ones in no supernode) under `name`; returns [name, *members]."""
@@ -298,6 +298,8 @@ def attribution_graph(
     chat: bool = False,
     vmap: bool = True,
     progress: Progress = True,
+    max_feature_nodes: int | None = None,
+    update_interval: int = 4,
 ) -> AttributionGraph:
     """The attribution graph of one prompt over `transcoders` (slmviz SAEs reading blocks.L.mlp.hook_in and writing
     blocks.L.hook_mlp_out; any subset of layers). See the module docstring for the semantics.
@@ -316,10 +318,21 @@ def attribution_graph(
     backwards are nearly all of the time. An exception raised by fn stops the computation there and propagates
     as it is (the app's Cancel: app/scan_jobs.py's JobCancelled); the frames it unwound are cleared on the way
     out, so the exception a caller keeps does not keep the adjacency or the autograd graph alive.
+
+    `max_feature_nodes`: keep at most this many features, the most influential ones (circuit-tracer's option of
+    the same name): the logits are attributed first, then features in rounds of `update_interval` x `batch_size`,
+    each round taking the unvisited features of highest influence on the logits through the rows attributed so
+    far. The graph's nodes are the chosen features (the others' direct effects move into each target's `constant`,
+    so Σ edges + constant is still every target's value). With a full set of transcoders the dense adjacency grows
+    with the square of the active features; this is what keeps a long prompt within the memory budget (whose
+    error names the largest cap that fits).
     """
+    if max_feature_nodes is not None and (not isinstance(max_feature_nodes, int) or max_feature_nodes < 1):
+        raise AttributionGraphError(f"max_feature_nodes must be a positive integer or None, got {max_feature_nodes!r}")
     try:
         return _attribution_graph(prompt, transcoders, model, max_n_logits, desired_logit_prob, batch_size,
-                                  prepend_bos, zero_bos, memory_budget_gb, chat, vmap, progress)
+                                  prepend_bos, zero_bos, memory_budget_gb, chat, vmap, progress, max_feature_nodes,
+                                  update_interval)
     except BaseException as e:
         # A traceback keeps every frame it passed through, and with them their locals: the dense adjacency,
         # the prompt's activations, a suspended backward's autograd graph. Clearing them frees that memory as
@@ -330,7 +343,8 @@ def attribution_graph(
 
 def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: int, desired_logit_prob: float,
                        batch_size: int, prepend_bos: bool, zero_bos: bool, memory_budget_gb: float, chat: bool,
-                       vmap: bool, progress: Progress) -> AttributionGraph:
+                       vmap: bool, progress: Progress, max_feature_nodes: int | None = None,
+                       update_interval: int = 4) -> AttributionGraph:
     if model is None:
         from ..model_api import load
 
@@ -351,7 +365,7 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
     n_pos, n_layers = len(ids), cfg.n_layers
     state = prompt_state(model, ids, ts)
     f_layer, f_pos, f_idx, f_act, f_enc, writes, errors = active_features(ts, state, n_layers, zero_bos)
-    n_feat = len(f_layer)
+    n_feat = n_feat_all = len(f_layer)
     token_vecs = state.embed.float()  # [pos, d_model]
 
     unembed = model.decoder.params.unembed
@@ -362,31 +376,49 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
     logit_off = tok_off + n_pos
     n_nodes = logit_off + n_logits
 
+    cap = n_feat if max_feature_nodes is None else min(max_feature_nodes, n_feat)
     bytes_per = torch.finfo(model.dtype).bits // 8
-    rows = min(batch_size, n_feat + n_logits)
-    estimate = estimate_memory_bytes(n_nodes, n_pos, rows, cfg, bytes_per, copies=1 if vmap else rows)
+    rows = min(batch_size, cap + n_logits)
+    kept_nodes = n_nodes - n_feat + cap
+    estimate = estimate_memory_bytes(kept_nodes, n_pos, rows, cfg, bytes_per, copies=1 if vmap else rows)
+    if cap < n_feat:  # the rows attributed before the columns of unselected features are dropped
+        estimate += 4 * (cap + n_logits) * n_nodes
     # the features' decoder vectors, one per layer each writes: a CLT feature of layer L has n_layers - L of them
     estimate += 4 * writes.vec.numel()
     budget = memory_budget_gb * 2**30
     if estimate > budget:
+        fits = largest_cap(budget, n_nodes - n_feat, n_feat, n_logits, n_pos, rows, cfg, bytes_per, vmap,
+                           4 * writes.vec.numel())
+        hint = f", pass max_feature_nodes={fits} (the most influential features; this prompt has {n_feat})" \
+            if fits > 0 else ""
         raise AttributionGraphError(
             f"this prompt ({n_pos} tokens, {n_feat} active features, {n_nodes} nodes) needs about "
             f"{estimate / 2**30:.2f} GiB for its attribution graph, over the memory budget of "
             f"{memory_budget_gb:g} GiB: "
-            f"shorten the prompt, lower batch_size, or raise memory_budget_gb")
+            f"shorten the prompt, lower batch_size, or raise memory_budget_gb{hint}")
 
     # Phase 1 and 2, once for the logits (every layer) and once for the features (up to the last transcoder's
     # layer only): one forward of the batch, a zero leaf added wherever a source writes to read gradients at, then
     # one backward per batch of targets, row b's gradient injected at its own target only.
-    adjacency = torch.zeros(n_nodes, n_nodes)
     logit_targets = [(n_layers, n_pos - 1, logit_vecs[i], logit_off + i) for i in range(n_logits)]
-    feature_targets = [(int(f_layer[i]), int(f_pos[i]), f_enc[i], i) for i in range(n_feat)]
-    with _Reporter(progress, n_logits + n_feat) as report:
-        for base, targets in ((0, logit_targets), (n_logits, feature_targets)):
-            if targets:
-                attribute_rows(model, state, ts, targets, adjacency, batch_size, f_pos, writes,
-                               errors, token_vecs, err_off, tok_off, logit_off, vmap=vmap,
-                               progress=lambda n, base=base: report(base + n))
+    args = (batch_size, f_pos, writes, errors, token_vecs, err_off, tok_off, logit_off)
+    with _Reporter(progress, n_logits + cap) as report:
+        if cap == n_feat:
+            adjacency = torch.zeros(n_nodes, n_nodes)
+            feature_targets = [(int(f_layer[i]), int(f_pos[i]), f_enc[i], i) for i in range(n_feat)]
+            for base, targets in ((0, logit_targets), (n_logits, feature_targets)):
+                if targets:
+                    attribute_rows(model, state, ts, targets, adjacency, *args, vmap=vmap,
+                                   progress=lambda n, base=base: report(base + n))
+        else:
+            selected, adjacency = attribute_most_influential(
+                model, state, ts, logit_targets, logit_p, f_layer, f_pos, f_enc, cap, n_nodes, args, vmap, report,
+                update_interval)
+            f_layer, f_pos, f_idx, f_act, f_enc = (t[selected] for t in (f_layer, f_pos, f_idx, f_act, f_enc))
+            writes = writes.select(selected)
+            n_feat = cap
+            shift = n_feat_all - cap
+            err_off, tok_off, logit_off, n_nodes = (x - shift for x in (err_off, tok_off, logit_off, n_nodes))
 
     # Target values (what the rows sum to with `constant`), from the prompt's own run.
     target_values = torch.zeros(n_nodes)
@@ -421,9 +453,81 @@ class Writes:
     layer: torch.Tensor  # [w] long: the MLP output written
     vec: torch.Tensor  # [w, d_model]
 
-    @classmethod
-    def empty(cls, d_model: int) -> Writes:
-        return cls(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, d_model))
+    def select(self, features: torch.Tensor) -> Writes:
+        """The writes of `features` (sorted feature node indices), renumbered 0..len(features)-1."""
+        size = max(int(self.node.max()) if len(self.node) else -1, int(features.max()) if len(features) else -1) + 1
+        new = torch.full((size,), -1, dtype=torch.long)
+        new[features] = torch.arange(len(features))
+        keep = new[self.node] >= 0 if len(self.node) else torch.zeros(0, dtype=torch.bool)
+        return Writes(new[self.node[keep]], self.layer[keep], self.vec[keep])
+
+
+def partial_influences(rows: torch.Tensor, logit_p: torch.Tensor, row_node: torch.Tensor,
+                       max_iter: int = 128) -> torch.Tensor:
+    """circuit-tracer's compute_partial_influences: each node's influence on the logits through the rows attributed
+    so far (rows [r, n_nodes], row r being node row_node[r]'s inputs), by power iteration on the row-normalised |rows|
+    from the logit probabilities."""
+    normalized = rows.abs()
+    normalized /= normalized.sum(dim=1, keepdim=True).clamp(min=1e-8)
+    influence = torch.zeros(rows.shape[1])
+    prod = torch.zeros(rows.shape[1])
+    prod[-len(logit_p):] = logit_p
+    for _ in range(max_iter):
+        prod = prod[row_node] @ normalized
+        if not prod.any():
+            break
+        influence += prod
+    return influence
+
+
+def attribute_most_influential(model: Any, state: PromptState, ts: Any, logit_targets: list[tuple],
+                               logit_p: torch.Tensor, f_layer: torch.Tensor, f_pos: torch.Tensor, f_enc: torch.Tensor,
+                               cap: int, n_nodes: int, args: tuple, vmap: bool, report: Callable[[int], None],
+                               update_interval: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """circuit-tracer's max_feature_nodes loop: attribute the logits, then `cap` features in rounds, each taking the
+    unvisited features of highest partial influence. Returns (the chosen features' indices, sorted; the adjacency
+    over the chosen features and every other node, rows and columns of unchosen features dropped)."""
+    n_feat, n_logits = len(f_layer), len(logit_targets)
+    batch_size = args[0]
+    rows = torch.zeros(cap + n_logits, n_nodes)
+    row_node = torch.zeros(cap + n_logits, dtype=torch.long)
+    attribute_rows(model, state, ts, [(*t[:3], i) for i, t in enumerate(logit_targets)], rows, *args, vmap=vmap,
+                   progress=report)
+    row_node[:n_logits] = torch.tensor([t[3] for t in logit_targets])
+    visited = torch.zeros(n_feat, dtype=torch.bool)
+    st = n_logits
+    while st - n_logits < cap:
+        influence = partial_influences(rows[:st], logit_p, row_node[:st])
+        rank = torch.argsort(influence[:n_feat], descending=True)
+        pending = rank[~visited[rank]][: min(update_interval * batch_size, cap - (st - n_logits))]
+        targets = [(int(f_layer[i]), int(f_pos[i]), f_enc[i], st + j) for j, i in enumerate(pending.tolist())]
+        attribute_rows(model, state, ts, targets, rows, *args, vmap=vmap,
+                       progress=lambda n, st=st: report(st + n))
+        row_node[st:st + len(pending)] = pending
+        visited[pending] = True
+        st += len(pending)
+    selected = visited.nonzero().flatten()
+    columns = torch.cat([selected, torch.arange(n_feat, n_nodes)])
+    position = torch.full((n_nodes,), -1, dtype=torch.long)
+    position[columns] = torch.arange(len(columns))
+    adjacency = torch.zeros(len(columns), len(columns))
+    adjacency[position[row_node]] = rows[:, columns]
+    return selected, adjacency
+
+
+def largest_cap(budget: float, other_nodes: int, n_feat: int, n_logits: int, n_pos: int, rows: int, cfg: Any,
+                bytes_per: int, vmap: bool, fixed: int) -> int:
+    """The largest max_feature_nodes whose memory estimate fits `budget` (0 if none does), by bisection."""
+    def need(cap: int) -> float:
+        r = min(rows, cap + n_logits)
+        return (estimate_memory_bytes(other_nodes + cap, n_pos, r, cfg, bytes_per, copies=1 if vmap else r)
+                + 4 * (cap + n_logits) * (other_nodes + n_feat) + fixed)
+
+    lo, hi = 0, n_feat
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need(mid) <= budget else (lo, mid - 1)
+    return lo
 
 
 def active_features(ts: Any, state: PromptState, n_layers: int, zero_bos: bool

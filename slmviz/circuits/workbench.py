@@ -135,10 +135,12 @@ def top_features(graph: Any, n: int) -> list[str]:
     return graph.nodes["node_id"].to_numpy()[order].tolist()
 
 
-def pin_top(graph: Any, n: int) -> list[str]:
-    """Pin the n most influential kept features (see top_features); returns them."""
+def pin_top(graph: Any, n: int, logit: bool = False) -> list[str]:
+    """Pin the n most influential kept features (see top_features); returns them. `logit`: pin the most probable
+    logit too, so that the subgraph ends at the answer."""
     top = top_features(graph, n)
-    pin(graph, top)
+    logits = graph.nodes.loc[graph.nodes["kind"] == "logit", "node_id"]
+    pin(graph, top + ([logits.iloc[0]] if logit and len(logits) else []))
     return top
 
 

@@ -94,19 +94,20 @@ def subgraph_figure(sg: Any, height: int = 520) -> go.Figure:
                                                           if r.kind == "supernode" else "")
                  for r in part.itertuples(index=False)]
         short = [str(t)[:28] for t in part["label"]]
+        where_text = ["top center" if i % 2 == 0 else "bottom center" for i in range(len(short))]  # less overlap
         fig.add_trace(go.Scatter(
-            x=x[sel], y=y[sel], mode="markers+text", name=kind, text=short, textposition="top center",
+            x=x[sel], y=y[sel], mode="markers+text", name=kind, text=short, textposition=where_text,
             hovertext=hover, hoverinfo="text", customdata=[[n, kind] for n in part["node_id"]],
             marker={"symbol": symbol, "color": colour, "size": 20 if kind == "supernode" else 12,
                     "line": {"width": 1, "color": "#333"}}))
     s = sg.scores
     fig.update_layout(
         title=f"Subgraph of {len(nodes)} nodes: replacement {s['replacement']:.3f}, completeness "
-              f"{s['completeness']:.3f} (unpinned features merged into error nodes)",
+              f"{s['completeness']:.3f}",
         template="plotly_white", height=height,
         xaxis={"title": "position", "tickmode": "array", "tickvals": list(range(len(sg.tokens))),
                "ticktext": [f"{i}: {t!r}" for i, t in enumerate(sg.tokens)]},
         yaxis={"title": "layer", "tickmode": "array", "tickvals": list(range(sg.n_layers + 2)),
-               "ticktext": ["emb", *[str(L) for L in range(sg.n_layers)], "logit"]},
+               "ticktext": ["emb", *[str(L) for L in range(sg.n_layers)], "logit"], "range": [-0.7, sg.n_layers + 1.7]},
         legend={"orientation": "h"})
     return fig
