@@ -308,3 +308,18 @@ def test_the_workbench_intervenes_on_and_labels_a_clt_graph(models):
     g.label(feats.iloc[0].node_id, "edited")
     assert g.labels[feats.iloc[0].node_id] == "edited"
 
+
+
+def test_a_corpus_scan_with_a_clt_scans_each_layers_features(models):
+    """scan(saes=clt) runs batched, padded forwards: each layer's hook_sae_acts_post is scanned as a trace of each
+    document gives it (zero on each window's first row, the row rule of training), layer 1's included, whose
+    reconstruction needs layer 0's activations of the same batch."""
+    m = models["llama_gqa"]
+    clt = clt_for(m, seed=9)
+    docs = ["w1 w2 w3 w4 w5 w6", "w9 w8 w7", "w4 w4 w5 w11 w3"]
+    names = [f"blocks.{L}.hook_mlp_out.hook_sae_acts_post" for L in range(m.cfg.n_layers)]
+    s = slmviz.scan(docs, hooks=names, model=m, saes=clt, top_k=2, progress=False)
+    for name in names:
+        acts = torch.cat([m.trace(d, saes=clt, names=[name])[name][1:] for d in docs])
+        acts = torch.cat([acts, acts.new_zeros(len(docs), acts.shape[1])])
+        torch.testing.assert_close(s.mean(name).float(), acts.mean(0), rtol=1e-5, atol=1e-6)
