@@ -249,3 +249,29 @@ def test_set_evaluation_matches_evaluate_sae_layer_by_layer(tiny, corpus, traine
     assert r1["replaced"]["ce_loss_score"] == pytest.approx(alone["ce_loss_score"], rel=1e-5)
     assert r1["replaced"]["kl_score"] == pytest.approx(alone["kl_score"], rel=1e-5)
     assert 0 <= r["replaced"]["top1_agreement"] <= 1 and r["replaced"]["targets"] > 0
+
+
+def test_max_feature_nodes_keeps_the_full_graphs_edges_among_the_chosen(tiny):
+    """With max_feature_nodes, the graph keeps that many features (circuit-tracer's rounds by partial influence);
+    every kept edge equals the uncapped graph's, and the unchosen features' effects move into `constant`, so
+    Σ edges + constant is still each target's value."""
+    ts = random_set(tiny)
+    full = slmviz.attribution_graph(PROMPT, transcoders=ts, model=tiny, progress=False, batch_size=8)
+    n = full.n_features
+    cap = n // 3
+    capped = slmviz.attribution_graph(PROMPT, transcoders=ts, model=tiny, progress=False, batch_size=8,
+                                      max_feature_nodes=cap, update_interval=1)
+    assert capped.n_features == cap
+    # by (kind, layer, position, feature): circuit-tracer's node ids repeat (layer-0 feature "0_1_5" and the error
+    # node of layer 1, position 5)
+    key = ["kind", "layer", "position", "feature"]
+    index = {k: i for i, k in enumerate(full.nodes[key].itertuples(index=False, name=None))}
+    rows = torch.tensor([index[k] for k in capped.nodes[key].itertuples(index=False, name=None)])
+    assert (capped.nodes["kind"] == "feature").sum() == cap
+    targets = capped.nodes["kind"].isin(["feature", "logit"]).to_numpy()
+    sub = full.adjacency[rows][:, rows]
+    assert torch.allclose(capped.adjacency[targets], sub[targets], rtol=1e-4, atol=1e-4), \
+        float((capped.adjacency[targets] - sub[targets]).abs().max())
+    assert torch.allclose(capped.adjacency.sum(1) + capped.constant, capped.target_values, atol=1e-3)
+    with pytest.raises(slmviz.AttributionGraphError, match="max_feature_nodes="):
+        slmviz.attribution_graph(PROMPT, transcoders=ts, model=tiny, progress=False, memory_budget_gb=0.008)

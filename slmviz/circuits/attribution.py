@@ -629,7 +629,7 @@ def _attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple
     there): the gradient at layer j's output is the same for every source writing j, so each layer's writes are one
     matrix product."""
     cfg, dtype = model.cfg, model.dtype
-    n_layers, n_pos, n_nodes = cfg.n_layers, len(state.ids), adjacency.shape[0]
+    n_layers, n_pos, n_nodes = cfg.n_layers, len(state.ids), adjacency.shape[1]
     top = max(t[0] for t in targets)
     rows = min(batch_size, len(targets))
     copies = 1 if one_row else rows

@@ -1,0 +1,94 @@
+"""train_transcoders (every layer from one forward per batch) against training the layers one at a time with
+train_sae, side by side in one process on the same tokens, and against its own floor.
+
+Rows, on SmolLM2-135M-Instruct, skip transcoders (BatchTopK), the broad corpus, the same arguments for both:
+- layer-tokens/s of train_transcoders over `--layers` layers, and of train_sae run once per layer (what the issue's
+  quick probe did: 30 x 40k tokens in 1,852 s, ~650 layer-tokens/s). Target: one pass >= 3x.
+- the floor of a one-pass run: one forward per batch (capturing every layer's input and output) plus each layer's
+  coder steps timed alone; train_transcoders' time / that sum. Target: <= 1.25.
+Each figure in a fresh temporary folder; the model is loaded once. Nothing is asserted.
+
+    .venv/bin/python bench/train_transcoders.py [--layers 30] [--tokens 8192] [--d-sae 4096] [--k 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import Row, main
+
+import slmviz
+from slmviz.features.activations import Source, plan_blocks
+from slmviz.features.bundled import broad_corpus
+from slmviz.features.train import TrainConfig, Trainer, training_batches
+from slmviz.features.train_set import block_rows_by_layer, train_transcoders
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    model = slmviz.load()
+    corpus = str(broad_corpus()[0])
+    layers = list(range(min(args.layers, model.cfg.n_layers)))
+    kw = dict(d_sae=args.d_sae, k=args.k, tokens=args.tokens, architecture="batchtopk", skip=True, batch_tokens=512,
+              buffer_tokens=args.tokens, dtype=args.dtype, progress=False)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        train_transcoders(model, layers=layers, corpus=corpus, out=Path(tmp) / "set", **kw)
+        one_pass = time.perf_counter() - t
+        t = time.perf_counter()
+        for L in layers:
+            slmviz.train_sae(model, f"blocks.{L}.mlp.hook_in", corpus, hook_out=f"blocks.{L}.hook_mlp_out",
+                             out=Path(tmp) / f"l{L}", **kw)
+        separate = time.perf_counter() - t
+    layer_tokens = args.tokens * len(layers)
+    speedup = separate / one_pass
+    rows.append(Row(f"train_transcoders vs train_sae per layer ({len(layers)} layers x {args.tokens:,} tokens), "
+                    "layer-tokens/s", f"{layer_tokens / one_pass:,.0f}", f"{layer_tokens / separate:,.0f}", speedup,
+                    ">= 3", speedup >= 3, f"{one_pass:.1f} s vs {separate:.1f} s"))
+
+    # The floor: the block's shared forward, then each layer's steps alone, on the same rows.
+    source = Source(f"blocks.{layers[0]}.mlp.hook_in", f"blocks.{layers[0]}.hook_mlp_out", 128, 1024, args.tokens)
+    sources = {L: Source(f"blocks.{L}.mlp.hook_in", f"blocks.{L}.hook_mlp_out", 128, 1024, args.tokens)
+               for L in layers}
+    block = next(iter(plan_blocks(model.tokenizer, corpus, source)))
+    t = time.perf_counter()
+    block_rows = block_rows_by_layer(model, block, sources)
+    forward = time.perf_counter() - t
+    steps = 0.0
+    for L in layers:
+        cfg = TrainConfig(model=model.name, hook=sources[L].hook, hook_out=sources[L].hook_out, d_in=576, d_out=576,
+                          d_sae=args.d_sae, k=args.k, architecture="batchtopk", tokens=args.tokens, lr=1e-3,
+                          batch_tokens=512, seed=0, dtype=args.dtype or "float32", window=128, forward_tokens=1024,
+                          buffer_tokens=args.tokens, dead_window=500_000, aux_coefficient=1.0, lr_decay=0.2,
+                          corpus="", massive_factor=20.0, skip=True)
+        trainer = Trainer(cfg, torch.device("cpu"), {})
+        r = block_rows[L]
+        trainer.initialise(r.x, r.y)
+        t = time.perf_counter()
+        for idx in training_batches(torch.arange(r.x.shape[0]), 512):
+            trainer.step(r.x[idx] * trainer.scale_in, r.y[idx] * trainer.scale_out)
+        steps += time.perf_counter() - t
+    floor = forward + steps
+    scale = args.tokens / max(sum(b.n_tokens for b in block.batches), 1)
+    floor = (forward + steps) * max(scale, 1)
+    rows.append(Row("train_transcoders / (forward + every coder's steps timed alone)", f"{one_pass:.1f} s",
+                    f"{floor:.1f} s", one_pass / floor, "<= 1.25", one_pass / floor <= 1.25,
+                    f"one block: forward {forward:.1f} s, steps {steps:.1f} s, scaled x{scale:.2f}; the run also "
+                    "plans blocks, checkpoints and measures BatchTopK's threshold"))
+    return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--d-sae", type=int, default=4096)
+    p.add_argument("--k", type=int, default=64)
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
+
+
+if __name__ == "__main__":
+    main(run, __doc__.splitlines()[0], add_arguments)
