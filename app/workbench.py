@@ -22,6 +22,7 @@ graph itself, so other sessions are served meanwhile.
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -141,20 +142,30 @@ class WorkbenchHandlers:
                     graph.use_scans({layer: scan})
 
     def _views(self, found: dict, node_threshold: Any, edge_threshold: Any) -> tuple:
-        """(graph plot, subgraph plot, subgraph status, feature table, JSON file) of the current state."""
+        """(subgraph plot, subgraph status, feature table) of the current state: what a change shows first."""
         pruned = self._pruned(found, node_threshold, edge_threshold)
         labels = feature_labels(pruned)
         sg = pruned.subgraph()
-        path = pruned.save_json(self.h.output_path("attribution-graph-workbench.json"))
-        return (to_plot(workbench_figure(pruned, labels)), to_plot(subgraph_figure(sg)), subgraph_status(pruned, sg),
-                display_frame(node_table(pruned, labels)), str(path))
+        return to_plot(subgraph_figure(sg)), subgraph_status(pruned, sg), display_frame(node_table(pruned, labels))
+
+    @readable_errors
+    def graph_views(self, found: dict | None, node_threshold: float | None, edge_threshold: float | None) -> tuple:
+        """(graph plot, JSON file) of the current state, chained after every change: the larger graph is drawn and
+        the JSON written after the subgraph shows (the subgraph's redraw is what a click waits for)."""
+        if not found or "graph" not in found:
+            return gr.skip(), gr.skip()
+        pruned = self._pruned(found, node_threshold, edge_threshold)
+        path = self.h.output_path("attribution-graph-workbench.json")
+        path.write_text(json.dumps(pruned.to_json(slug=path.stem)))  # compact: written again after every change
+        return to_plot(workbench_figure(pruned, feature_labels(pruned))), str(path)
 
     @readable_errors
     def render(self, found: dict | None, node_threshold: float | None, edge_threshold: float | None) -> tuple:
         """Draw the workbench for the graph just built or re-pruned (nothing yet: no change)."""
         if not found or "graph" not in found:
             return tuple(gr.skip() for _ in range(5))
-        return self._views(found, node_threshold, edge_threshold)
+        return (*self._views(found, node_threshold, edge_threshold),
+                *self.graph_views(found, node_threshold, edge_threshold))
 
     # --- the node card ------------------------------------------------------------------------------------------
     @readable_errors
@@ -510,18 +521,24 @@ def build_workbench(handlers: Handlers, features: Any, found: gr.State, node_thr
         iv_result = gr.HTML(elem_id="graph-intervention-result")
 
     thresholds = [node_threshold, edge_threshold]
-    views = [graph_plot, sub_plot, sub_status, table, json_file]
+    views = [sub_plot, sub_status, table]
+    later = [graph_plot, json_file]
     table.select(wb.select, [found, *thresholds], [node, card, label_box], api_visibility="private", **light_kw)
     gr.on([show.click, node.submit], wb.card, [found, node, *thresholds], [card, label_box],
           api_name="workbench_card", **light_kw)
-    pin_btn.click(wb.pin, [found, node, *thresholds], views, api_name="workbench_pin", **light_kw)
-    clear_btn.click(wb.clear, [found, *thresholds], views, api_name="workbench_clear", **light_kw)
-    top_btn.click(wb.pin_top, [found, top_n, *thresholds], views, api_name="workbench_pin_top", **light_kw)
-    gr.on([sn_btn.click, sn_name.submit], wb.supernode, [found, sn_name, sn_members, *thresholds], views,
-          api_name="workbench_supernode", **light_kw)
-    gr.on([label_btn.click, label_box.submit], wb.label, [found, node, label_box, *thresholds], [*views, card],
-          api_name="workbench_label", **light_kw)
-    load_file.upload(wb.load, [found, load_file, *thresholds], views, api_name="workbench_load", **light_kw)
+    changes = [
+        pin_btn.click(wb.pin, [found, node, *thresholds], views, api_name="workbench_pin", **light_kw),
+        clear_btn.click(wb.clear, [found, *thresholds], views, api_name="workbench_clear", **light_kw),
+        top_btn.click(wb.pin_top, [found, top_n, *thresholds], views, api_name="workbench_pin_top", **light_kw),
+        gr.on([sn_btn.click, sn_name.submit], wb.supernode, [found, sn_name, sn_members, *thresholds], views,
+              api_name="workbench_supernode", **light_kw),
+        gr.on([label_btn.click, label_box.submit], wb.label, [found, node, label_box, *thresholds], [*views, card],
+              api_name="workbench_label", **light_kw),
+        load_file.upload(wb.load, [found, load_file, *thresholds], views, api_name="workbench_load", **light_kw),
+    ]
+    for i, change in enumerate(changes):  # then the graph plot and the JSON (one endpoint for API clients)
+        change.success(wb.graph_views, [found, *thresholds], later, **light_kw,
+                       **({"api_name": "workbench_views"} if i == 0 else {"api_visibility": "private"}))
     ran = iv_btn.click(wb.intervene, [found, iv_nodes, node, iv_value, iv_number, iv_mode], iv_result,
                        api_name="workbench_intervene", **job_kw)
     iv_cancel.click(wb.cancel, None, iv_result, cancels=[ran], api_name="workbench_cancel", **light_kw)
@@ -530,7 +547,7 @@ def build_workbench(handlers: Handlers, features: Any, found: gr.State, node_thr
 
     def wire(*events: Any) -> None:
         for event in events:
-            event.then(wb.render, [found, *thresholds], views, api_visibility="private", **light_kw)
+            event.then(wb.render, [found, *thresholds], [*views, *later], api_visibility="private", **light_kw)
 
     return wire
 

@@ -405,3 +405,25 @@ def fresh_labels(g):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         return g.labels
+
+
+def test_a_large_graph_draws_its_most_influential_nodes_first(graphs):
+    """Over max_nodes kept nodes, the figure draws the most influential ones, plus every embedding, logit and pin."""
+    from slmviz.circuits.workbench import node_influence
+    from slmviz.plots.subgraph import drawn_mask, workbench_figure
+
+    g = fresh(graphs["llama_gqa"])
+    pinned = g.nodes[g.nodes["kind"] == "feature"]["node_id"].iloc[-1]
+    g.pin(pinned)
+    drawn = drawn_mask(g, 60)
+    kinds = g.nodes["kind"].to_numpy()
+    assert drawn.sum() == 60 and drawn[np.isin(kinds, ["embedding", "logit"])].all()
+    assert drawn[g.nodes.index[g.nodes["node_id"] == pinned][0]]
+    influence = node_influence(g).numpy()
+    rest = ~np.isin(kinds, ["embedding", "logit"])
+    rest[g.nodes.index[g.nodes["node_id"] == pinned][0]] = False
+    assert influence[drawn & rest].min() >= influence[~drawn & rest].max()
+    fig = workbench_figure(g, max_nodes=60)
+    assert sum(len(t.customdata) for t in fig.data if t.customdata is not None) == 60
+    assert "the top 60 of" in fig.layout.title.text
+    g.clear_pins()

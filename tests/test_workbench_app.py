@@ -70,8 +70,11 @@ def built(server) -> Client:
     return client
 
 
-def views(result) -> dict:
-    graph_plot, sub_plot, status, table, path = result[:5]
+def views(client, result) -> dict:
+    """A change's subgraph, status and table, then the graph plot and the JSON that /workbench_views redraws after
+    it (chained in the page)."""
+    sub_plot, status, table = result[:3]
+    graph_plot, path = client.predict(0.95, 0.98, api_name="/workbench_views")
     return {"graph": json.loads(graph_plot["plot"]), "subgraph": json.loads(sub_plot["plot"]), "status": status,
             "table": table["data"], "json": json.loads(Path(path).read_text(encoding="utf-8"))}
 
@@ -79,7 +82,7 @@ def views(result) -> dict:
 def test_the_workbench_endpoints_are_named(tiny_server):
     names = set(Client(tiny_server, verbose=False).view_api(print_info=False, return_format="dict")["named_endpoints"])
     assert {"/workbench_card", "/workbench_pin", "/workbench_clear", "/workbench_pin_top", "/workbench_supernode",
-            "/workbench_label", "/workbench_load", "/workbench_intervene"} <= names
+            "/workbench_label", "/workbench_load", "/workbench_intervene", "/workbench_views"} <= names
 
 
 def test_cards_pins_subgraph_supernode_and_labels_match_the_library(tiny_server, graph):
@@ -101,7 +104,7 @@ def test_cards_pins_subgraph_supernode_and_labels_match_the_library(tiny_server,
     assert "Norm" in card and "tc_l" in card and "misses" in card
     # pin three: the subgraph shows three, with the library's scores
     for node in top:
-        got = views(client.predict(node, 0.95, 0.98, api_name="/workbench_pin"))
+        got = views(client, client.predict(node, 0.95, 0.98, api_name="/workbench_pin"))
     graph.clear_pins()
     graph.pin(*top)
     sg = graph.subgraph()
@@ -111,13 +114,13 @@ def test_cards_pins_subgraph_supernode_and_labels_match_the_library(tiny_server,
     assert f"{sg.scores['replacement']:.3f}" in got["status"] and f"{sg.scores['completeness']:.3f}" in got["status"]
     assert got["json"]["qParams"]["pinnedIds"] == top
     # a supernode of the first two: in the downloaded JSON, one node in the subgraph
-    got = views(client.predict("story", "", 0.95, 0.98, api_name="/workbench_supernode"))
+    got = views(client, client.predict("story", "", 0.95, 0.98, api_name="/workbench_supernode"))
     assert got["json"]["qParams"]["supernodes"] == [["story", *top]]
     graph.supernode("story")
     assert graph.subgraph().nodes["node_id"].tolist() == ["story"]
     # an edited label: in the table, the card and the JSON's clerp
     *got, card = client.predict(top[1], "says w4", 0.95, 0.98, api_name="/workbench_label")
-    got = views(got)
+    got = views(client, got)
     assert "says w4" in card
     assert {n["node_id"]: n["clerp"] for n in got["json"]["nodes"]}[top[1]] == "says w4"
     assert [r for r in got["table"] if r[0] == top[1]][0][5] == "says w4"
@@ -144,9 +147,9 @@ def test_bad_input_is_a_readable_error_and_keeps_the_state(tiny_server, graph, t
     from slmviz.circuits.workbench import top_features
 
     top = top_features(graph, 2)
-    state = views(client.predict(top[0], 0.95, 0.98, api_name="/workbench_pin"))
+    state = views(client, client.predict(top[0], 0.95, 0.98, api_name="/workbench_pin"))
     client.predict("kept", top[0], 0.95, 0.98, api_name="/workbench_supernode")
-    before = views(client.predict(top[1], "mine", 0.95, 0.98, api_name="/workbench_label")[:5])["json"]
+    before = views(client, client.predict(top[1], "mine", 0.95, 0.98, api_name="/workbench_label")[:3])["json"]
     assert before["qParams"]["supernodes"] == [["kept", top[0]]]
     bad = [
         (("9_9_99", 0.95, 0.98), "/workbench_pin", "not a node of this graph"),
@@ -161,7 +164,7 @@ def test_bad_input_is_a_readable_error_and_keeps_the_state(tiny_server, graph, t
     for args, api, match in bad:
         with pytest.raises(AppError, match=match):
             client.predict(*args, api_name=api)
-    unchanged = views(client.predict(top[1], "mine", 0.95, 0.98, api_name="/workbench_label")[:5])["json"]
+    unchanged = views(client, client.predict(top[1], "mine", 0.95, 0.98, api_name="/workbench_label")[:3])["json"]
     assert unchanged["qParams"] == before["qParams"]
     # a JSON of another prompt (same model and transcoders) is refused too
     other = tmp_path / "other.json"
@@ -176,13 +179,13 @@ def test_bad_input_is_a_readable_error_and_keeps_the_state(tiny_server, graph, t
     wrong_model.write_text(json.dumps(other_json))
     with pytest.raises(AppError, match="made for the model"):
         client.predict(handle_file(str(wrong_model)), 0.95, 0.98, api_name="/workbench_load")
-    unchanged = views(client.predict(top[1], "mine", 0.95, 0.98, api_name="/workbench_label")[:5])["json"]
+    unchanged = views(client, client.predict(top[1], "mine", 0.95, 0.98, api_name="/workbench_label")[:3])["json"]
     assert unchanged["qParams"] == before["qParams"]
-    after = views(client.predict(0.95, 0.98, api_name="/workbench_clear"))  # clear: then load the good one back
+    after = views(client, client.predict(0.95, 0.98, api_name="/workbench_clear"))  # clear: then load the good one back
     assert after["json"]["qParams"]["pinnedIds"] == []
     saved = tmp_path / "good.json"
     saved.write_text(json.dumps(before))
-    loaded = views(client.predict(handle_file(str(saved)), 0.95, 0.98, api_name="/workbench_load"))["json"]
+    loaded = views(client, client.predict(handle_file(str(saved)), 0.95, 0.98, api_name="/workbench_load"))["json"]
     assert loaded["qParams"] == before["qParams"]
     assert {n["node_id"]: n["clerp"] for n in loaded["nodes"]}[top[1]] == "mine"
     assert state["json"]["qParams"]["pinnedIds"] == [top[0]]

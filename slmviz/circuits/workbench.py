@@ -117,11 +117,13 @@ def clear(graph: Any) -> None:
 def node_influence(graph: Any) -> torch.Tensor:
     """Each node's influence on the logits (circuit-tracer's, through the kept adjacency; the logits' own
     probability added), as prune computes it."""
-    a = kept_adjacency(graph)
-    n_logits = len(graph.logit_probabilities)
-    weights = torch.zeros(a.shape[0])
-    weights[a.shape[0] - n_logits:] = graph.logit_probabilities.float()
-    return compute_influence(normalize_matrix(a), weights) + weights
+    def make() -> torch.Tensor:
+        a = kept_adjacency(graph)
+        n_logits = len(graph.logit_probabilities)
+        weights = torch.zeros(a.shape[0])
+        weights[a.shape[0] - n_logits:] = graph.logit_probabilities.float()
+        return compute_influence(normalize_matrix(a), weights) + weights
+    return _cached(graph, "_node_influence", make)
 
 
 def top_features(graph: Any, n: int) -> list[str]:
@@ -176,10 +178,22 @@ def remove_supernode(graph: Any, name: str) -> None:
 
 
 # --- subgraph scores --------------------------------------------------------------------------------------------
+def _cached(graph: Any, name: str, make: Any) -> Any:
+    """A value computed once per graph and mask objects (prune returns a new graph with new masks)."""
+    key = (id(graph.adjacency), id(graph.node_mask), id(graph.edge_mask))
+    hit = graph.__dict__.get(name)
+    if hit is None or hit[0] != key:
+        hit = (key, make())
+        graph.__dict__[name] = hit
+    return hit[1]
+
+
 def kept_adjacency(graph: Any) -> torch.Tensor:
     """The adjacency with the prune masks applied (what the graph's JSON links hold)."""
-    keep = graph.edge_mask & graph.node_mask[:, None] & graph.node_mask[None, :]
-    return torch.where(keep, graph.adjacency, torch.zeros(()))
+    def make() -> torch.Tensor:
+        keep = graph.edge_mask & graph.node_mask[:, None] & graph.node_mask[None, :]
+        return torch.where(keep, graph.adjacency, torch.zeros(()))
+    return _cached(graph, "_kept_adjacency", make)
 
 
 def merged_adjacency(graph: Any, pinned: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -192,16 +206,18 @@ def merged_adjacency(graph: Any, pinned: Any) -> tuple[torch.Tensor, torch.Tenso
     n_feat = int((kinds == "feature").sum())
     layer, pos = graph.nodes["layer"].to_numpy(), graph.nodes["position"].to_numpy()
     n_pos = len(graph.tokens)
-    err_off = n_feat
-    a = a.clone()
-    unpinned = [i for i in range(n_feat) if i not in pinned_rows]
-    if unpinned:
-        u = torch.tensor(unpinned)
-        errs = torch.tensor(err_off + layer[unpinned].astype(np.int64) * n_pos + pos[unpinned].astype(np.int64))
-        a.index_add_(1, errs, a[:, u])  # each unpinned feature's outgoing edges now leave its error node
     keep = [i for i in range(n_feat) if i in pinned_rows] + list(range(n_feat, len(kinds)))
     rows = torch.tensor(keep)
-    return a[rows][:, rows], rows, len(keep) - (len(kinds) - n_feat)
+    n_pinned = len(keep) - (len(kinds) - n_feat)
+    merged = a[rows][:, rows]  # [kept, kept]: the pinned features, then every error, embedding and logit
+    # each unpinned feature's outgoing edges now leave its error node; features the masks dropped have no edges
+    kept_mask = graph.node_mask.numpy()
+    unpinned = [i for i in range(n_feat) if i not in pinned_rows and kept_mask[i]]
+    if unpinned:
+        u = torch.tensor(unpinned)
+        errs = torch.tensor(n_pinned + layer[unpinned].astype(np.int64) * n_pos + pos[unpinned].astype(np.int64))
+        merged.index_add_(1, errs, a[rows][:, u])
+    return merged, rows, n_pinned
 
 
 def subgraph_scores(graph: Any, pinned: Any = None) -> dict[str, float]:
@@ -249,19 +265,23 @@ def subgraph(graph: Any) -> Subgraph:
     units: dict[str, list[str]] = {}
     for nid in graph.pinned:
         units.setdefault(group_of.get(nid, nid), []).append(nid)
+    kind_of, layer_of = graph.nodes["kind"].to_numpy(), graph.nodes["layer"].to_numpy()
+    pos_of, token_of = graph.nodes["position"].to_numpy(), graph.nodes["token"].to_numpy()
+    groups = set(group_of.values())
     rows = []
     for unit, members in units.items():
-        part = graph.nodes.iloc[[index[m] for m in members]]
-        if unit in group_of.values():
-            kinds = set(part["kind"])
+        at = [index[m] for m in members]
+        if unit in groups:
             rows.append({"node_id": unit, "kind": "supernode", "label": unit,
-                         "layer": float(part["layer"].mean()), "position": float(part["position"].mean()),
-                         "members": members, "member_kinds": "/".join(sorted(kinds))})
+                         "layer": float(layer_of[at].mean()), "position": float(pos_of[at].mean()),
+                         "members": members, "member_kinds": "/".join(sorted(set(kind_of[at])))})
         else:
-            r = part.iloc[0]
-            label = labels.get(unit) or (r.token if r.kind in ("embedding", "logit") else f"error at layer {r.layer}")
-            rows.append({"node_id": unit, "kind": r.kind, "label": label, "layer": float(r.layer),
-                         "position": float(r.position), "members": members, "member_kinds": r.kind})
+            i = at[0]
+            kind = str(kind_of[i])
+            label = labels.get(unit) or (token_of[i] if kind in ("embedding", "logit") else
+                                         f"error at layer {layer_of[i]}")
+            rows.append({"node_id": unit, "kind": kind, "label": label, "layer": float(layer_of[i]),
+                         "position": float(pos_of[i]), "members": members, "member_kinds": kind})
     nodes = pd.DataFrame(rows, columns=["node_id", "kind", "label", "layer", "position", "members", "member_kinds"])
     names = list(units)
     member = torch.zeros(len(names), a.shape[0])  # [units, n_nodes]: 1 where a node belongs to a unit
