@@ -124,3 +124,18 @@ def test_what_a_clt_cannot_be_trained_as_is_refused(tiny, corpus, tmp_path):
     with pytest.raises(ValueError, match="no file format"):
         train_transcoders(tiny, kind="clt", corpus=corpus, tokens=100, out=tmp_path / "b", architecture="topk",
                           skip=True, **SMALL)
+
+
+def test_the_command_line_trains_a_clt(tiny, corpus, tmp_path, capsys):
+    from slmviz.cli import main
+
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(corpus) + "\n")
+    argv = ["train-transcoders", "--kind", "clt", "--model", str(tiny.path), "--corpus", str(path), "--d-sae", "32",
+            "--k", "4", "--tokens", "300", "--out", str(tmp_path / "clt"), "--batch-tokens", "128",
+            "--buffer-tokens", "512", "--dtype", "float32", "--no-skip", "--architecture", "topk", "--no-progress"]
+    assert main(argv) == 0
+    clt = load_clt(tmp_path / "clt")
+    assert clt.architecture == "topk" and clt.d_sae == 32
+    assert clt.metadata["training_command"].startswith("slmviz train-transcoders --kind clt")
+    assert "CrossLayerTranscoder" in capsys.readouterr().out

@@ -47,7 +47,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--k", type=int, required=True)
     s.add_argument("--tokens", type=int, required=True, help="tokens (activation rows) per layer")
     s.add_argument("--out", required=True, help="folder: checkpoints while training, the set at the end")
-    s.add_argument("--kind", default="plt", choices=["plt"])
+    s.add_argument("--kind", default="plt", choices=["plt", "clt"],
+                   help="plt: a transcoder per layer; clt: one cross-layer transcoder over every layer")
     s.add_argument("--architecture", default="batchtopk", choices=["topk", "batchtopk"])
     s.add_argument("--no-skip", action="store_true", help="plain transcoders (default: skip transcoders)")
     s.add_argument("--lr", type=float, default=1e-3)
