@@ -284,10 +284,13 @@ def subgraph(graph: Any) -> Subgraph:
                          "position": float(pos_of[i]), "members": members, "member_kinds": kind})
     nodes = pd.DataFrame(rows, columns=["node_id", "kind", "label", "layer", "position", "members", "member_kinds"])
     names = list(units)
-    member = torch.zeros(len(names), a.shape[0])  # [units, n_nodes]: 1 where a node belongs to a unit
+    at = torch.tensor([index[m] for name in names for m in units[name]])  # every member's row, unit by unit
+    member = torch.zeros(len(names), len(at))  # [units, members]: 1 where a member belongs to a unit
+    start = 0
     for u, name in enumerate(names):
-        member[u, [index[m] for m in units[name]]] = 1.0
-    summed = member @ a @ member.T  # [units, units]: target unit <- source unit, the sum of members' edges
+        member[u, start:start + len(units[name])] = 1.0
+        start += len(units[name])
+    summed = member @ a[at][:, at] @ member.T  # [units, units]: target unit <- source unit, members' edges summed
     summed.fill_diagonal_(0.0)
     tgt, src = torch.nonzero(summed, as_tuple=True)
     links = [(names[s], names[t], float(summed[t, s])) for t, s in zip(tgt.tolist(), src.tolist(), strict=True)]
