@@ -14,8 +14,8 @@ Each batch continues one seed `SAMPLES_PER_SEED` times at once (one padded-free 
 batched KV cache: every row has the seed's length), sampled at temperature TEMPERATURE with top-k TOP_K from a
 generator seeded by (seed index, round), so the corpus is a pure function of the model's weights and these
 constants. Documents are seed + continuation; 5 % of seeds (by a hash of the seed text) are held out whole, so the
-held-out split never shares an opening with the training split. Written to a temporary file and renamed: an
-interrupted generation starts again (it takes minutes; measured figures in docs/features.md).
+held-out split never shares an opening with the training split. Each seed's batch is written to its own part file
+as it finishes, so an interrupted generation resumes at the next seed (measured time in docs/features.md).
 """
 
 from __future__ import annotations
@@ -108,31 +108,40 @@ def chat_corpus(model: Any, folder: str | Path | None = None, progress: bool | C
     if train.is_file() and heldout.is_file():
         return train, heldout
     seeds = SEEDS if seeds is None else seeds
-    folder.mkdir(parents=True, exist_ok=True)
+    parts = folder / "parts"  # one file per (round, seed), written when its batch is done: a restart skips them
+    parts.mkdir(parents=True, exist_ok=True)
     jobs = [(r, i, kind, text) for r in range(rounds) for i, (kind, text) in enumerate(seeds)]
+    todo = [j for j in jobs if not _part(parts, j).is_file()]
     bar = None
     if progress is True:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(jobs), unit="seed", desc=f"chat corpus ({model.name})")
-    tmp = {p: p.with_suffix(".tmp") for p in (train, heldout)}
-    with tmp[train].open("w", encoding="utf-8") as ft, tmp[heldout].open("w", encoding="utf-8") as fh:
-        for n, (r, i, kind, text) in enumerate(jobs):
-            chat = kind == "chat"
-            prompt = _chat_text(model, text) if chat else text
-            for doc in sample_continuations(model, prompt, samples, new_tokens, seed=1000 * r + i):
-                line = json.dumps({"text": doc, "source": "generated", "kind": kind, "seed": text},
-                                  ensure_ascii=False)
-                (fh if held_out(text) else ft).write(line + "\n")
-            if bar is not None:
-                bar.update(1)
-            elif callable(progress):
-                progress(n + 1, len(jobs))
+        bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), unit="seed", desc=f"chat corpus ({model.name})")
+    for n, job in enumerate(todo):
+        r, i, kind, text = job
+        prompt = _chat_text(model, text) if kind == "chat" else text
+        lines = [json.dumps({"text": doc, "source": "generated", "kind": kind, "seed": text}, ensure_ascii=False)
+                 for doc in sample_continuations(model, prompt, samples, new_tokens, seed=1000 * r + i)]
+        tmp = _part(parts, job).with_suffix(".tmp")
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        tmp.replace(_part(parts, job))
+        if bar is not None:
+            bar.update(1)
+        elif callable(progress):
+            progress(len(jobs) - len(todo) + n + 1, len(jobs))
     if bar is not None:
         bar.close()
+    tmp = {p: p.with_suffix(".tmp") for p in (train, heldout)}
+    with tmp[train].open("w", encoding="utf-8") as ft, tmp[heldout].open("w", encoding="utf-8") as fh:
+        for job in jobs:
+            (fh if held_out(job[3]) else ft).write(_part(parts, job).read_text(encoding="utf-8"))
     for final, t in tmp.items():
         t.replace(final)
     return train, heldout
+
+
+def _part(parts: Path, job: tuple[int, int, str, str]) -> Path:
+    return parts / f"{job[0]}_{job[1]}.jsonl"
 
 
 def mixed_corpus(model: Any) -> tuple[Path, Path]:

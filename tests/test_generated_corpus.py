@@ -1,0 +1,52 @@
+"""The "chat" corpus: the model's own text from seeds, decoded in batches (features.generated_corpus), on a tiny
+random LLaMA. Independent reference: the model's own single-row greedy `generate`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import build_tiny_model
+
+import slmviz
+from slmviz.features import generated_corpus as gc
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return slmviz.load(build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", "llama_gqa"))
+
+
+def test_batched_decoding_equals_greedy_generate_at_top_k_1(tiny, monkeypatch):
+    """With top-k 1 every row is the greedy continuation: the batched KV cache decodes as the one-row path does."""
+    monkeypatch.setattr(gc, "TOP_K", 1)
+    prompt = "w1 w7 w12 w3"
+    docs = gc.sample_continuations(tiny, prompt, samples=3, new_tokens=6, seed=0)
+    greedy = tiny.generate(prompt, max_new_tokens=6, stop_at_eos=False)
+    assert docs == [prompt + greedy] * 3
+
+
+def test_corpus_is_seeded_split_by_seed_and_resumes(tiny, tmp_path):
+    seeds = [("news", "w1 w2 w3"), ("fact", "w4 w5"), ("chat", "w6 w7 w8"), ("prose", "w9")]
+    kw = dict(progress=False, samples=2, new_tokens=5, seeds=seeds)
+    train, heldout = gc.chat_corpus(tiny, folder=tmp_path / "a", **kw)
+    lines = [json.loads(x) for x in train.read_text().splitlines() + heldout.read_text().splitlines()]
+    assert len(lines) == 2 * len(seeds) and all(x["text"].startswith(x["seed"]) for x in lines if x["kind"] != "chat")
+    assert all(gc.held_out(x["seed"]) == (x in [json.loads(y) for y in heldout.read_text().splitlines()])
+               for x in lines)
+    # an interrupted run: two seeds' parts on disk, no corpus files yet; it resumes to the same text
+    again = tmp_path / "b"
+    gc.chat_corpus(tiny, folder=again, **kw)
+    (again / "train.jsonl").unlink()
+    (again / "heldout.jsonl").unlink()
+    for part in sorted((again / "parts").iterdir())[2:]:
+        part.unlink()
+    resumed = gc.chat_corpus(tiny, folder=again, **kw)
+    assert resumed[0].read_text() == train.read_text() and resumed[1].read_text() == heldout.read_text()
+
+
+def test_interleave_keeps_each_order_and_spreads_the_smaller():
+    a, b = [f"a{i}" for i in range(9)], ["b0", "b1", "b2"]
+    merged = gc._interleave(a, b)
+    assert [x for x in merged if x[0] == "a"] == a and [x for x in merged if x[0] == "b"] == b
+    assert merged.index("b0") < merged.index("a5") < merged.index("b2")
