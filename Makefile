@@ -6,7 +6,7 @@ PY := .venv/bin/python
 WHEELS := $(wildcard /opt/wheels)
 PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
 
-.PHONY: app test lint bench model setup clean docs
+.PHONY: app test lint bench model setup clean docs transcoders
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -26,6 +26,11 @@ setup: .venv/.installed
 # Dequantize each bundled GGUF (SmolLM2, Gemma 3) once into a transformers-format folder under $SLMVIZ_CACHE.
 model: setup
 	$(PY) -m slmviz.cli prepare
+
+# The default model's full per-layer transcoder set, trained once into $SLMVIZ_CACHE (resumable; takes long on a
+# 2-core CPU: docs/features.md "Full transcoder sets").
+transcoders: model
+	$(PY) -m slmviz.cli prepare --transcoders plt
 
 app: model
 	$(PY) -m slmviz.cli app

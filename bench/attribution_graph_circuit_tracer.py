@@ -32,6 +32,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 WORK = Path("/tmp/slmviz_ct_agreement")
 PROMPT_IDS = [1, 7, 12, 3, 44, 9, 101, 23, 5, 60]  # starts with id 1, the tiny tokenizer's special (EOS) token
+LABELS = {"plain": "ReLU", "skip": "ReLU with W_skip", "jumprelu": "JumpReLU with W_skip"}
 CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6)
 
@@ -66,11 +67,12 @@ def slmviz_side(ct_python: str, out_path: Path | None = None) -> None:
     m = slmviz.load(WORK / "model")
     d = m.cfg.d_model
     report = {}
-    for skip in (False, True):
-        tcs = [SAE.random(d, 2 * d, seed=10 + L, architecture="relu", skip=skip, hook_name=f"blocks.{L}.mlp.hook_in",
+    for tag, arch, skip in (("plain", "relu", False), ("skip", "relu", True), ("jumprelu", "jumprelu", True)):
+        tcs = [SAE.random(d, 2 * d, seed=10 + L, architecture=arch, skip=skip, hook_name=f"blocks.{L}.mlp.hook_in",
                           hook_name_out=f"blocks.{L}.hook_mlp_out") for L in range(m.cfg.n_layers)]
+        # The set goes to circuit-tracer as files slmviz wrote (its transcoder_set layout), read by its own loader.
+        slmviz.TranscoderSet(tcs, name="tiny").save(WORK / f"set_{tag}", format="circuit-tracer")
         g = slmviz.attribution_graph(PROMPT_IDS, transcoders=tcs, model=m, batch_size=32)
-        tag = "skip" if skip else "plain"
         torch.save({f"{L}.{k}": v.detach() for L, tc in enumerate(tcs) for k, v in tc.tensors().items()},
                    WORK / f"transcoders_{tag}.pt")
         g.prune(0.8, 0.98).save_json(WORK / f"slmviz_{tag}.json", slug=tag, scan="tiny")
@@ -95,7 +97,7 @@ def agreement_markdown(report: dict, ct_python: str) -> str:
     lines = [
         f"Measured by `bench/attribution_graph_circuit_tracer.py` against circuit-tracer {version[0]} "
         f"(TransformerLens {version[1]}, its TransformerLens backend) in a side venv, on one random 2-layer LLaMA "
-        f"(d_model {CONFIG['hidden_size']}, 4 heads / 2 KV heads, non-unit norm weights) with random relu "
+        f"(d_model {CONFIG['hidden_size']}, 4 heads / 2 KV heads, non-unit norm weights) with random ReLU and JumpReLU "
         f"transcoders (d_sae {2 * CONFIG['hidden_size']}) at both layers, {report['plain']['tokens']} tokens "
         "starting with the tokenizer's special token; both sides pruned at 0.8 / 0.98 for the JSON.",
         "",
@@ -106,7 +108,7 @@ def agreement_markdown(report: dict, ct_python: str) -> str:
     ]
     for tag, r in report.items():
         lines.append(
-            f"| {'with W_skip' if tag == 'skip' else 'plain'} | {r['nodes']} / {r['circuit_tracer_nodes']} | "
+            f"| {LABELS[tag]} | {r['nodes']} / {r['circuit_tracer_nodes']} | "
             f"{'yes' if r['same_node_list'] else 'no'} | {r.get('nonzero_edges', '—'):,} | "
             f"{r.get('adjacency_max_abs_diff', float('nan')):.2g} ({r.get('adjacency_max_abs', float('nan')):.1f}) | "
             f"{r['json_pruned_nodes'][0]}, {r['json_links'][0]} (circuit-tracer {r['json_pruned_nodes'][1]}, "
@@ -119,11 +121,15 @@ def agreement_markdown(report: dict, ct_python: str) -> str:
                      for r in report.values())
     tl_hf = max(r["tl_vs_hf_logits_max_abs"] for r in report.values())
     scores = "; ".join(
-        f"{'with W_skip' if tag == 'skip' else 'plain'}: replacement {r['scores']['replacement']:.6f} "
+        f"{LABELS[tag]}: replacement {r['scores']['replacement']:.6f} "
         f"(circuit-tracer {r['circuit_tracer_scores']['replacement']:.6f}), completeness "
         f"{r['scores']['completeness']:.6f} ({r['circuit_tracer_scores']['completeness']:.6f})"
         for tag, r in report.items())
-    lines += ["", "JSON keys (top level, metadata, every node's fields in order) equal: "
+    loaded = max(r["circuit_tracer_loaded_set_max_abs_diff"] for r in report.values())
+    lines += ["", "Each set reached circuit-tracer as files: slmviz saved it in circuit-tracer's transcoder_set "
+              "layout (`TranscoderSet.save(folder, format=\"circuit-tracer\")`) and circuit-tracer's own "
+              "`load_transcoder_set` read them back; its tensors against slmviz's in memory: max \\|Δ\\| "
+              f"{loaded:.1g}.", "JSON keys (top level, metadata, every node's fields in order) equal: "
               f"{'yes' if keys_equal else 'no'}; "
               f"non-numeric node fields that differ: {fields}. TransformerLens's logits of the checkpoint vs "
               rf"transformers': max \|Δ\| {tl_hf:.1g}.", "",
@@ -139,6 +145,7 @@ def compare(tag: str) -> dict:
            "nodes": len(ours["node_ids"]), "circuit_tracer_nodes": len(theirs["node_ids"]),
            "same_node_list": same_nodes,
            "tl_vs_hf_logits_max_abs": theirs["tl_vs_hf"],
+           "circuit_tracer_loaded_set_max_abs_diff": theirs.get("loaded_max_abs_diff"),
            "scores": ours["scores"], "circuit_tracer_scores": theirs["scores"]}
     if same_nodes:
         diff = (a - b).abs()
@@ -171,7 +178,6 @@ def circuit_tracer_side(tag: str, skip: bool) -> None:
     from circuit_tracer import attribute
     from circuit_tracer.graph import compute_graph_scores
     from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
-    from circuit_tracer.transcoder.single_layer_transcoder import SingleLayerTranscoder, TranscoderSet
     from circuit_tracer.utils.create_graph_files import create_graph_files
     from transformer_lens import HookedTransformerConfig
     from transformer_lens.pretrained.weight_conversions import convert_llama_weights
@@ -192,21 +198,28 @@ def circuit_tracer_side(tag: str, skip: bool) -> None:
         eps=c.rms_norm_eps, original_architecture="LlamaForCausalLM", tokenizer_name=str(WORK / "ct_tokenizer"),
         model_name="tiny-llama", dtype=torch.float32, device="cpu", default_prepend_bos=False,
     )
+    import yaml
+    from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
+
+    # circuit-tracer's own loader on the folder slmviz saved (config.yaml + layer_{L}.safetensors)
+    folder = WORK / f"set_{tag}"
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    assert config["model_kind"] == "transcoder_set"
+    paths = {i: str(folder / f) for i, f in enumerate(config["transcoders"])}
+    tset = load_transcoder_set(paths, scan=config["scan"], feature_input_hook=config["feature_input_hook"],
+                               feature_output_hook=config["feature_output_hook"], device=torch.device("cpu"),
+                               dtype=torch.float32, lazy_encoder=False, lazy_decoder=False)
     state = torch.load(WORK / f"transcoders_{tag}.pt")
-    tcs = {}
-    for L in range(c.num_hidden_layers):
-        w_enc = state[f"{L}.W_enc"]  # slmviz/SAELens [d_in, d_sae]; circuit-tracer [d_sae, d_in]
-        t = SingleLayerTranscoder(c.hidden_size, w_enc.shape[1], torch.nn.ReLU(), L, skip_connection=skip,
-                                  device=torch.device("cpu"), dtype=torch.float32)
-        with torch.no_grad():
-            t.W_enc.copy_(w_enc.T)
-            t.W_dec.copy_(state[f"{L}.W_dec"])
-            t.b_enc.copy_(state[f"{L}.b_enc"])
-            t.b_dec.copy_(state[f"{L}.b_dec"])
-            if skip:
-                t.W_skip.copy_(state[f"{L}.W_skip"])  # both [d_out, d_in], x @ W_skip.T
-        tcs[L] = t
-    tset = TranscoderSet(tcs, feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out", scan="tiny")
+    loaded_diff = 0.0
+    for L in range(c.num_hidden_layers):  # what circuit-tracer read against the tensors slmviz had in memory
+        t = tset.transcoders[L]
+        pairs = [(t.W_enc, state[f"{L}.W_enc"].T), (t.W_dec, state[f"{L}.W_dec"]), (t.b_enc, state[f"{L}.b_enc"]),
+                 (t.b_dec, state[f"{L}.b_dec"])]
+        if skip:
+            pairs.append((t.W_skip, state[f"{L}.W_skip"]))
+        if f"{L}.threshold" in state:
+            pairs.append((t.activation_function.threshold, state[f"{L}.threshold"]))
+        loaded_diff = max(loaded_diff, *(float((a.detach() - b).abs().max()) for a, b in pairs))
     # As from_pretrained_and_transcoders does: load the weights into the plain model first (the replacement model
     # renames mlp -> mlp.old_mlp), then configure the replacement around them.
     model = TransformerLensReplacementModel(cfg, tokenizer=tokenizer)
@@ -225,7 +238,8 @@ def circuit_tracer_side(tag: str, skip: bool) -> None:
     node_ids += [f"{c.num_hidden_layers + 1}_{t.vocab_idx}_{n_pos - 1}" for t in graph.logit_targets]
     replacement, completeness = compute_graph_scores(graph)
     torch.save({"adjacency": graph.adjacency_matrix.float().cpu(), "node_ids": node_ids, "input_ids": ids_out,
-                "tl_vs_hf": tl_vs_hf, "scores": {"replacement": replacement, "completeness": completeness}},
+                "tl_vs_hf": tl_vs_hf, "loaded_max_abs_diff": loaded_diff,
+                "scores": {"replacement": replacement, "completeness": completeness}},
                WORK / f"ct_{tag}.pt")
     create_graph_files(graph, slug=tag, output_path=str(WORK / f"ct_{tag}_files"), scan="tiny",
                        node_threshold=0.8, edge_threshold=0.98)

@@ -1,7 +1,8 @@
 """train_transcoders (every layer from one forward per batch) against training the layers one at a time with
 train_sae, side by side in one process on the same tokens, and against its own floor.
 
-Rows, on SmolLM2-135M-Instruct, skip transcoders (BatchTopK), the broad corpus, the same arguments for both:
+Rows, on SmolLM2-135M-Instruct, skip transcoders (TopK: BatchTopK adds a threshold pass over the corpus at the end,
+paid once per run by both, so per layer by train_sae), the broad corpus, the same arguments for both:
 - layer-tokens/s of train_transcoders over `--layers` layers, and of train_sae run once per layer (what the issue's
   quick probe did: 30 x 40k tokens in 1,852 s, ~650 layer-tokens/s). Target: one pass >= 3x.
 - the floor of a one-pass run: one forward per batch (capturing every layer's input and output) plus each layer's
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     model = slmviz.load()
     corpus = str(broad_corpus()[0])
     layers = list(range(min(args.layers, model.cfg.n_layers)))
-    kw = dict(d_sae=args.d_sae, k=args.k, tokens=args.tokens, architecture="batchtopk", skip=True, batch_tokens=512,
+    kw = dict(d_sae=args.d_sae, k=args.k, tokens=args.tokens, architecture="topk", skip=True, batch_tokens=512,
               buffer_tokens=args.tokens, dtype=args.dtype, progress=False)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     steps = 0.0
     for L in layers:
         cfg = TrainConfig(model=model.name, hook=sources[L].hook, hook_out=sources[L].hook_out, d_in=576, d_out=576,
-                          d_sae=args.d_sae, k=args.k, architecture="batchtopk", tokens=args.tokens, lr=1e-3,
+                          d_sae=args.d_sae, k=args.k, architecture="topk", tokens=args.tokens, lr=1e-3,
                           batch_tokens=512, seed=0, dtype=args.dtype or "float32", window=128, forward_tokens=1024,
                           buffer_tokens=args.tokens, dead_window=500_000, aux_coefficient=1.0, lr_decay=0.2,
                           corpus="", massive_factor=20.0, skip=True)

@@ -21,9 +21,9 @@ from .transcoder_io import prepared_dir
 # One recipe per (model, kind). Chosen for a 2-core CPU; docs/features.md records what each costs and scores.
 RECIPES: dict[tuple[str, str], dict[str, Any]] = {
     ("SmolLM2-135M-Instruct", "plt"): dict(d_sae=4096, k=64, tokens=500_000, architecture="batchtopk", skip=True,
-                                           batch_tokens=512, buffer_tokens=16_384, lr=1e-3, seed=0),
+                                           batch_tokens=512, buffer_tokens=16_384, lr=2e-3, dead_window=100_000, seed=0),
     ("gemma-3-270m", "plt"): dict(d_sae=4096, k=64, tokens=300_000, architecture="batchtopk", skip=True,
-                                  batch_tokens=512, buffer_tokens=16_384, lr=1e-3, seed=0),
+                                  batch_tokens=512, buffer_tokens=16_384, lr=2e-3, dead_window=100_000, seed=0),
 }
 CORPUS = "mixed"
 
