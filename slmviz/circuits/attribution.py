@@ -638,7 +638,12 @@ def _attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple
     mlp_in, normed = ts.frozen_forward(model, state, embed_leaf, deltas, grad=True,
                                        last_layer=None if top == n_layers else top)
     reads = [*mlp_in, normed]  # what a target at layer L reads (n_layers: the logits)
+    # The writes grouped by (layer written, position): each reads the gradient at its own position only, so one
+    # [b, d] @ [d, n] product per group; [b, pos, d] @ [d, all writes of the layer] would multiply by every other
+    # position too, pos times the work (a CLT feature writes every later layer, so its layers hold many writes).
     write_pos = f_pos[writes.node]  # [w]
+    groups = [(layer, int(p), idx) for layer in range(n_layers)
+              for p, idx in _by_position(write_pos, (writes.layer == layer).nonzero(as_tuple=True)[0])]
     n_feat = len(f_pos)
     for start in range(0, len(targets), rows):
         batch = targets[start:start + rows]
@@ -659,11 +664,10 @@ def _attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple
                 g_layers[:, L] = g.float()
         block = torch.zeros(rows, n_nodes)
         feature_edges = torch.zeros(rows, n_feat)
-        for layer in range(deepest):
-            sel = (writes.layer == layer).nonzero(as_tuple=True)[0]
-            if len(sel):
-                m = g_layers[:, layer] @ writes.vec[sel].T  # [b, pos, n_sel]
-                feature_edges.index_add_(1, writes.node[sel], m[:, write_pos[sel], torch.arange(len(sel))])
+        for layer, p, idx in groups:
+            if layer < deepest:
+                m = g_layers[:, layer, p] @ writes.vec[idx].T  # [b, d_model] @ [d_model, n] -> [b, n]
+                feature_edges.index_add_(1, writes.node[idx], m)
         block[:, :n_feat] = feature_edges
         err = torch.einsum("blpd,lpd->blp", g_layers, errors[:deepest])  # [b, deepest, pos]
         block[:, err_off:err_off + deepest * n_pos] = err.reshape(rows, -1)
@@ -671,6 +675,16 @@ def _attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple
         for b, (_, _, _, node) in enumerate(batch):
             adjacency[node] = block[b]
         yield start + len(batch)
+
+
+def _by_position(pos: torch.Tensor, sel: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    """[(position, the entries of `sel` whose pos is it)], positions ascending."""
+    if len(sel) == 0:
+        return []
+    p = pos[sel]
+    order = torch.argsort(p, stable=True)
+    values, counts = torch.unique_consecutive(p[order], return_counts=True)
+    return list(zip(values.tolist(), torch.split(sel[order], counts.tolist()), strict=True))
 
 
 class _Reporter:
