@@ -147,6 +147,9 @@ def train_transcoders(
             raise ValueError(f"{what} must be a positive integer, got {value!r}")
     if k > d_sae:
         raise ValueError(f"k={k} is larger than d_sae={d_sae}: a coder keeps k of its d_sae features active")
+    if kind == "plt" and architecture == "topk":
+        raise ValueError("a per-layer transcoder set trains as architecture='batchtopk' (saved as JumpReLU): SAELens "
+                         "and circuit-tracer have no TopK transcoder format to save it in")
     if buffer_tokens < batch_tokens:
         raise ValueError(f"buffer_tokens={buffer_tokens} must hold at least one batch (batch_tokens={batch_tokens})")
     chosen = resolve_layers(layers, model.cfg.n_layers)
