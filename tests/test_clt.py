@@ -323,3 +323,23 @@ def test_a_corpus_scan_with_a_clt_scans_each_layers_features(models):
         acts = torch.cat([m.trace(d, saes=clt, names=[name])[name][1:] for d in docs])
         acts = torch.cat([acts, acts.new_zeros(len(docs), acts.shape[1])])
         torch.testing.assert_close(s.mean(name).float(), acts.mean(0), rtol=1e-5, atol=1e-6)
+
+
+def test_max_feature_nodes_keeps_a_clt_graphs_edges_as_they_are(models):
+    """max_feature_nodes=n over a CLT: n features, each edge between kept nodes (later-layer writes included) the
+    full graph's."""
+    m = models["gemma3"]
+    clt = clt_for(m, seed=10)
+    full = attribution_graph(PROMPT, transcoders=clt, model=m, progress=False)
+    capped = attribution_graph(PROMPT, transcoders=clt, model=m, progress=False, max_feature_nodes=25)
+    assert capped.n_features == 25 < full.n_features
+    def keys(g):  # node ids collide (layer-0 feature 0_f_p, error 0_L_p): key by what a node is
+        return list(zip(*(g.nodes[c].tolist() for c in ("kind", "layer", "position", "feature")), strict=True))
+
+    where = {key: i for i, key in enumerate(keys(full))}
+    rows = [where[key] for key in keys(capped)]
+    kinds = capped.nodes["kind"].to_numpy()
+    targets = np.nonzero(np.isin(kinds, ["feature", "logit"]))[0]
+    got = capped.adjacency[targets]
+    want = full.adjacency[torch.tensor(rows)[targets]][:, torch.tensor(rows)]
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-4), (got - want).abs().max()
