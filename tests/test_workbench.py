@@ -310,6 +310,8 @@ def test_pins_and_supernodes_and_their_bad_input(graphs):
     assert top[0] not in g.pinned and g.supernodes == [["first two", top[1]]]
     g.clear_pins()
     assert g.pinned == [] and g.supernodes == []
+    empty = g.subgraph()  # nothing pinned: an empty subgraph, and a figure that says so
+    assert len(empty.nodes) == 0 and len(empty.links) == 0 and "pin nodes" in empty.plot().layout.title.text
     pruned = g.prune(0.9, 0.98)
     pruned.pin(top[2])
     assert g.pinned == [top[2]]  # a pruned copy shares the workbench state

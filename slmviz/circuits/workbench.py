@@ -284,7 +284,7 @@ def subgraph(graph: Any) -> Subgraph:
                          "position": float(pos_of[i]), "members": members, "member_kinds": kind})
     nodes = pd.DataFrame(rows, columns=["node_id", "kind", "label", "layer", "position", "members", "member_kinds"])
     names = list(units)
-    at = torch.tensor([index[m] for name in names for m in units[name]])  # every member's row, unit by unit
+    at = torch.tensor([index[m] for name in names for m in units[name]], dtype=torch.long)  # members' rows
     member = torch.zeros(len(names), len(at))  # [units, members]: 1 where a member belongs to a unit
     start = 0
     for u, name in enumerate(names):
