@@ -29,6 +29,7 @@ import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
 import torch
+from gradio.context import Context
 
 import slmviz
 from slmviz.circuits import tasks
@@ -41,6 +42,7 @@ from .corpus_tab import SCANS, session
 from .features_tab import FEATURE_CLICK_JS
 from .handlers import Handlers, display_frame, readable_errors, to_plot
 from .scan_jobs import RUNNER, Job, JobCancelled, wait
+from .transcoder_sets import TranscoderSets
 from .workbench import build_workbench
 
 EXAMPLE_CLEAN = "When Mary and John went to the store, John gave a drink to"
@@ -178,6 +180,7 @@ class CircuitHandlers:
     def __init__(self, handlers: Handlers, features: Any = None):
         self.h = handlers
         self.features = features  # app.features_tab.FeatureHandlers: its SAE store and feature card
+        self.sets = TranscoderSets(handlers, features, offered=self.transcoders)  # the model's full set
 
     # --- inputs --------------------------------------------------------------------------------
     @readable_errors
@@ -351,9 +354,10 @@ class CircuitHandlers:
 
     # --- attribution graphs -------------------------------------------------------------------
     def transcoders(self, model: Any) -> list[str]:
-        """The transcoders on offer for `model` (bundled, $SLMVIZ_SAE_DIRS, loaded in the Model tab)."""
+        """The transcoders on offer for `model` (bundled, $SLMVIZ_SAE_DIRS, loaded in the Model tab), then its full
+        set when prepared (app/transcoder_sets.py), one choice."""
         if self.features is None:
-            return []
+            return self.sets.choices(model)
         names = []
         for name in self.features.saes.names(model):
             try:
@@ -361,12 +365,17 @@ class CircuitHandlers:
                     names.append(name)
             except Exception:  # noqa: BLE001 - one that does not load is simply not offered
                 continue
-        return names
+        return names + self.sets.choices(model)
+
+    def ticked(self, model: Any, offered: list[str]) -> list[str]:
+        """What the picker ticks first: the full set alone when there is one, else every single transcoder."""
+        return self.sets.ticked(model) or [n for n in offered if not self.sets.is_set(model, n)]
 
     @readable_errors
     def transcoder_choices(self, source: str | None) -> gr.CheckboxGroup:
-        names = self.transcoders(self.h.model(source))
-        return gr.CheckboxGroup(choices=names, value=names)
+        model = self.h.model(source)
+        names = self.transcoders(model)
+        return gr.CheckboxGroup(choices=names, value=self.ticked(model, names))
 
     @readable_errors
     def attribution(self, prompt: str, names: list[str] | None, node_threshold: float | None,
@@ -387,7 +396,13 @@ class CircuitHandlers:
                              f"on offer are {', '.join(offered) or 'none'}")
         thresholds = _thresholds(node_threshold, edge_threshold)
         model.encode(text)  # too long for the model: a readable error now, not from the job
-        entries = [self.features.saes.get(model, n) for n in names]
+        full = [n for n in names if self.sets.is_set(model, n)]
+        if full and len(names) > 1:
+            raise ValueError(f"{full[0]!r} already has a transcoder at every layer: pick it alone, or untick it to "
+                             f"pick single transcoders ({', '.join(n for n in names if n not in full)})")
+        if full:
+            self.sets.check(model)  # not built yet: a readable error now, not from the job
+        entries = [] if full else [self.features.saes.get(model, n) for n in names]
         layers: dict[int, str] = {}
         for entry in entries:
             layer = int(entry.sae.hook_name.split(".")[1])
@@ -397,6 +412,11 @@ class CircuitHandlers:
 
         def work(report: Callable[..., None]) -> dict[str, Any]:
             started = time.perf_counter()
+            transcoders = [e.sae for e in entries]
+            if full:  # loaded once per model (the first graph waits for it), then kept
+                report(0.01, f"Loading the {full[0]}")
+                transcoders, names_of = self.sets.load(model)
+                layers.update(names_of)
             report(0.02, f"The attribution graph over {', '.join(names)}: one forward, then one backward per batch "
                          "of targets (the top logits, then every active feature)")
 
@@ -404,9 +424,10 @@ class CircuitHandlers:
                 report(0.02 + 0.96 * done / max(total, 1), f"attributed {done:,} of {total:,} targets (the top "
                        "logits, then the active features), one backward per batch")
 
-            graph = slmviz.attribution_graph(text, transcoders=[e.sae for e in entries], model=model,
+            graph = slmviz.attribution_graph(text, transcoders=transcoders, model=model,
                                              memory_budget_gb=ATTR_MEMORY_GB, progress=attributed)
-            return {"graph": graph, "layers": layers, "model": model, "seconds": time.perf_counter() - started}
+            return {"graph": graph, "layers": layers, "model": model, "seconds": time.perf_counter() - started,
+                    "scores": graph.scores(), "picked": names}
 
         job = RUNNER.submit(work, session(request), kind=ATTR_KIND)
         said = ""
@@ -424,8 +445,14 @@ class CircuitHandlers:
         path = pruned.save_json(self.h.output_path("attribution-graph.json"))
         nodes = pruned.kept_nodes
         counts = nodes["kind"].value_counts()
-        status = (f"**{graph.prompt!r}**: {graph.n_features} active features over "
-                  f"{', '.join(found['layers'][k] for k in sorted(found['layers']))}; computed in "
+        scores = found.get("scores") or {}
+        over = (", ".join(found["picked"]) if "picked" in found else
+                ", ".join(found["layers"][k] for k in sorted(found["layers"])))
+        scored = (f"**Replacement score {scores['replacement']:.3f}, completeness {scores['completeness']:.3f}** "
+                  "(circuit-tracer's scores of the unpruned graph: the share of the influence that avoids error "
+                  "nodes, and of each node's inputs that are not errors; 1 when the transcoders explain "
+                  "everything). " if scores else "")
+        status = (f"{scored}**{graph.prompt!r}**: {graph.n_features} active features over {over}; computed in "
                   f"{found['seconds']:.1f} s. Pruned to {node_threshold:g} of the influence on the logits (edges "
                   f"{edge_threshold:g}): {int(counts.get('feature', 0))} features, {int(counts.get('error', 0))} "
                   f"error nodes, {int(counts.get('embedding', 0))} embeddings, {int(counts.get('logit', 0))} "
@@ -555,8 +582,13 @@ def build_circuits_tab(handlers: Handlers, source: gr.State, model_kw: dict, lig
             offered = ch.transcoders(handlers.store.get())
             with gr.Row():
                 attr_prompt = gr.Textbox(label="prompt", value=ATTR_PROMPT, elem_id="circuit-attr-prompt", scale=3)
-                attr_names = gr.CheckboxGroup(offered, value=offered, label="transcoders",
-                                              elem_id="circuit-attr-transcoders", scale=2)
+                attr_names = gr.CheckboxGroup(offered, value=ch.ticked(handlers.store.get(), offered),
+                                              label="transcoders", elem_id="circuit-attr-transcoders", scale=2)
+            no_set, said = ch.sets.panel(handlers.store.get())  # app/transcoder_sets.py: build the full set
+            set_status = gr.Markdown(said, elem_id="circuit-set-status")
+            with gr.Row():
+                set_build = gr.Button("Build the full transcoder set", elem_id="circuit-set-build", visible=no_set)
+                set_cancel = gr.Button("Cancel the build", elem_id="circuit-set-cancel", visible=no_set)
             with gr.Row():
                 node_threshold = gr.Slider(0.5, 1.0, value=NODE_THRESHOLD, step=0.01, elem_id="circuit-attr-nodes-kept",
                                            label="node threshold (fraction of the influence on the logits kept)")
@@ -627,5 +659,14 @@ def build_circuits_tab(handlers: Handlers, source: gr.State, model_kw: dict, lig
     attr_cancel.click(cancel_attribution, None, attr_status, cancels=[built, *opening],
                       api_name="circuit_attribution_cancel", **light_kw)
     attr_plot.change(None, None, None, js=NODE_CLICK_JS)
+    building = set_build.click(ch.sets.build, source, [attr_names, set_status, set_build, set_cancel],
+                               api_name="circuit_set_build", **job_kw)
+    source.change(ch.sets.offer, source, [set_build, set_cancel, set_status], api_visibility="private", **light_kw)
+    page = Context.root_block  # a set built since the server started: ticked, and no Build button, on page load
+    if page is not None:
+        page.load(ch.sets.refresh, source, attr_names, api_visibility="private")
+        page.load(ch.sets.offer, source, [set_build, set_cancel, set_status], api_visibility="private")
+    set_cancel.click(ch.sets.cancel, None, set_status, cancels=[building], api_name="circuit_set_cancel",
+                     **light_kw)
     source.change(lambda: (None, None, None), None, [found, bound, attr_found], api_visibility="private", **light_kw)
     source.change(ch.transcoder_choices, source, attr_names, api_visibility="private", **light_kw)

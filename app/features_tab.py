@@ -130,6 +130,7 @@ class SAEStore:
         self._misfits: set[tuple[str, str]] = set()  # (model, folder) of $SLMVIZ_SAE_DIRS folders that do not fit
         self._trained: dict[tuple[str, str], OrderedDict[str, Entry]] = {}  # (model, session) -> its own SAEs
         self._trained_ids = itertools.count(1)
+        self._pinned: dict[tuple[str, str], Entry] = {}  # (model, name) -> a full set's coder (app/transcoder_sets)
         self._lock = threading.Lock()
 
     @staticmethod
@@ -172,6 +173,14 @@ class SAEStore:
                 mine.popitem(last=False)
         return entry
 
+    def pin(self, model: Any, name: str, sae: SAE) -> Entry:
+        """A coder of a loaded transcoder set: found by `get` (its feature card, its scan) and never evicted, since
+        its set stays loaded; not listed by `names` (the set is one choice of the Circuits tab)."""
+        entry = Entry(name, sae, fingerprint(sae))
+        with self._lock:
+            self._pinned[(self.model_key(model), name)] = entry
+        return entry
+
     def _trained_entry(self, m: str, name: str) -> Entry | None:
         with self._lock:
             for (model_key, _), mine in self._trained.items():
@@ -187,6 +196,8 @@ class SAEStore:
             if (m, name) in self._loaded:
                 self._loaded.move_to_end((m, name))
                 return self._loaded[(m, name)]
+            if (m, name) in self._pinned:
+                return self._pinned[(m, name)]
         trained = self._trained_entry(m, name)
         if trained is not None:
             return trained

@@ -21,31 +21,47 @@ from .transcoder_io import prepared_dir
 # One recipe per (model, kind). Chosen for a 2-core CPU; docs/features.md records what each costs and scores.
 RECIPES: dict[tuple[str, str], dict[str, Any]] = {
     ("SmolLM2-135M-Instruct", "plt"): dict(d_sae=4096, k=64, tokens=500_000, architecture="batchtopk", skip=True,
-                                           batch_tokens=512, buffer_tokens=16_384, lr=2e-3, dead_window=100_000, seed=0),
+                                           batch_tokens=512, buffer_tokens=16_384, lr=2e-3, dead_window=100_000,
+                                           seed=0),
     ("gemma-3-270m", "plt"): dict(d_sae=4096, k=64, tokens=300_000, architecture="batchtopk", skip=True,
                                   batch_tokens=512, buffer_tokens=16_384, lr=2e-3, dead_window=100_000, seed=0),
 }
 CORPUS = "mixed"
 
 
-def recipe(model: Any, kind: str) -> dict[str, Any]:
+REQUIRED = ("d_sae", "k", "tokens")  # what a recipe must fix; the rest defaults as in train_transcoders
+
+
+def recipe(model: Any, kind: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The fixed recipe of (model, kind) updated by `overrides`; for a model without one, `overrides` alone when it
+    names every REQUIRED argument (a tiny model's set in the app's tests, or a set of a model loaded from a folder)."""
     name = model if isinstance(model, str) else str(getattr(model, "name", ""))
-    if (name, kind) not in RECIPES:
-        known = ", ".join(f"{m} {k}" for m, k in RECIPES)
-        raise ValueError(f"no prepared {kind!r} recipe for {name!r} (recipes: {known}); train one yourself with "
-                         "slmviz.train_transcoders(model, layers='all', ..., out=folder)")
-    return dict(RECIPES[(name, kind)])
+    overrides = dict(overrides or {})
+    if (name, kind) in RECIPES:
+        return {**RECIPES[(name, kind)], **overrides}
+    if all(key in overrides for key in REQUIRED):
+        return overrides
+    known = ", ".join(f"{m} {k}" for m, k in RECIPES)
+    missing = ", ".join(key for key in REQUIRED if key not in overrides)
+    raise ValueError(f"no prepared {kind!r} recipe for {name!r} (recipes: {known}); pass {missing} to "
+                     "prepare_transcoders, or train one yourself with slmviz.train_transcoders(model, layers='all', "
+                     "..., out=folder)")
 
 
 def prepare_transcoders(model: Any, kind: str = "plt", progress: Any = True, **overrides: Any) -> Any:
-    """Train (or resume, or load when finished) `model`'s prepared `kind` set into $SLMVIZ_CACHE; returns it."""
+    """Train (or resume, or load when finished) `model`'s prepared `kind` set into $SLMVIZ_CACHE; returns it.
+
+    `overrides`: train_transcoders arguments over the recipe (`corpus=` replaces CORPUS: a corpus name, a file or a
+    list of texts); they are what makes a set for a model without a recipe (recipe())."""
     from .corpora import resolve_corpus
     from .train_set import train_transcoders
 
-    args = {**recipe(model, kind), **overrides}
+    args = recipe(model, kind, overrides)
+    corpus_name = args.pop("corpus", CORPUS)
     out = prepared_dir(model, kind)
-    corpus = resolve_corpus(CORPUS, model)
+    corpus = resolve_corpus(corpus_name, model)
     command = "slmviz prepare --transcoders " + shlex.join([kind, "--model", model.name])
+    said = corpus_name if isinstance(corpus_name, str) else "custom"
     return train_transcoders(model, layers="all", corpus=corpus, kind=kind, out=out, progress=progress,
-                             name=f"{model.name}-{kind}",
-                             metadata={"training_command": command, "corpus_name": CORPUS}, **args)
+                             name=f"{model.name}-{kind}", metadata={"training_command": command, "corpus_name": said},
+                             **args)

@@ -1,0 +1,156 @@
+"""The Circuits tab's full transcoder set (app/transcoder_sets.py) over HTTP and in headless Chromium, on a tiny random
+llama: with no set prepared the tab offers to build one; the build reports its progress, Cancel stops it mid-way
+(its checkpoint kept, the worker free for the next request) and Build again resumes it to the finished set; the set
+is then one choice of the picker, refused beside a single transcoder, and its graph is the library's with its
+scores in the status line; a feature node's card is its layer's coder.
+
+The server trains a tiny set from $SLMVIZ_SET_RECIPE (the tiny model has no recipe of its own) into a temporary
+$SLMVIZ_CACHE. Does not cover: a real model's set (hundreds of MB, an hour of training: bench/ and
+docs/features.md), nor the training's numbers (tests/test_train_set.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from app_helpers import CHROMIUM, NO_CHROMIUM, app_server
+from conftest import build_tiny_model
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+import slmviz
+from app.circuits_tab import feature_table
+from slmviz import SAE
+from slmviz.features.train_set import read_set_checkpoint
+from slmviz.features.transcoder_io import SET_FILE, load_transcoders
+from slmviz.model_api import load_folder
+
+pytestmark = pytest.mark.app
+
+CORPUS = [" ".join(f"w{(i * 7 + j * 3) % 120}" for j in range(20 + i % 13)) for i in range(60)]
+# 2 layers x 12,000 tokens in 128-token steps: ~190 progress reports over ~15-20 s on this loaded 2-core machine,
+# long enough to be cancelled after its first ones.
+RECIPE = dict(d_sae=48, k=4, tokens=12_000, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512,
+              dtype="float32", checkpoint_every=0, corpus=CORPUS)
+LABEL = "full set: 2 per-layer transcoders"
+PROMPT = "w3 w5 w7 w9"
+SCREENSHOT = Path(tempfile.gettempdir()) / "slmviz-full-set.png"  # looked at by hand, not kept in the repo
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("sets-app") / "tiny", "llama_gqa", seed=3)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_folder):
+    return load_folder(tiny_folder)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_folder, tiny, cache):
+    """The app on the tiny model, one single transcoder (layer 0) in $SLMVIZ_SAE_DIRS and no set prepared yet."""
+    root = tiny_folder.parent / "transcoders"
+    SAE.random(tiny.cfg.d_model, 32, seed=0, architecture="relu", hook_name="blocks.0.mlp.hook_in",
+               hook_name_out="blocks.0.hook_mlp_out").save(root / "tc_l0")
+    env = {"SLMVIZ_SAE_DIRS": str(root), "SLMVIZ_CACHE": str(cache), "SLMVIZ_SET_RECIPE": json.dumps(RECIPE)}
+    with app_server(env=env, model=str(tiny_folder), allow_local_models=True) as url:
+        yield url
+
+
+def set_folder(cache):
+    return cache / "transcoders" / "tiny" / "plt"
+
+
+@pytest.fixture(scope="module")
+def built(server, cache):
+    """The set, built through the Build button's endpoint (at once when an earlier test built it)."""
+    names, status, *_ = Client(server, verbose=False).predict(api_name="/circuit_set_build")
+    assert (set_folder(cache) / SET_FILE).is_file() and names["value"] == [LABEL]
+    return names, status
+
+
+def test_a_build_reports_progress_cancel_keeps_its_checkpoint_and_build_again_resumes(server, cache):
+    alice = Client(server, verbose=False)
+    with pytest.raises(AppError, match=f"tiny has no {LABEL} yet: press 'Build the full transcoder set'"):
+        alice.predict(PROMPT, [LABEL], 0.95, 0.98, api_name="/circuit_attribution")
+    job = alice.submit(api_name="/circuit_set_build")
+    while not any("trained" in str(out[1]) for out in job.outputs()):  # its first steps are done
+        assert not job.done(), job.exception()
+        time.sleep(0.1)
+    said = next(str(out[1]) for out in job.outputs() if "trained" in str(out[1]))
+    done, total = (int(x.replace(",", "")) for x in re.search(r"trained ([\d,]+) of ([\d,]+) tokens", said).groups())
+    assert 0 <= done < total == RECIPE["tokens"] and "mean explained variance" in said
+    assert "checkpoint is kept" in alice.predict(api_name="/circuit_set_cancel")
+    job.cancel()
+    # the worker is free again: the next long job (a graph over the single transcoder) is served
+    _, _, _, status = alice.predict(PROMPT, ["tc_l0"], 0.95, 0.98, api_name="/circuit_attribution")
+    assert "computed in" in status and "Replacement score" in status  # single transcoders show their scores too
+    while not job.done():
+        time.sleep(0.1)
+    assert not (set_folder(cache) / SET_FILE).exists()  # stopped mid-way: no set, a checkpoint
+    *_, meta = read_set_checkpoint(set_folder(cache))
+    kept = sum(layer["cursor"]["tokens"] for layer in meta["layers"].values()) // len(meta["layers"])
+    assert kept > 0  # what Build resumes from
+    # Build again: resumed from the checkpoint (its first report is past it) to the finished set, now ticked alone
+    again = alice.submit(api_name="/circuit_set_build")
+    names, status, *_ = again.result()
+    first = next(str(out[1]) for out in again.outputs() if "trained" in str(out[1]))
+    assert int(re.search(r"trained ([\d,]+) of", first).group(1).replace(",", "")) >= kept
+    assert names["value"] == [LABEL] and [LABEL, LABEL] in names["choices"] and "Built" in status
+    assert (set_folder(cache) / SET_FILE).is_file()
+
+
+def test_the_set_is_one_choice_and_its_graph_shows_its_scores(server, built, tiny, cache):
+    client = Client(server, verbose=False)
+    with pytest.raises(AppError, match="already has a transcoder at every layer"):
+        client.predict(PROMPT, [LABEL, "tc_l0"], 0.95, 0.98, api_name="/circuit_attribution")
+    # nothing pruned (thresholds 1): the random tiny model's features carry little of the influence
+    plot, table, path, status = client.predict(PROMPT, [LABEL], 1.0, 1.0, api_name="/circuit_attribution")
+    ts = load_transcoders(set_folder(cache), model=tiny)
+    graph = slmviz.attribution_graph(PROMPT, transcoders=ts, model=tiny, progress=False)
+    scores = graph.scores()
+    assert (f"Replacement score {scores['replacement']:.3f}, completeness {scores['completeness']:.3f}" in status
+            and f"{graph.n_features} active features over {LABEL}" in status)
+    names = {L: ts.coder_name(L) for L in ts.layers}
+    expected = feature_table(graph.prune(1.0, 1.0), names)
+    assert len(expected) > 0
+    assert [row[:3] for row in table["data"]] == expected[["layer", "feature", "position"]].values.tolist()
+    assert {row[5] for row in table["data"]} <= {"tiny-plt/layer_0", "tiny-plt/layer_1"}
+    # a feature node opens its page: the card of that layer's coder in the set
+    layer, feature, position = table["data"][0][:3]
+    card, node = client.predict(f"{layer}_{feature}_{position}", api_name="/circuit_feature")
+    assert node == f"{layer}_{feature}" and f"tiny-plt/layer_{layer}" in card
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
+def test_in_chromium_the_set_is_ticked_and_its_graph_shows_its_scores(built, page, server):
+    page.get_by_role("tab", name="Circuits").click()
+    page.wait_for_selector("#circuit-attr-prompt textarea")
+    page.fill("#circuit-attr-prompt textarea", PROMPT)
+    assert page.get_by_label(LABEL).is_checked() and not page.get_by_label("tc_l0").is_checked()
+    assert not page.locator("#circuit-set-build").is_visible()  # the set is there: nothing to build
+    page.click("#circuit-attr-run")
+    page.wait_for_function("document.querySelector('#circuit-attr-status').innerText.includes('Pruned to')",
+                           timeout=180_000)
+    page.wait_for_selector("#circuit-attr-graph .js-plotly-plot .nsewdrag")
+    status = page.locator("#circuit-attr-status").inner_text()
+    assert re.search(r"Replacement score \d\.\d{3}, completeness \d\.\d{3}", status), status
+    assert f"active features over {LABEL}" in status
+    page.mouse.move(5, 5)
+    page.wait_for_timeout(500)
+    page.locator("#circuit-attr-status").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    errors = page.locator(".toast-body.error")
+    assert errors.count() == 0, errors.first.inner_text()
