@@ -108,6 +108,12 @@ class CorpusScans:
                  saes_key: str = "") -> tuple[Scan, list[str]] | None:
         return self.jobs.finished(scan_folder(model, corpus_size(), hooks, top_k, saes_key))
 
+    def provide(self, model: Any, hooks: list[str], found: tuple[Scan, list[str]], top_k: int = TOP_K,
+                saes_key: str = "") -> None:
+        """A scan prepared elsewhere (a full transcoder set's, over its own corpus) served as this one: `join` and
+        `finished` return it at once, and nothing is computed."""
+        self.jobs.put(scan_folder(model, corpus_size(), hooks, top_k, saes_key), found, kind="scan")
+
     def tab_scan(self, model: Any, who: str) -> Job:
         return self.join(model, scan_hooks(model), who)
 

@@ -195,6 +195,16 @@ class Jobs:
             if kind is None or job.kind == kind:
                 job.leave(who)
 
+    def put(self, key: Hashable, result: Any, kind: str = "") -> Job:
+        """A shared job's result known without running it (read from a file prepared beforehand): `join` and
+        `finished` find it done under `key`, as if it had run."""
+        job = Job(key, lambda report: result, kind)
+        job.result = result
+        job.done.set()
+        with self._lock:
+            self._jobs[key] = job
+        return job
+
     def finished(self, key: Hashable) -> Any | None:
         """The result of a shared job that finished successfully, else None (never starts one)."""
         with self._lock:

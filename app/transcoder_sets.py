@@ -28,10 +28,11 @@ from typing import Any
 
 import gradio as gr
 
-from slmviz.features.prepared import REQUIRED, prepare_transcoders, recipe
+from slmviz.features.dashboard import acts_hook
+from slmviz.features.prepared import REQUIRED, load_set_scan, prepare_transcoders, recipe
 from slmviz.features.transcoder_io import CT_CONFIG, SET_FILE, load_transcoders, prepared_dir
 
-from .corpus_tab import session
+from .corpus_tab import SCANS, session
 from .handlers import Handlers, readable_errors
 from .scan_jobs import RUNNER, JobCancelled, wait
 
@@ -125,9 +126,14 @@ class TranscoderSets:
             if key not in self._loaded:
                 ts = load_transcoders(KIND, model=model)
                 names = {layer: ts.coder_name(layer) for layer in ts.layers}
+                scanned = load_set_scan(model, KIND)  # prepared with the set: no card waits for a scan
                 if self.features is not None:
+                    from .features_tab import DASHBOARD_ROWS, TOP_K
+
                     for layer, name in names.items():
-                        self.features.saes.pin(model, name, ts.coder(layer))
+                        entry = self.features.saes.pin(model, name, ts.coder(layer))
+                        if scanned is not None:
+                            SCANS.provide(model, [acts_hook(entry.sae)], scanned, TOP_K, entry.key + DASHBOARD_ROWS)
                 self._loaded[key] = (ts, names)
             return self._loaded[key]
 
@@ -175,11 +181,15 @@ class TranscoderSets:
 
             def trained(stats: dict[str, Any]) -> None:  # raises JobCancelled once no one waits: training stops
                 done, total = stats["tokens"] // n_layers, stats["total"] // n_layers
-                report(0.97 * stats["tokens"] / max(stats["total"], 1),
+                report(0.9 * stats["tokens"] / max(stats["total"], 1),
                        f"trained {done:,} of {total:,} tokens per layer, mean explained variance "
                        f"{stats['explained_variance']:.3f}, worst layer {stats['worst_explained_variance']:.3f}")
 
-            prepare_transcoders(model, KIND, progress=trained, **args)
+            def scanned(done: int, total: int) -> None:
+                report(0.9 + 0.08 * done / max(total, 1), f"Scanning the set's features over {done:,} of {total:,} "
+                       "documents (their cards' top contexts, prepared once)")
+
+            prepare_transcoders(model, KIND, progress=trained, scan_progress=scanned, **args)
             report(0.98, "Loading the set")
             ts, _ = self.load(model)
             return repr(ts)

@@ -184,3 +184,12 @@ def test_closing_a_wait_leaves_the_job_at_once(monkeypatch):
     next(waiting)
     waiting.close()
     assert job.done.wait(5) and isinstance(job.error, JobCancelled)
+
+
+def test_a_result_put_under_a_key_is_joined_and_finished_without_running():
+    """Jobs.put: a scan prepared elsewhere (a full transcoder set's) is served as a finished shared job."""
+    jobs = Jobs()
+    put = jobs.put("prepared", ("scan", ["doc"]), kind="scan")
+    assert jobs.finished("prepared") == ("scan", ["doc"])
+    joined = jobs.join("prepared", lambda report: pytest.fail("a put result is never computed"), "alice", kind="scan")
+    assert joined is put and joined.done.is_set() and list(wait(joined, "alice")) == []

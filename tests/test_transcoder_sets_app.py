@@ -26,6 +26,7 @@ from gradio_client.exceptions import AppError
 import slmviz
 from app.circuits_tab import feature_table
 from slmviz import SAE
+from slmviz.features.prepared import load_set_scan
 from slmviz.features.train_set import read_set_checkpoint
 from slmviz.features.transcoder_io import SET_FILE, load_transcoders
 from slmviz.model_api import load_folder
@@ -68,15 +69,25 @@ def server(tiny_folder, tiny, cache):
         yield url
 
 
+@pytest.fixture(scope="module")
+def monkeypatch_module(cache):
+    """$SLMVIZ_CACHE in this process too: the library reads the set the server prepared."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLMVIZ_CACHE", str(cache))
+        yield mp
+
+
 def set_folder(cache):
     return cache / "transcoders" / "tiny" / "plt"
 
 
 @pytest.fixture(scope="module")
-def built(server, cache):
+def built(server, cache, tiny, monkeypatch_module):
     """The set, built through the Build button's endpoint (at once when an earlier test built it)."""
     names, status, *_ = Client(server, verbose=False).predict(api_name="/circuit_set_build")
     assert (set_folder(cache) / SET_FILE).is_file() and names["value"] == [LABEL]
+    scanned, docs = load_set_scan(tiny, "plt")  # the feature scan, prepared with the set
+    assert docs == CORPUS and len(scanned.hooks) == 2
     return names, status
 
 
@@ -127,10 +138,14 @@ def test_the_set_is_one_choice_and_its_graph_shows_its_scores(server, built, tin
     assert len(expected) > 0
     assert [row[:3] for row in table["data"]] == expected[["layer", "feature", "position"]].values.tolist()
     assert {row[5] for row in table["data"]} <= {"tiny-plt/layer_0", "tiny-plt/layer_1"}
-    # a feature node opens its page: the card of that layer's coder in the set
+    # a feature node opens its page: the card of that layer's coder in the set, its top contexts from the scan
+    # prepared with the set (over the set's own corpus), so no scan runs first
     layer, feature, position = table["data"][0][:3]
-    card, node = client.predict(f"{layer}_{feature}_{position}", api_name="/circuit_feature")
+    opening = client.submit(f"{layer}_{feature}_{position}", api_name="/circuit_feature")
+    card, node = opening.result()
     assert node == f"{layer}_{feature}" and f"tiny-plt/layer_{layer}" in card
+    assert "Top activating contexts" in card and f"of {len(CORPUS)} documents" in card
+    assert not any("verses of the bundled corpus" in str(out[0]) for out in opening.outputs())
 
 
 @pytest.mark.browser

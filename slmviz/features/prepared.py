@@ -13,7 +13,11 @@ it is: docs/features.md ("Full transcoder sets").
 
 from __future__ import annotations
 
+import json
 import shlex
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from .transcoder_io import prepared_dir
@@ -27,6 +31,10 @@ RECIPES: dict[tuple[str, str], dict[str, Any]] = {
                                   batch_tokens=512, buffer_tokens=16_384, lr=2e-3, dead_window=100_000, seed=0),
 }
 CORPUS = "mixed"
+# The feature scan prepared with a set (its cards' top contexts and densities): the first SCAN_DOCS documents of the
+# held-out split of the set's corpus, SCAN_TOP_K contexts per feature; every coder spliced at once (error terms on,
+# so each reads the model's own input, as when scanned alone).
+SCAN_DOCS, SCAN_TOP_K, SCAN_FOLDER = 1000, 10, "scan"
 
 
 REQUIRED = ("d_sae", "k", "tokens")  # what a recipe must fix; the rest defaults as in train_transcoders
@@ -48,11 +56,14 @@ def recipe(model: Any, kind: str, overrides: dict[str, Any] | None = None) -> di
                      "..., out=folder)")
 
 
-def prepare_transcoders(model: Any, kind: str = "plt", progress: Any = True, **overrides: Any) -> Any:
-    """Train (or resume, or load when finished) `model`'s prepared `kind` set into $SLMVIZ_CACHE; returns it.
+def prepare_transcoders(model: Any, kind: str = "plt", progress: Any = True, scan_progress: Any = None,
+                        **overrides: Any) -> Any:
+    """Train (or resume, or load when finished) `model`'s prepared `kind` set into $SLMVIZ_CACHE, then its feature
+    scan (prepare_set_scan: no card waits for one); returns the set.
 
     `overrides`: train_transcoders arguments over the recipe (`corpus=` replaces CORPUS: a corpus name, a file or a
-    list of texts); they are what makes a set for a model without a recipe (recipe())."""
+    list of texts); they are what makes a set for a model without a recipe (recipe()). `scan_progress`: the scan's
+    fn(docs done, total) (default: a bar when `progress` is True, else none)."""
     from .corpora import resolve_corpus
     from .train_set import train_transcoders
 
@@ -62,6 +73,54 @@ def prepare_transcoders(model: Any, kind: str = "plt", progress: Any = True, **o
     corpus = resolve_corpus(corpus_name, model)
     command = "slmviz prepare --transcoders " + shlex.join([kind, "--model", model.name])
     said = corpus_name if isinstance(corpus_name, str) else "custom"
-    return train_transcoders(model, layers="all", corpus=corpus, kind=kind, out=out, progress=progress,
-                             name=f"{model.name}-{kind}", metadata={"training_command": command, "corpus_name": said},
-                             **args)
+    ts = train_transcoders(model, layers="all", corpus=corpus, kind=kind, out=out, progress=progress,
+                           name=f"{model.name}-{kind}", metadata={"training_command": command, "corpus_name": said},
+                           **args)
+    scanned = corpus_name if isinstance(corpus_name, str) else list(corpus_name)
+    prepare_set_scan(model, ts, kind, corpus=scanned,
+                     progress=scan_progress if scan_progress is not None else progress is True)
+    return ts
+
+
+def scan_docs(model: Any, corpus: Any = CORPUS, n: int = SCAN_DOCS) -> list[str]:
+    """The documents a set's feature scan reads: the first `n` of the corpus's held-out split (a corpus name), or of
+    the file or list given."""
+    from ..scans.corpus import iter_documents
+    from .corpora import resolve_corpus
+
+    return list(iter_documents(resolve_corpus(corpus, model, split="heldout"), limit=n))
+
+
+def prepare_set_scan(model: Any, ts: Any, kind: str = "plt", corpus: Any = CORPUS, n_docs: int = SCAN_DOCS,
+                     progress: Any = True) -> tuple[Any, list[str]]:
+    """The feature scan of every coder of the prepared set `ts` (slmviz.scan, the set spliced), kept beside it in
+    $SLMVIZ_CACHE/transcoders/{model}/{kind}/scan with the documents it read; computed once, then read.
+    Returns (Scan, docs): what a feature card takes (features.dashboard.feature_card(scan=, docs=))."""
+    from ..scans.scan import scan
+    from .dashboard import acts_hook
+
+    found = load_set_scan(model, kind)
+    if found is not None:
+        return found
+    docs = scan_docs(model, corpus, n_docs)
+    s = scan(docs, hooks=[acts_hook(c) for c in ts], saes=list(ts), model=model, top_k=SCAN_TOP_K,
+             progress=progress)
+    folder = prepared_dir(model, kind) / SCAN_FOLDER
+    tmp = Path(tempfile.mkdtemp(prefix=f".{SCAN_FOLDER}-", dir=folder.parent))
+    s.save(tmp)
+    (tmp / "docs.json").write_text(json.dumps(docs), encoding="utf-8")
+    try:  # written aside, then renamed: a half-written scan is never read
+        tmp.rename(folder)
+    except OSError:  # another process finished first: keep its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+    return s, docs
+
+
+def load_set_scan(model: Any, kind: str = "plt") -> tuple[Any, list[str]] | None:
+    """(Scan, docs) prepared with the model's `kind` set, or None when there is none yet."""
+    from ..scans.scan import Scan
+
+    folder = prepared_dir(model, kind) / SCAN_FOLDER
+    if not (folder / "scan.safetensors").is_file() or not (folder / "docs.json").is_file():
+        return None
+    return Scan.load(folder), json.loads((folder / "docs.json").read_text(encoding="utf-8"))
