@@ -195,7 +195,7 @@ class CrossLayerTranscoder(torch.nn.Module):
         return self.activate(layer, self.encode_pre(layer, x)).to(x.dtype)
 
     def decode_into(self, layer: int, acts: Mapping[int, torch.Tensor]) -> torch.Tensor:
-        """Σ_{L ≤ layer} acts[L] @ W_dec[L][:, layer - L] + b_dec[layer] [..., d_model] (the CLT's dtype), over the
+        """`Σ_{L ≤ layer} acts[L] @ W_dec[L][:, layer - L] + b_dec[layer]` [..., d_model] (the CLT's dtype), over the
         layers L ≤ layer present in `acts` ([..., d_sae] each)."""
         out = self.b_dec[layer]
         for L, a in acts.items():
@@ -238,7 +238,7 @@ class CrossLayerTranscoder(torch.nn.Module):
 
     # ---- what attribution asks --------------------------------------------------------------------------------------
     def writes(self, layer: int, features: torch.Tensor, acts: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
-        """[(j, vectors [n, d_model] fp32)] for every j ≥ layer: a · W_dec[layer][f, j - layer]."""
+        """[(j, vectors [n, d_model] fp32)] for every j ≥ layer: `a · W_dec[layer][f, j - layer]`."""
         w = self.W_dec[layer].detach()[features].float()  # [n, n_layers - layer, d_model]
         a = acts.float()[:, None]
         return [(layer + i, a * w[:, i]) for i in range(w.shape[1])]
@@ -421,7 +421,7 @@ class CLTLayer:
         return self.clt.labels.setdefault(self.layer, {})
 
     def residual_direction(self, feature: int, model: Any = None) -> torch.Tensor:
-        """[d_model]: everything feature f writes into the residual stream, Σ_j W_dec[L][f, j - L] (each write is
+        """[d_model]: everything feature f writes into the residual stream, `Σ_j W_dec[L][f, j - L]` (each write is
         added to the stream, so their sum is its direct path to the unembedding; SAE.residual_direction)."""
         if not 0 <= int(feature) < self.d_sae:
             raise CLTError(f"feature {feature} is out of range: layer {self.layer} has d_sae={self.d_sae} features")

@@ -485,10 +485,11 @@ class CLTTrainer:
 
     # ---- the result ----------------------------------------------------------------------------------------------
     def to_clt(self) -> CrossLayerTranscoder:
-        """The trained CLT in the model's units. Features keep their training scale: with h' = h |W_dec[L][f]|,
-        W_enc' = W_enc s_in[L] |W_dec[L][f]|, b_enc' = b_enc |W_dec[L][f]|, W_dec'[L][:, i] = W_dec[L][:, i] /
-        (|W_dec[L][f]| s_out[L + i]) (exact for TopK, whose selection already ran on h'), b_dec'[j] = b_dec[j] /
-        s_out[j], W_skip'[j] = W_skip[j] s_in[j] / s_out[j]; a threshold, measured on h', stays."""
+        """The trained CLT in the model's units. Features keep their training scale (`n_f = |W_dec[L][f]|`, the
+        norm of feature f's decoder over every layer it writes; exact for TopK, whose selection already ran on
+        `h n_f`): `W_enc'[L] = W_enc[L] s_in[L] n_f`, `b_enc'[L] = b_enc[L] n_f`,
+        `W_dec'[L][:, i] = W_dec[L][:, i] / (n_f s_out[L + i])`, `b_dec'[j] = b_dec[j] / s_out[j]`,
+        `W_skip'[j] = W_skip[j] s_in[j] / s_out[j]`; a threshold, measured on `h n_f`, stays."""
         cfg = self.cfg
         n = cfg.n_layers
         arch = "topk" if cfg.architecture == "topk" else "jumprelu"

@@ -182,8 +182,8 @@ class TranscoderSet(Sequence):
 
     def reconstruct(self, layer: int, acts: Mapping[int, torch.Tensor], inputs: Mapping[int, torch.Tensor]
                     ) -> torch.Tensor:
-        """The predicted MLP output of `layer` [..., d_model] from the features (acts[L] [..., d_sae]) and the inputs
-        (inputs[L] [..., d_model]) of the layers that write there; for a PLT, the layer's own."""
+        """The predicted MLP output of `layer` [..., d_model] from the features (`acts[L]` [..., d_sae]) and the
+        inputs (`inputs[L]` [..., d_model]) of the layers that write there; for a PLT, the layer's own."""
         return self.coder(layer).decode(acts[layer], inputs[layer])
 
     def writes(self, layer: int, features: torch.Tensor, acts: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
