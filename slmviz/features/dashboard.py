@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from .sae import SAEError, _check_k, check_feature
+from .checks import SAEError, _check_k, check_feature
 
 BANDS = 5  # quantile bands of the feature's max activation: 0-20 %, ..., 80-100 %
 SEARCH_MODES = ("promotes", "fires")

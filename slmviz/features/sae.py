@@ -30,6 +30,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .checks import SAEError, _check_k, check_feature  # noqa: F401 (re-exported: features modules import them here)
+
 CFG_FILENAME = "cfg.json"  # SAELens's SAE_CFG_FILENAME
 WEIGHTS_FILENAME = "sae_weights.safetensors"  # SAELens's SAE_WEIGHTS_FILENAME
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt")
@@ -53,10 +55,6 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.f
 # The SAELens version whose cfg.json layout save() writes: load_from_disk treats a file without a version >= 6.0 as a
 # pre-6 config and renames its keys, so the field must be there.
 SAELENS_FORMAT_VERSION = "6.0.0"
-
-
-class SAEError(ValueError):
-    """A bad SAE file, configuration or tensor: the message names what is wrong and what would be right."""
 
 
 def canonical_architecture(name: str) -> tuple[str, bool]:
@@ -101,23 +99,6 @@ def _topk(h: torch.Tensor, k: int) -> torch.Tensor:
     """relu of the k largest entries of each row, every other entry 0 (SAELens's TopK: topk first, then relu)."""
     values, indices = torch.topk(h, k=k, dim=-1, sorted=False)
     return torch.zeros_like(h).scatter_(-1, indices, values.relu())
-
-
-def check_feature(sae: SAE, feature: Any) -> int:
-    """A feature index as an int in 0..d_sae-1, or a clear error."""
-    if isinstance(feature, bool) or not isinstance(feature, int | torch.Tensor) or (
-            isinstance(feature, torch.Tensor) and feature.numel() != 1):
-        raise SAEError(f"a feature is an integer index in 0..{sae.d_sae - 1}, got {feature!r}")
-    f = int(feature)
-    if not 0 <= f < sae.d_sae:
-        raise SAEError(f"feature {f} is out of range: this SAE has d_sae={sae.d_sae} features (0..{sae.d_sae - 1})")
-    return f
-
-
-def _check_k(k: Any) -> int:
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise SAEError(f"k must be a positive integer, got {k!r}")
-    return k
 
 
 class SAE(torch.nn.Module):
