@@ -6,8 +6,9 @@ generators of slmviz.circuits.tasks, `slmviz.attribution_graph`) and returns fig
 edge masks. Element ids for tests outside the repo: #circuit-clean, #circuit-corrupted, #circuit-run,
 #circuit-graph (the graph's plot), #circuit-faithfulness (plus #circuit-answer, #circuit-wrong, #circuit-task,
 #circuit-task-fill, #circuit-method, #circuit-steps, #circuit-cancel, #circuit-status, #circuit-top, #circuit-edges,
-#circuit-edge, #circuit-edge-run, #circuit-edge-text, #circuit-edge-table, and #circuit-attr-* for the attribution
-graph).
+#circuit-edge, #circuit-edge-run, #circuit-edge-text, #circuit-edge-table, #circuit-attr-* for the attribution
+graph, and #circuit-set-build, #circuit-set-cancel, #circuit-set-status for building the model's full transcoder set:
+app/transcoder_sets.py, which also offers the built set as one choice of #circuit-attr-transcoders).
 
 Clicking an edge: plotly's click is not a Gradio event, and an edge is a line (plotly reports clicks on its two end
 points only), so the top edges are also a gr.Dataframe: selecting a row runs that edge's exact patch, alone and as the
