@@ -43,7 +43,7 @@ from .corpus_tab import SCANS, session
 from .features_tab import FEATURE_CLICK_JS
 from .handlers import Handlers, display_frame, readable_errors, to_plot
 from .scan_jobs import RUNNER, Job, JobCancelled, wait
-from .transcoder_sets import TranscoderSets
+from .transcoder_sets import MAX_FEATURE_NODES, TranscoderSets
 from .workbench import build_workbench
 
 EXAMPLE_CLEAN = "When Mary and John went to the store, John gave a drink to"
@@ -425,10 +425,11 @@ class CircuitHandlers:
                 report(0.02 + 0.96 * done / max(total, 1), f"attributed {done:,} of {total:,} targets (the top "
                        "logits, then the active features), one backward per batch")
 
-            graph = slmviz.attribution_graph(text, transcoders=transcoders, model=model,
+            cap = MAX_FEATURE_NODES if full else None  # a full set: the most influential features only
+            graph = slmviz.attribution_graph(text, transcoders=transcoders, model=model, max_feature_nodes=cap,
                                              memory_budget_gb=ATTR_MEMORY_GB, progress=attributed)
             return {"graph": graph, "layers": layers, "model": model, "seconds": time.perf_counter() - started,
-                    "scores": graph.scores(), "picked": names}
+                    "scores": graph.scores(), "picked": names, "cap": cap}
 
         job = RUNNER.submit(work, session(request), kind=ATTR_KIND)
         said = ""
@@ -453,7 +454,8 @@ class CircuitHandlers:
                   "(circuit-tracer's scores of the unpruned graph: the share of the influence that avoids error "
                   "nodes, and of each node's inputs that are not errors; 1 when the transcoders explain "
                   "everything). " if scores else "")
-        status = (f"{scored}**{graph.prompt!r}**: {graph.n_features} active features over {over}; computed in "
+        capped = f" (at most {found['cap']:,}, the most influential: max_feature_nodes)" if found.get("cap") else ""
+        status = (f"{scored}**{graph.prompt!r}**: {graph.n_features} active features{capped} over {over}; computed in "
                   f"{found['seconds']:.1f} s. Pruned to {node_threshold:g} of the influence on the logits (edges "
                   f"{edge_threshold:g}): {int(counts.get('feature', 0))} features, {int(counts.get('error', 0))} "
                   f"error nodes, {int(counts.get('embedding', 0))} embeddings, {int(counts.get('logit', 0))} "

@@ -39,6 +39,10 @@ from .scan_jobs import RUNNER, JobCancelled, wait
 KIND = "plt"  # the prepared set the tab offers ("clt" comes with the cross-layer transcoders)
 RECIPE_ENV = "SLMVIZ_SET_RECIPE"
 BUILD_KIND = "transcoder-set"  # the build's Cancel leaves only this kind of job
+# A graph over the full set keeps at most this many features, the most influential (attribution_graph's
+# max_feature_nodes, circuit-tracer's option; docs/features.md's example value): with 30 layers of k=64 features a
+# 16-token prompt has ~30k active ones, whose dense adjacency alone would be ~3.6 GB, past the tab's 4 GiB budget.
+MAX_FEATURE_NODES = 4096
 
 
 def set_ready(model: Any) -> bool:

@@ -25,6 +25,7 @@ from gradio_client.exceptions import AppError
 
 import slmviz
 from app.circuits_tab import feature_table
+from app.transcoder_sets import MAX_FEATURE_NODES
 from slmviz import SAE
 from slmviz.features.prepared import load_set_scan
 from slmviz.features.train_set import read_set_checkpoint
@@ -129,10 +130,11 @@ def test_the_set_is_one_choice_and_its_graph_shows_its_scores(server, built, tin
     # nothing pruned (thresholds 1): the random tiny model's features carry little of the influence
     plot, table, path, status = client.predict(PROMPT, [LABEL], 1.0, 1.0, api_name="/circuit_attribution")
     ts = load_transcoders(set_folder(cache), model=tiny)
-    graph = slmviz.attribution_graph(PROMPT, transcoders=ts, model=tiny, progress=False)
+    graph = slmviz.attribution_graph(PROMPT, transcoders=ts, model=tiny, progress=False,
+                                     max_feature_nodes=MAX_FEATURE_NODES)
     scores = graph.scores()
     assert (f"Replacement score {scores['replacement']:.3f}, completeness {scores['completeness']:.3f}" in status
-            and f"{graph.n_features} active features over {LABEL}" in status)
+            and f"{graph.n_features} active features (at most {MAX_FEATURE_NODES:,}" in status and LABEL in status)
     names = {L: ts.coder_name(L) for L in ts.layers}
     expected = feature_table(graph.prune(1.0, 1.0), names)
     assert len(expected) > 0
@@ -162,7 +164,7 @@ def test_in_chromium_the_set_is_ticked_and_its_graph_shows_its_scores(built, pag
     page.wait_for_selector("#circuit-attr-graph .js-plotly-plot .nsewdrag")
     status = page.locator("#circuit-attr-status").inner_text()
     assert re.search(r"Replacement score \d\.\d{3}, completeness \d\.\d{3}", status), status
-    assert f"active features over {LABEL}" in status
+    assert f"active features (at most {MAX_FEATURE_NODES:,}, the most influential" in status and LABEL in status
     page.mouse.move(5, 5)
     page.wait_for_timeout(500)
     page.locator("#circuit-attr-status").scroll_into_view_if_needed()
