@@ -343,3 +343,37 @@ def test_max_feature_nodes_keeps_a_clt_graphs_edges_as_they_are(models):
     got = capped.adjacency[targets]
     want = full.adjacency[torch.tensor(rows)[targets]][:, torch.tensor(rows)]
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-4), (got - want).abs().max()
+
+
+def test_a_clt_that_writes_only_its_own_layer_is_the_plt_set_it_copies(models):
+    """A CLT built from per-layer JumpReLU skip transcoders (W_dec[L][:, 0] = W_dec, every later slot 0) gives the
+    PLT set's reconstructions, attribution graph and evaluate_transcoders figures."""
+    from slmviz.features.sae import SAE
+    from slmviz.features.transcoder_set import TranscoderSet
+
+    m = models["gemma3"]
+    n, d = m.cfg.n_layers, m.cfg.d_model
+    saes = [SAE.random(d, 40, seed=20 + L, architecture="jumprelu", skip=True, hook_name=f"blocks.{L}.mlp.hook_in",
+                       hook_name_out=f"blocks.{L}.hook_mlp_out") for L in range(n)]
+    clt = CrossLayerTranscoder(n, d, 40, architecture="jumprelu", skip=True)
+    with torch.no_grad():
+        for L, sae in enumerate(saes):
+            clt.W_enc[L], clt.b_enc[L], clt.threshold[L] = sae.W_enc, sae.b_enc, sae.threshold
+            clt.W_dec[L][:, 0] = sae.W_dec
+            clt.b_dec[L], clt.W_skip[L] = sae.b_dec, sae.W_skip
+    plt = TranscoderSet(saes)
+    a, b = m.trace(PROMPT, saes=plt), m.trace(PROMPT, saes=clt)
+    for L in range(n):
+        name = f"blocks.{L}.hook_mlp_out.hook_sae_recons"
+        assert torch.allclose(a[name], b[name], atol=1e-5)
+    ga = attribution_graph(PROMPT, transcoders=plt, model=m, progress=False)
+    gb = attribution_graph(PROMPT, transcoders=clt, model=m, progress=False)
+    assert ga.nodes["node_id"].tolist() == gb.nodes["node_id"].tolist()
+    assert torch.allclose(ga.adjacency, gb.adjacency, atol=1e-5, rtol=1e-4)
+    corpus = ["w1 w2 w3 w4 w5 w6 w7 w8", "w9 w8 w7 w3 w2", "w4 w4 w5 w11 w3 w12 w40"]
+    ea = slmviz.evaluate_transcoders(plt, corpus, model=m, progress=False)
+    eb = slmviz.evaluate_transcoders(clt, corpus, model=m, progress=False)
+    for col in ("explained_variance", "l0"):
+        assert np.allclose(ea["layers"][col], eb["layers"][col], atol=1e-5)
+    for key in ("ce_loss_score", "top1_agreement", "ce_replaced"):
+        assert eb["replaced"][key] == pytest.approx(ea["replaced"][key], abs=1e-5)
