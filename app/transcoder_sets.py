@@ -8,8 +8,10 @@ single transcoder beside it would be a second one for its layer). It is loaded o
 that layer (`{set name}/layer_{L}`), so a node's feature card and the workbench find it like any transcoder.
 
 When it is not there, the tab offers to build it: a long job in app/scan_jobs.py's RUNNER worker (other sessions'
-requests are served meanwhile), shared by every session that presses Build for the same model, its progress (tokens
-trained per layer, the layers' mean explained variance) in gr.Progress and the status line. Cancel stops it at the
+requests are served meanwhile), shared by every session that presses Build for the same model, its progress in
+gr.Progress and the status line: the model's own chat and prose written first when the recipe's corpus is "mixed"
+(once per model, features.generated_corpus), then the tokens trained per layer with the layers' mean and worst
+explained variance, then the feature scan prepared with the set. Cancel stops it at the
 next training step, the checkpoint stays, and Build again resumes from it (train_transcoders' resume).
 
 The recipe is the model's fixed one (features.prepared.RECIPES); $SLMVIZ_SET_RECIPE (JSON, set by whoever starts the
@@ -29,7 +31,8 @@ from typing import Any
 import gradio as gr
 
 from slmviz.features.dashboard import acts_hook
-from slmviz.features.prepared import REQUIRED, load_set_scan, prepare_transcoders, recipe
+from slmviz.features.generated_corpus import chat_corpus
+from slmviz.features.prepared import CORPUS, REQUIRED, load_set_scan, prepare_transcoders, recipe
 from slmviz.features.transcoder_io import CT_CONFIG, SET_FILE, load_transcoders, prepared_dir
 
 from .corpus_tab import SCANS, session
@@ -181,11 +184,15 @@ class TranscoderSets:
         n_layers = model.cfg.n_layers
 
         def work(report: Callable[..., None]) -> str:
-            report(0.0, f"Training transcoders at all {n_layers} layers from one forward per batch")
+            if args.get("corpus", CORPUS) in ("mixed", "chat"):  # the model's own text, written once per model
+                chat_corpus(model, progress=lambda done, total: report(
+                    0.1 * done / max(total, 1), f"Writing the training corpus, the model's own chat and prose: "
+                    f"{done} of {total} seed prompts (once per model; Cancel keeps what is written)"))
+            report(0.1, f"Training transcoders at all {n_layers} layers from one forward per batch")
 
             def trained(stats: dict[str, Any]) -> None:  # raises JobCancelled once no one waits: training stops
                 done, total = stats["tokens"] // n_layers, stats["total"] // n_layers
-                report(0.9 * stats["tokens"] / max(stats["total"], 1),
+                report(0.1 + 0.8 * stats["tokens"] / max(stats["total"], 1),
                        f"trained {done:,} of {total:,} tokens per layer, mean explained variance "
                        f"{stats['explained_variance']:.3f}, worst layer {stats['worst_explained_variance']:.3f}")
 
