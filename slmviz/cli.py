@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p_prepare = sub.add_parser("prepare", help="dequantize the bundled models into the cache (once each)")
     p_prepare.add_argument("--model", action="append", help="only this bundled model (repeatable; default: all)")
     p_prepare.add_argument("--force", action="store_true", help="dequantize again even if the folder is ready")
-    p_prepare.add_argument("--transcoders", default=None, choices=["plt"],
+    p_prepare.add_argument("--transcoders", default=None, choices=["plt", "clt"],
                            help="also train this bundled model's full transcoder set into the cache (resumable; "
                                 "docs/features.md says how long it takes)")
 

@@ -29,6 +29,11 @@ RECIPES: dict[tuple[str, str], dict[str, Any]] = {
                                            seed=0),
     ("gemma-3-270m", "plt"): dict(d_sae=4096, k=64, tokens=300_000, architecture="batchtopk", skip=True,
                                   batch_tokens=512, buffer_tokens=16_384, lr=2e-3, dead_window=100_000, seed=0),
+    # As many parameters as the PLT recipe (512 x (30 + 465) x 576 = 146M, features.clt_train), the same corpus,
+    # tokens and settings; not yet run to the end: docs/cross-layer-transcoders.md estimates its time.
+    ("SmolLM2-135M-Instruct", "clt"): dict(d_sae=512, k=32, tokens=500_000, architecture="batchtopk", skip=True,
+                                           batch_tokens=512, buffer_tokens=16_384, lr=2e-3, dead_window=100_000,
+                                           seed=0),
 }
 CORPUS = "mixed"
 # The feature scan prepared with a set (its cards' top contexts and densities): the first SCAN_DOCS documents of the
