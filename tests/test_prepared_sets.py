@@ -1,0 +1,69 @@
+"""features.prepared: a model's full set prepared into $SLMVIZ_CACHE (the recipe, overrides for a model without one)
+and the feature scan prepared with it, on a tiny random LLaMA in a temporary cache.
+
+Independent references: slmviz.scan of the same documents with the set spliced (for the prepared scan), and the set
+the first call saved (for the second call, which loads instead of training). Does not cover: the bundled models'
+recipes run for real (an hour of training: docs/features.md), nor the "mixed" corpus (features.generated_corpus).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import build_tiny_model
+
+import slmviz
+from slmviz.features.dashboard import acts_hook
+from slmviz.features.prepared import (
+    RECIPES,
+    SCAN_CHARS,
+    SCAN_TOP_K,
+    load_set_scan,
+    prepare_transcoders,
+    recipe,
+    scan_docs,
+)
+from slmviz.features.transcoder_io import SET_FILE, prepared_dir
+
+CORPUS = [" ".join(f"w{(i * 7 + j * 3) % 120}" for j in range(20 + i % 13)) for i in range(40)]
+TINY = dict(d_sae=32, k=4, tokens=1500, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512,
+            dtype="float32", checkpoint_every=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return slmviz.load(build_tiny_model(tmp_path_factory.mktemp("prepared") / "tiny", "llama_gqa", seed=1))
+
+
+def test_a_bundled_recipe_takes_overrides_and_a_model_without_one_needs_d_sae_k_and_tokens():
+    (model, kind), fixed = next(iter(RECIPES.items()))
+    assert recipe(model, kind) == fixed and recipe(model, kind, {"tokens": 10})["tokens"] == 10
+    with pytest.raises(ValueError, match="no prepared 'plt' recipe for 'tiny'.*pass k, tokens"):
+        recipe("tiny", "plt", {"d_sae": 64})
+    assert recipe("tiny", "plt", {"d_sae": 64, "k": 4, "tokens": 100}) == {"d_sae": 64, "k": 4, "tokens": 100}
+
+
+def test_a_set_for_a_model_without_a_recipe_is_prepared_with_its_scan_then_loaded(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    steps, scanned = [], []
+    ts = prepare_transcoders(tiny, "plt", progress=steps.append, scan_progress=lambda d, n: scanned.append((d, n)),
+                             corpus=CORPUS, **TINY)
+    folder = prepared_dir(tiny, "plt")
+    assert folder == tmp_path / "transcoders" / "tiny" / "plt" and (folder / SET_FILE).is_file()
+    assert ts.layers == [0, 1] and ts.d_sae == 32 and steps and scanned[-1] == (len(CORPUS), len(CORPUS))
+    assert ts.metadata["corpus_name"] == "custom"
+    # the scan prepared with it: every coder at once, over the corpus's documents (a list: itself), the same as
+    # slmviz.scan of those documents with the set spliced
+    s, docs = load_set_scan(tiny, "plt")
+    assert docs == scan_docs(tiny, CORPUS) == [d[:SCAN_CHARS] for d in CORPUS]
+    reference = slmviz.scan(docs, hooks=[acts_hook(c) for c in ts], saes=list(ts), model=tiny, top_k=SCAN_TOP_K,
+                            progress=False)
+    for hook in reference.hooks:
+        assert torch.equal(s.stats[hook].top_key, reference.stats[hook].top_key), hook
+        assert torch.allclose(s.max(hook), reference.max(hook)), hook
+    # a second call loads the finished set (no step reported) and reads the scan back
+    again = prepare_transcoders(tiny, "plt", progress=lambda stats: pytest.fail("trained again"), corpus=CORPUS,
+                                **TINY)
+    for layer in ts.layers:
+        assert torch.equal(again.coder(layer).W_enc, ts.coder(layer).W_enc)
+    assert load_set_scan(tiny, "plt")[1] == docs
