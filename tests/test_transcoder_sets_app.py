@@ -103,6 +103,10 @@ def test_a_build_reports_progress_cancel_keeps_its_checkpoint_and_build_again_re
     said = next(str(out[1]) for out in job.outputs() if "trained" in str(out[1]))
     done, total = (int(x.replace(",", "")) for x in re.search(r"trained ([\d,]+) of ([\d,]+) tokens", said).groups())
     assert 0 <= done < total == RECIPE["tokens"] and "mean explained variance" in said
+    # another session's Run is served beside the build (which runs in the worker, not in a queue Run waits in)
+    tokens, *_ = Client(server, verbose=False).predict(PROMPT, False, 1, "all", ["pre", "mid", "post"], False, False,
+                                                        True, api_name="/run")
+    assert "w5" in tokens and not job.done()
     assert "checkpoint is kept" in alice.predict(api_name="/circuit_set_cancel")
     job.cancel()
     # the worker is free again: the next long job (a graph over the single transcoder) is served
