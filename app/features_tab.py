@@ -52,6 +52,7 @@ import gradio as gr
 from slmviz.features.bundled import bundled_saes
 from slmviz.features.dashboard import acts_hook, feature_card, search_features, top_features
 from slmviz.features.io import load_sae
+from slmviz.features.prepared import load_sae_scan
 from slmviz.features.sae import CFG_FILENAME, SAE, check_feature
 from slmviz.features.steer import steer
 from slmviz.model_api import HUB_ID_PATTERN
@@ -101,6 +102,17 @@ def fingerprint(sae: SAE) -> str:
         h.update(name.encode())
         h.update(tensor.detach().contiguous().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def provide_prepared_scan(model: Any, entry: Entry) -> Entry:
+    """A bundled SAE's feature scan prepared with the model's full set (features.prepared.prepare_sae_scans: the
+    set's corpus, modern prose and chat rather than King James verses), served as its card's scan: no visitor waits.
+    Without one (or for other weights), the card scans the bundled verses on first use, as before."""
+    if SCANS.finished(model, [acts_hook(entry.sae)], TOP_K, entry.key + DASHBOARD_ROWS) is None:
+        found = load_sae_scan(model, entry.name, entry.sae)
+        if found is not None:
+            SCANS.provide(model, [acts_hook(entry.sae)], found, TOP_K, entry.key + DASHBOARD_ROWS)
+    return entry
 
 
 def sae_dirs() -> list[Path]:
@@ -202,7 +214,7 @@ class SAEStore:
         if trained is not None:
             return trained
         if name in bundled_saes(model):
-            return self._keep(model, name, load_sae(name, model=model))
+            return provide_prepared_scan(model, self._keep(model, name, load_sae(name, model=model)))
         source = self._sources.get((m, name))
         if source is None or name not in self.names(model):
             raise ValueError(f"{name!r} is not an SAE for {model.name}; pick one of: "

@@ -13,14 +13,18 @@ import torch
 from conftest import build_tiny_model
 
 import slmviz
+from slmviz import SAE
 from slmviz.features.dashboard import acts_hook
 from slmviz.features.prepared import (
     RECIPES,
     SCAN_CHARS,
     SCAN_TOP_K,
+    load_sae_scan,
     load_set_scan,
+    prepare_sae_scans,
     prepare_transcoders,
     recipe,
+    sae_scan_dir,
     scan_docs,
 )
 from slmviz.features.transcoder_io import SET_FILE, prepared_dir
@@ -67,3 +71,21 @@ def test_a_set_for_a_model_without_a_recipe_is_prepared_with_its_scan_then_loade
     for layer in ts.layers:
         assert torch.equal(again.coder(layer).W_enc, ts.coder(layer).W_enc)
     assert load_set_scan(tiny, "plt")[1] == docs
+
+
+def test_an_saes_scan_is_prepared_once_for_its_weights(tiny, tmp_path, monkeypatch):
+    """prepare_sae_scans (what prepares the bundled SAEs' scans with the set): the same documents as the set's scan,
+    equal to slmviz.scan with the SAE spliced, read back only for the weights it was made with."""
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    d = tiny.cfg.d_model
+    sae = SAE.random(d, 32, seed=0, architecture="relu", hook_name="blocks.1.hook_resid_post")
+    other = SAE.random(d, 32, seed=1, architecture="relu", hook_name="blocks.1.hook_resid_post")
+    folders = prepare_sae_scans(tiny, {"resid_l1": sae}, corpus=CORPUS, progress=False)
+    assert folders == {"resid_l1": sae_scan_dir(tiny, "resid_l1")}
+    s, docs = load_sae_scan(tiny, "resid_l1", sae)
+    reference = slmviz.scan(docs, hooks=[acts_hook(sae)], saes=[sae], model=tiny, top_k=SCAN_TOP_K, progress=False)
+    assert docs == scan_docs(tiny, CORPUS) and torch.equal(s.stats[acts_hook(sae)].top_key,
+                                                          reference.stats[acts_hook(sae)].top_key)
+    assert load_sae_scan(tiny, "resid_l1", other) is None  # made for other weights: not read
+    prepare_sae_scans(tiny, {"resid_l1": other}, corpus=CORPUS, progress=False)  # replaced for the new weights
+    assert load_sae_scan(tiny, "resid_l1", other) is not None and load_sae_scan(tiny, "resid_l1", sae) is None

@@ -175,3 +175,32 @@ def test_in_chromium_the_set_is_ticked_and_its_graph_shows_its_scores(built, pag
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     errors = page.locator(".toast-body.error")
     assert errors.count() == 0, errors.first.inner_text()
+
+
+SMOL = "SmolLM2-135M-Instruct"
+PROSE = ["The train to the coast leaves at nine, so we should pack tonight.", "Can you help me write an email to "
+         "my landlord about the broken heater?", "Scientists said on Tuesday that the river had reached its highest "
+         "level in forty years.", "Sure! Here is a short poem about autumn leaves.", "The meeting was moved to "
+         "Thursday afternoon because the manager was travelling.", "What is the capital of Australia?"]
+
+
+def test_a_bundled_saes_card_reads_the_scan_prepared_with_the_set(tmp_path):
+    """prepare_transcoders also prepares the bundled SAEs' scans over the set's corpus (here: six modern sentences,
+    into a temporary cache that links the bundled model); the Features tab's card of transcoder_l6 reads it at once
+    (its documents are those six), never scanning King James verses first."""
+    from slmviz.features.io import load_sae
+    from slmviz.features.prepared import prepare_sae_scans
+    from slmviz.loading.bundled import cache_dir
+
+    (tmp_path / SMOL).symlink_to(cache_dir() / SMOL)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLMVIZ_CACHE", str(tmp_path))
+        smol = slmviz.load(SMOL)
+        prepare_sae_scans(smol, {"transcoder_l6": load_sae("transcoder_l6", model=smol)}, corpus=PROSE,
+                          progress=False)
+    with app_server(env={"SLMVIZ_CACHE": str(tmp_path)}) as url:
+        client = Client(url, verbose=False)
+        showing = client.submit("transcoder_l6", 3, api_name="/feature_show")
+        _, card = showing.result()
+        assert f"of {len(PROSE)} documents" in card and "Top activating contexts" in card
+        assert not any("verses of the bundled corpus" in str(out[1]) for out in showing.outputs())

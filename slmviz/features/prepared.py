@@ -13,6 +13,7 @@ it is: docs/features.md ("Full transcoder sets").
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import shutil
@@ -88,8 +89,9 @@ def prepare_transcoders(model: Any, kind: str = "plt", progress: Any = True, sca
                            name=f"{model.name}-{kind}", metadata={"training_command": command, "corpus_name": said},
                            **args)
     scanned = corpus_name if isinstance(corpus_name, str) else list(corpus_name)
-    prepare_set_scan(model, ts, kind, corpus=scanned,
-                     progress=scan_progress if scan_progress is not None else progress is True)
+    shown = scan_progress if scan_progress is not None else progress is True
+    prepare_set_scan(model, ts, kind, corpus=scanned, progress=shown)
+    prepare_sae_scans(model, corpus=scanned, progress=shown)  # the bundled SAEs' cards read the same text
     return ts
 
 
@@ -116,22 +118,83 @@ def prepare_set_scan(model: Any, ts: Any, kind: str = "plt", corpus: Any = CORPU
     docs = scan_docs(model, corpus, n_docs)
     s = scan(docs, hooks=[acts_hook(c) for c in ts], saes=list(ts), model=model, top_k=SCAN_TOP_K,
              progress=progress)
-    folder = prepared_dir(model, kind) / SCAN_FOLDER
-    tmp = Path(tempfile.mkdtemp(prefix=f".{SCAN_FOLDER}-", dir=folder.parent))
-    s.save(tmp)
-    (tmp / "docs.json").write_text(json.dumps(docs), encoding="utf-8")
-    try:  # written aside, then renamed: a half-written scan is never read
-        tmp.rename(folder)
-    except OSError:  # another process finished first: keep its copy
-        shutil.rmtree(tmp, ignore_errors=True)
+    _save_scan(s, docs, prepared_dir(model, kind) / SCAN_FOLDER)
     return s, docs
 
 
 def load_set_scan(model: Any, kind: str = "plt") -> tuple[Any, list[str]] | None:
     """(Scan, docs) prepared with the model's `kind` set, or None when there is none yet."""
+    return _load_scan(prepared_dir(model, kind) / SCAN_FOLDER)
+
+
+def sae_scan_dir(model: Any, name: str) -> Path:
+    """Where a bundled SAE's prepared feature scan is kept: $SLMVIZ_CACHE/feature_scans/{model}/{name}."""
+    from ..loading.bundled import cache_dir
+
+    model_name = model if isinstance(model, str) else str(getattr(model, "name", ""))
+    return cache_dir() / "feature_scans" / model_name / name
+
+
+def weights_digest(sae: Any) -> str:
+    """sha1 of an SAE's tensors: a prepared scan is read only for the weights it was made with."""
+    h = hashlib.sha1()
+    for name, tensor in sorted(sae.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def prepare_sae_scans(model: Any, saes: dict[str, Any] | None = None, corpus: Any = CORPUS, n_docs: int = SCAN_DOCS,
+                      progress: Any = True) -> dict[str, Path]:
+    """The feature scan of each SAE in `saes` ({name: SAE}; default: the model's bundled ones) over the same
+    documents as a set's scan (scan_docs), kept in sae_scan_dir with its weights' digest; computed once per
+    weights. Returns {name: folder}."""
+    from ..scans.scan import scan
+    from .bundled import bundled_saes
+    from .dashboard import acts_hook
+    from .io import load_sae
+
+    if saes is None:
+        saes = {name: load_sae(name, model=model) for name in bundled_saes(model)}
+    docs = None
+    for name, sae in saes.items():
+        if load_sae_scan(model, name, sae) is None:
+            docs = docs if docs is not None else scan_docs(model, corpus, n_docs)
+            s = scan(docs, hooks=[acts_hook(sae)], saes=[sae], model=model, top_k=SCAN_TOP_K, progress=progress)
+            _save_scan(s, docs, sae_scan_dir(model, name), weights=weights_digest(sae))
+    return {name: sae_scan_dir(model, name) for name in saes}
+
+
+def load_sae_scan(model: Any, name: str, sae: Any) -> tuple[Any, list[str]] | None:
+    """(Scan, docs) prepared for the SAE `name` with these weights, or None (none yet, or other weights)."""
+    folder = sae_scan_dir(model, name)
+    try:
+        made_for = json.loads((folder / "weights.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return _load_scan(folder) if made_for == weights_digest(sae) else None
+
+
+def _save_scan(s: Any, docs: list[str], folder: Path, weights: str | None = None) -> None:
+    """The scan, its documents (and the weights it was made with) written aside, then renamed into `folder`: a
+    half-written scan is never read. An older one there (other weights) is replaced."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    s.save(tmp)
+    (tmp / "docs.json").write_text(json.dumps(docs), encoding="utf-8")
+    if weights is not None:
+        (tmp / "weights.json").write_text(json.dumps(weights), encoding="utf-8")
+    if folder.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process finished first: keep its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_scan(folder: Path) -> tuple[Any, list[str]] | None:
     from ..scans.scan import Scan
 
-    folder = prepared_dir(model, kind) / SCAN_FOLDER
     if not (folder / "scan.safetensors").is_file() or not (folder / "docs.json").is_file():
         return None
     return Scan.load(folder), json.loads((folder / "docs.json").read_text(encoding="utf-8"))
