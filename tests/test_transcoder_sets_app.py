@@ -30,6 +30,7 @@ from slmviz import SAE
 from slmviz.features.prepared import load_set_scan
 from slmviz.features.train_set import read_set_checkpoint
 from slmviz.features.transcoder_io import SET_FILE, load_transcoders
+from slmviz.loading.bundled import cache_dir
 from slmviz.model_api import load_folder
 
 pytestmark = pytest.mark.app
@@ -178,6 +179,7 @@ def test_in_chromium_the_set_is_ticked_and_its_graph_shows_its_scores(built, pag
 
 
 SMOL = "SmolLM2-135M-Instruct"
+SMOL_FOLDER = cache_dir() / SMOL  # the prepared bundled model, found before any test moves $SLMVIZ_CACHE
 PROSE = ["The train to the coast leaves at nine, so we should pack tonight.", "Can you help me write an email to "
          "my landlord about the broken heater?", "Scientists said on Tuesday that the river had reached its highest "
          "level in forty years.", "Sure! Here is a short poem about autumn leaves.", "The meeting was moved to "
@@ -190,9 +192,8 @@ def test_a_bundled_saes_card_reads_the_scan_prepared_with_the_set(tmp_path):
     (its documents are those six), never scanning King James verses first."""
     from slmviz.features.io import load_sae
     from slmviz.features.prepared import prepare_sae_scans
-    from slmviz.loading.bundled import cache_dir
 
-    (tmp_path / SMOL).symlink_to(cache_dir() / SMOL)
+    (tmp_path / SMOL).symlink_to(SMOL_FOLDER)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SLMVIZ_CACHE", str(tmp_path))
         smol = slmviz.load(SMOL)
