@@ -34,6 +34,12 @@ PARTS: list[set[str]] = [  # lowest first
 RANK = {part: i for i, row in enumerate(PARTS) for part in row}
 
 # (module, function or method that imports, part it imports): figure methods of result types.
+# A `save` method that hands its object to the module writing the file formats (which imports the class to load it):
+# the one call back, named here so no other import can close a cycle through it.
+SAVE_METHODS = {
+    ("slmviz.features.transcoder_set", "TranscoderSet.save", "features"),
+    ("slmviz.features.clt", "CrossLayerTranscoder.save", "features"),
+}
 UPWARD = {
     ("slmviz.trace", "Trace.plot_attention", "plots"),
     ("slmviz.trace", "Trace.plot_residual_norms", "plots"),
@@ -135,7 +141,7 @@ def test_no_import_cycles():
         if part_of(src) in ("__init__", "cli", "_moved"):
             continue
         for target, where in imports(p):
-            if (src, where, part_of(target)) in UPWARD:
+            if (src, where, part_of(target)) in UPWARD | SAVE_METHODS:
                 continue
             while target not in modules and "." in target:
                 target = target.rsplit(".", 1)[0]
