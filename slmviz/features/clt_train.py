@@ -63,6 +63,7 @@ from .train import (
     CHECKPOINT,
     CLIP_GRAD_NORM,
     INIT_DECODER_NORM,
+    SET_POSTFIX,
     THRESHOLD_BLOCKS,
     THRESHOLD_LR,
     THRESHOLD_ROWS,
@@ -73,6 +74,8 @@ from .train import (
     _block_generator,
     _dtype_name,
     _linear_fit,
+    _progress_bar,
+    _report,
     _unit_scale,
     decode_sparse,
     fastest_dtype,
@@ -308,7 +311,7 @@ class CLTTrainer:
     def run(self, model: Any, corpus: Any, sources: dict[int, Source], out: Path, progress: Progress,
             checkpoint_every: float) -> CrossLayerTranscoder:
         cfg, cur = self.cfg, self.cursor
-        bar = _bar(progress, cfg.tokens, cur.tokens)
+        bar = _progress_bar(progress, cfg.tokens, cur.tokens, "tok", "train_transcoders(clt)")
         last_save, t0, tokens0 = time.monotonic(), time.perf_counter(), cur.tokens
         autocast = _autocast(model.decoder.device, cfg.dtype)
         source = sources[0]
@@ -339,7 +342,7 @@ class CLTTrainer:
                         cur.batch, cur.tokens, cur.steps = j + 1, cur.tokens + len(idx), cur.steps + 1
                         stats.update(tokens=cur.tokens, total=cfg.tokens, step=cur.steps,
                                      tokens_per_s=(cur.tokens - tokens0) / max(time.perf_counter() - t0, 1e-9))
-                        _report(bar, progress, stats)
+                        _report(bar, progress, stats, SET_POSTFIX)
                         if cur.tokens >= cfg.tokens:
                             break
                         if time.monotonic() - last_save >= checkpoint_every:
@@ -536,20 +539,3 @@ def clt_threshold_rows(model: Any, corpus: Any, sources: dict[int, Source], rows
             if got >= quota:
                 break
     return torch.cat(parts)[:rows]
-
-
-def _bar(progress: Progress, total: int, done: int):
-    if progress is not True:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=done, unit="tok", unit_scale=True, desc="train_transcoders(clt)")
-
-
-def _report(bar: Any, progress: Progress, stats: dict[str, Any]) -> None:
-    if bar is not None:
-        bar.update(stats["tokens"] - bar.n)
-        bar.set_postfix(ev=f"{stats['explained_variance']:.3f}", worst=f"{stats['worst_explained_variance']:.3f}",
-                        l0=f"{stats['l0']:.1f}", dead=f"{stats['dead_fraction']:.3f}", refresh=False)
-    elif callable(progress):
-        progress(stats)

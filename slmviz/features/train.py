@@ -630,19 +630,26 @@ def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMan
     return contextlib.nullcontext()
 
 
-def _progress_bar(progress: Progress, total: int, done: int):
+POSTFIX = {"loss": ("loss", ".3g"), "explained_variance": ("ev", ".3f"), "worst_explained_variance": ("worst", ".3f"),
+           "l0": ("l0", ".1f"), "dead_fraction": ("dead", ".3f")}  # stats key -> (tqdm postfix name, format)
+# What a many-layer run's bar shows (train_transcoders): the layers' mean and worst EV, mean L0, worst dead fraction.
+SET_POSTFIX = ("explained_variance", "worst_explained_variance", "l0", "dead_fraction")
+
+
+def _progress_bar(progress: Progress, total: int, done: int, unit: str = "tok", desc: str = "train_sae"):
+    """A tqdm bar for a training run (progress=True), else None; train_transcoders' runs share it."""
     if progress is not True:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=done, unit="tok", unit_scale=True, desc="train_sae")
+    return tqdm(total=total, initial=done, unit=unit, unit_scale=True, desc=desc)
 
 
-def _report(bar: Any, progress: Progress, stats: dict[str, Any]) -> None:
+def _report(bar: Any, progress: Progress, stats: dict[str, Any],
+            fields: tuple[str, ...] = ("loss", "explained_variance", "l0", "dead_fraction")) -> None:
+    """The bar's position and postfix (`fields` of stats, POSTFIX's names), or fn(stats) for a callable progress."""
     if bar is not None:
         bar.update(stats["tokens"] - bar.n)
-        bar.set_postfix(loss=f"{stats['loss']:.3g}", ev=f"{stats['explained_variance']:.3f}",
-                        l0=f"{stats['l0']:.1f}", dead=f"{stats['dead_fraction']:.3f}", refresh=False)
+        bar.set_postfix(refresh=False, **{POSTFIX[f][0]: format(stats[f], POSTFIX[f][1]) for f in fields})
     elif callable(progress):
         progress(stats)
-

@@ -54,6 +54,7 @@ from .activations import (
 )
 from .train import (
     CHECKPOINT,
+    SET_POSTFIX,
     THRESHOLD_BLOCKS,
     THRESHOLD_ROWS,
     TRAIN_ARCHITECTURES,
@@ -63,6 +64,8 @@ from .train import (
     _autocast,
     _block_generator,
     _dtype_name,
+    _progress_bar,
+    _report,
     fastest_dtype,
     release_freed_memory,
     training_batches,
@@ -225,7 +228,8 @@ class SetRun:
         first = next(iter(trainers.values()))
         cfg = first.cfg
         total = cfg.tokens * len(trainers)
-        bar = _progress_bar(progress, total, sum(t.cursor.tokens for t in trainers.values()))
+        bar = _progress_bar(progress, total, sum(t.cursor.tokens for t in trainers.values()), "layer-tok",
+                            "train_transcoders")
         autocast = _autocast(model.decoder.device, cfg.dtype)
         last_save, t0 = time.monotonic(), time.perf_counter()
         done0 = sum(t.cursor.tokens for t in trainers.values())
@@ -247,7 +251,7 @@ class SetRun:
                     for L, t in active.items():
                         self.train_block(t, rows[L], block.index, latest)
                         stats = _summary(latest, trainers, total, done0, t0)
-                        _report(bar, progress, stats)
+                        _report(bar, progress, stats, SET_POSTFIX)
                         if time.monotonic() - last_save >= checkpoint_every:
                             self.save_checkpoint(out)
                             last_save = time.monotonic()
@@ -402,20 +406,3 @@ def _summary(latest: dict[int, dict[str, Any]], trainers: dict[int, Trainer], to
             "l0": sum(s["l0"] for s in latest.values()) / max(len(latest), 1),
             "dead_fraction": max((s["dead_fraction"] for s in latest.values()), default=0.0),
             "tokens_per_s": (done - done0) / max(time.perf_counter() - t0, 1e-9)}
-
-
-def _progress_bar(progress: Progress, total: int, done: int):
-    if progress is not True:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=done, unit="layer-tok", unit_scale=True, desc="train_transcoders")
-
-
-def _report(bar: Any, progress: Progress, stats: dict[str, Any]) -> None:
-    if bar is not None:
-        bar.update(stats["tokens"] - bar.n)
-        bar.set_postfix(ev=f"{stats['explained_variance']:.3f}", worst=f"{stats['worst_explained_variance']:.3f}",
-                        l0=f"{stats['l0']:.1f}", dead=f"{stats['dead_fraction']:.3f}", refresh=False)
-    elif callable(progress):
-        progress(stats)
