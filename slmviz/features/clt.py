@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from .sae import _topk, canonical_architecture
-from .transcoder_set import TranscoderSetError
+from .transcoder_set import TranscoderSetError, local_replacement_forward
 
 WRITE_HOOK = "blocks.{L}.hook_mlp_out"
 # The hooks a CLT's features may read (local names, after "blocks.L."), and why each.
@@ -254,49 +254,7 @@ class CrossLayerTranscoder(torch.nn.Module):
         """The local replacement model on a batch (TranscoderSet.frozen_forward's contract): layer L's MLP output is
         the prompt's, minus the skip of the prompt's input, plus the skip of the live input, plus deltas[L]; the
         features' writes into later layers are constants of the prompt, so an edit reaches them through deltas."""
-        from ..hooks import build_context
-        from ..model.norm import unhooked
-        from ..variants import resolve_variant
-
-        cfg, dec = model.cfg, model.decoder
-        b = embed.shape[0]
-        reads: list[torch.Tensor | None] = [None] * cfg.n_layers
-
-        def frozen(x: torch.Tensor, name: str) -> torch.Tensor:
-            return state.frozen[name].expand_as(x)
-
-        def inject(x: torch.Tensor, name: str) -> torch.Tensor:
-            return embed
-
-        def read_in(layer: int):
-            def fn(x: torch.Tensor, name: str) -> None:
-                reads[layer] = x
-            return fn
-
-        def replace_out(layer: int):
-            def fn(x: torch.Tensor, name: str) -> torch.Tensor:
-                out = state.mlp_out[layer] + deltas[layer]
-                if self.W_skip is not None:
-                    out = out - self.skip(layer, state.mlp_in[layer]) + self.skip(layer, reads[layer])
-                return out.to(x.dtype)
-            return fn
-
-        fns: dict[str, Any] = {name: frozen for name in state.frozen}
-        fns["hook_embed"] = inject
-        for layer in range(cfg.n_layers):
-            fns[self.read_hook(layer)] = read_in(layer)
-            fns[self.write_hook(layer)] = replace_out(layer)
-        ctx = build_context(model.hook_names, [], fns, batched=True)
-        v = resolve_variant(None, cfg)
-        ids = state.ids[None].expand(b, -1)
-        stop = cfg.n_layers - 1 if last_layer is None else last_layer
-        resid = dec.forward(ids, ctx, v, grad=grad, stop_after_layer=stop)  # [b, pos, d_model]
-        if last_layer is not None:
-            return [t for t in reads if t is not None], None
-        with torch.enable_grad() if grad else torch.inference_mode():
-            scale = state.final_scale.expand(b, -1, -1)
-            normed = dec.final_norm(resid, dec.conventions(v), lambda s: scale.to(s.dtype), unhooked)
-        return [t for t in reads if t is not None], normed
+        return local_replacement_forward(self, model, state, embed, deltas, grad, last_layer)
 
     # ---- state ------------------------------------------------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:

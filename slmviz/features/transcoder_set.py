@@ -228,50 +228,57 @@ class TranscoderSet(Sequence):
         d_model] per layer, ln_final's output [b, pos, d_model]). `last_layer`: run blocks 0..last_layer only
         (what feature targets up to that layer read) and return None for ln_final's output.
         """
-        from ..hooks import build_context
-        from ..model.norm import unhooked
-        from ..variants import resolve_variant
+        return local_replacement_forward(self, model, state, embed, deltas, grad, last_layer)
 
-        cfg, dec = model.cfg, model.decoder
-        b = embed.shape[0]
-        reads: list[torch.Tensor | None] = [None] * cfg.n_layers
 
-        def frozen(x: torch.Tensor, name: str) -> torch.Tensor:
-            return state.frozen[name].expand_as(x)
+def local_replacement_forward(ts: Any, model: Any, state: Any, embed: torch.Tensor, deltas: Sequence[torch.Tensor],
+                              grad: bool = False, last_layer: int | None = None
+                              ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """`frozen_forward` of any set (a TranscoderSet, a CrossLayerTranscoder): what it needs of the set is where each
+    layer reads and writes (`read_hook`, `write_hook`) and its skip path (`skip`, zeros where there is none). Layer
+    L's MLP output is the prompt's, minus the skip of the prompt's input, plus the skip of the live input, plus
+    deltas[L]; the features' writes are constants of the prompt, so an edit reaches them through deltas."""
+    from ..hooks import build_context
+    from ..model.norm import unhooked
+    from ..variants import resolve_variant
 
-        def inject(x: torch.Tensor, name: str) -> torch.Tensor:
-            return embed
+    cfg, dec = model.cfg, model.decoder
+    b = embed.shape[0]
+    reads: list[torch.Tensor | None] = [None] * cfg.n_layers
 
-        def read_in(layer: int):
-            def fn(x: torch.Tensor, name: str) -> None:
-                reads[layer] = x
-            return fn
+    def frozen(x: torch.Tensor, name: str) -> torch.Tensor:
+        return state.frozen[name].expand_as(x)
 
-        def replace_out(layer: int):
-            def fn(x: torch.Tensor, name: str) -> torch.Tensor:
-                base = state.mlp_out[layer]
-                if layer not in self.coders:
-                    return (base + deltas[layer]).to(x.dtype)
-                live = self.skip(layer, reads[layer])
-                return (base - self.skip(layer, state.mlp_in[layer]) + live + deltas[layer]).to(x.dtype)
-            return fn
+    def inject(x: torch.Tensor, name: str) -> torch.Tensor:
+        return embed
 
-        fns: dict[str, Any] = {name: frozen for name in state.frozen}
-        fns["hook_embed"] = inject
-        for layer in range(cfg.n_layers):
-            fns[self.read_hook(layer)] = read_in(layer)
-            fns[self.write_hook(layer)] = replace_out(layer)
-        ctx = build_context(model.hook_names, [], fns, batched=True)
-        v = resolve_variant(None, cfg)
-        ids = state.ids[None].expand(b, -1)
-        stop = cfg.n_layers - 1 if last_layer is None else last_layer
-        resid = dec.forward(ids, ctx, v, grad=grad, stop_after_layer=stop)  # [b, pos, d_model]
-        if last_layer is not None:
-            return [t for t in reads if t is not None], None
-        with torch.enable_grad() if grad else torch.inference_mode():
-            scale = state.final_scale.expand(b, -1, -1)
-            normed = dec.final_norm(resid, dec.conventions(v), lambda s: scale.to(s.dtype), unhooked)
-        return [t for t in reads if t is not None], normed
+    def read_in(layer: int):
+        def fn(x: torch.Tensor, name: str) -> None:
+            reads[layer] = x
+        return fn
+
+    def replace_out(layer: int):
+        def fn(x: torch.Tensor, name: str) -> torch.Tensor:
+            live = ts.skip(layer, reads[layer])
+            return (state.mlp_out[layer] - ts.skip(layer, state.mlp_in[layer]) + live + deltas[layer]).to(x.dtype)
+        return fn
+
+    fns: dict[str, Any] = {name: frozen for name in state.frozen}
+    fns["hook_embed"] = inject
+    for layer in range(cfg.n_layers):
+        fns[ts.read_hook(layer)] = read_in(layer)
+        fns[ts.write_hook(layer)] = replace_out(layer)
+    ctx = build_context(model.hook_names, [], fns, batched=True)
+    v = resolve_variant(None, cfg)
+    ids = state.ids[None].expand(b, -1)
+    stop = cfg.n_layers - 1 if last_layer is None else last_layer
+    resid = dec.forward(ids, ctx, v, grad=grad, stop_after_layer=stop)  # [b, pos, d_model]
+    if last_layer is not None:
+        return [t for t in reads if t is not None], None
+    with torch.enable_grad() if grad else torch.inference_mode():
+        scale = state.final_scale.expand(b, -1, -1)
+        normed = dec.final_norm(resid, dec.conventions(v), lambda s: scale.to(s.dtype), unhooked)
+    return [t for t in reads if t is not None], normed
 
 
 def as_transcoder_set(transcoders: Any) -> TranscoderSet:
