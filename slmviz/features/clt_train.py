@@ -67,7 +67,6 @@ from .train import (
     THRESHOLD_BLOCKS,
     THRESHOLD_LR,
     THRESHOLD_ROWS,
-    TRAIN_ARCHITECTURES,
     CheckpointError,
     Cursor,
     _autocast,
@@ -77,6 +76,7 @@ from .train import (
     _progress_bar,
     _report,
     _unit_scale,
+    check_run,
     decode_sparse,
     fastest_dtype,
     release_freed_memory,
@@ -130,16 +130,7 @@ def train_clt(model: Any, corpus: Any = "broad", d_sae: int = 1024, k: int = 16,
     from .corpora import resolve_corpus
 
     out = Path(out)
-    if architecture not in TRAIN_ARCHITECTURES:
-        raise ValueError(f"architecture must be one of {TRAIN_ARCHITECTURES}, got {architecture!r}")
-    for what, value in (("d_sae", d_sae), ("k", k), ("tokens", tokens), ("batch_tokens", batch_tokens),
-                        ("window", window), ("forward_tokens", forward_tokens), ("buffer_tokens", buffer_tokens)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    if k > d_sae:
-        raise ValueError(f"k={k} is larger than d_sae={d_sae}: a CLT layer keeps k of its d_sae features active")
-    if buffer_tokens < batch_tokens:
-        raise ValueError(f"buffer_tokens={buffer_tokens} must hold at least one batch (batch_tokens={batch_tokens})")
+    check_run(architecture, d_sae, k, tokens, batch_tokens, window, forward_tokens, buffer_tokens, "a CLT layer")
     if skip and architecture == "topk":
         raise ValueError("a TopK CLT with a skip path has no file format (circuit-tracer reads no skip path, Gemma "
                          "Scope 2's CLTs are JumpReLU): train architecture='batchtopk' or skip=False")

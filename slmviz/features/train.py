@@ -168,19 +168,10 @@ def train_sae(
     """
     out = Path(out)
     hook_out = hook if hook_out is None else hook_out
-    if architecture not in TRAIN_ARCHITECTURES:
-        raise ValueError(f"architecture must be one of {TRAIN_ARCHITECTURES}, got {architecture!r}")
-    for name, value in (("d_sae", d_sae), ("k", k), ("tokens", tokens), ("batch_tokens", batch_tokens),
-                        ("window", window), ("forward_tokens", forward_tokens), ("buffer_tokens", buffer_tokens)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if k > d_sae:
-        raise ValueError(f"k={k} is larger than d_sae={d_sae}: an SAE keeps k of its d_sae features active")
+    check_run(architecture, d_sae, k, tokens, batch_tokens, window, forward_tokens, buffer_tokens, "an SAE")
     if skip and hook_out == hook:
         raise ValueError("skip=True is for transcoders (hook_out= another hook): an SAE's skip term would learn the "
                          "identity and leave its features nothing to reconstruct")
-    if buffer_tokens < batch_tokens:
-        raise ValueError(f"buffer_tokens={buffer_tokens} must hold at least one batch (batch_tokens={batch_tokens})")
     if not 0 <= lr_decay <= 1:
         raise ValueError(f"lr_decay is the fraction of tokens over which the lr decays, in [0, 1]; got {lr_decay}")
     from .activations import MASSIVE_FACTOR
@@ -210,6 +201,22 @@ def train_sae(
         if trainer.cursor.finished:
             return SAE.load(out)
     return trainer.run(model, corpus, source, out, progress, checkpoint_every)
+
+
+def check_run(architecture: str, d_sae: int, k: int, tokens: int, batch_tokens: int, window: int,
+              forward_tokens: int, buffer_tokens: int, coder: str) -> None:
+    """The arguments every training run shares (train_sae, train_transcoders, a CLT's), each a clear ValueError;
+    `coder` names what keeps k features in the message ("an SAE", "a coder", "a CLT layer")."""
+    if architecture not in TRAIN_ARCHITECTURES:
+        raise ValueError(f"architecture must be one of {TRAIN_ARCHITECTURES}, got {architecture!r}")
+    for name, value in (("d_sae", d_sae), ("k", k), ("tokens", tokens), ("batch_tokens", batch_tokens),
+                        ("window", window), ("forward_tokens", forward_tokens), ("buffer_tokens", buffer_tokens)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if k > d_sae:
+        raise ValueError(f"k={k} is larger than d_sae={d_sae}: {coder} keeps k of its d_sae features active")
+    if buffer_tokens < batch_tokens:
+        raise ValueError(f"buffer_tokens={buffer_tokens} must hold at least one batch (batch_tokens={batch_tokens})")
 
 
 def fastest_dtype(device: torch.device | str = "cpu") -> str:

@@ -57,7 +57,6 @@ from .train import (
     SET_POSTFIX,
     THRESHOLD_BLOCKS,
     THRESHOLD_ROWS,
-    TRAIN_ARCHITECTURES,
     CheckpointError,
     TrainConfig,
     Trainer,
@@ -66,6 +65,7 @@ from .train import (
     _dtype_name,
     _progress_bar,
     _report,
+    check_run,
     fastest_dtype,
     release_freed_memory,
     training_batches,
@@ -142,19 +142,10 @@ def train_transcoders(
     out = Path(out)
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    if architecture not in TRAIN_ARCHITECTURES:
-        raise ValueError(f"architecture must be one of {TRAIN_ARCHITECTURES}, got {architecture!r}")
-    for what, value in (("d_sae", d_sae), ("k", k), ("tokens", tokens), ("batch_tokens", batch_tokens),
-                        ("window", window), ("forward_tokens", forward_tokens), ("buffer_tokens", buffer_tokens)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    if k > d_sae:
-        raise ValueError(f"k={k} is larger than d_sae={d_sae}: a coder keeps k of its d_sae features active")
+    check_run(architecture, d_sae, k, tokens, batch_tokens, window, forward_tokens, buffer_tokens, "a coder")
     if kind == "plt" and architecture == "topk":
         raise ValueError("a per-layer transcoder set trains as architecture='batchtopk' (saved as JumpReLU): SAELens "
                          "and circuit-tracer have no TopK transcoder format to save it in")
-    if buffer_tokens < batch_tokens:
-        raise ValueError(f"buffer_tokens={buffer_tokens} must hold at least one batch (batch_tokens={batch_tokens})")
     chosen = resolve_layers(layers, model.cfg.n_layers)
     if kind == "clt":  # one coder over every layer, its own step and checkpoint (features.clt_train)
         from .clt_train import train_clt
