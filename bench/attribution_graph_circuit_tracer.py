@@ -173,14 +173,37 @@ def compare(tag: str) -> dict:
     return row
 
 
+def tl_replacement_model(hf, tokenizer, tokenizer_name: Path, tset, model_name: str):
+    """circuit-tracer's TransformerLensReplacementModel of a transformers LLaMA `hf` (its weights converted by
+    TransformerLens's convert_llama_weights, nothing folded) with transcoder set `tset` (circuit-tracer's object);
+    the side venv's half, shared with bench/graph_full_set.py."""
+    from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
+    from transformer_lens import HookedTransformerConfig
+    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
+
+    c = hf.config
+    head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    cfg = HookedTransformerConfig(
+        d_model=c.hidden_size, d_head=head, n_heads=c.num_attention_heads,
+        n_key_value_heads=c.num_key_value_heads, d_mlp=c.intermediate_size, n_layers=c.num_hidden_layers,
+        n_ctx=min(c.max_position_embeddings, 4096), d_vocab=c.vocab_size, act_fn="silu", normalization_type="RMS",
+        positional_embedding_type="rotary", rotary_adjacent_pairs=False, rotary_dim=head,
+        rotary_base=int(c.rope_theta if hasattr(c, "rope_theta") else 10000), gated_mlp=True, final_rms=True,
+        eps=c.rms_norm_eps, original_architecture="LlamaForCausalLM", tokenizer_name=str(tokenizer_name),
+        model_name=model_name, dtype=torch.float32, device="cpu", default_prepend_bos=False,
+    )
+    model = TransformerLensReplacementModel(cfg, tokenizer=tokenizer)
+    model.load_and_process_state_dict(convert_llama_weights(hf, cfg), fold_ln=False, center_writing_weights=False,
+                                      center_unembed=False, fold_value_biases=False)
+    model._configure_replacement_model(tset)
+    return model
+
+
 def circuit_tracer_side(tag: str, skip: bool) -> None:
     import transformers
     from circuit_tracer import attribute
     from circuit_tracer.graph import compute_graph_scores
-    from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
     from circuit_tracer.utils.create_graph_files import create_graph_files
-    from transformer_lens import HookedTransformerConfig
-    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(WORK / "model", dtype=torch.float32)
     c = hf.config
@@ -188,16 +211,6 @@ def circuit_tracer_side(tag: str, skip: bool) -> None:
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(WORK / "model" / "tokenizer.json"),
                                                      unk_token="<unk>", eos_token="w1")
     tokenizer.save_pretrained(WORK / "ct_tokenizer")
-    cfg = HookedTransformerConfig(
-        d_model=c.hidden_size, d_head=c.hidden_size // c.num_attention_heads, n_heads=c.num_attention_heads,
-        n_key_value_heads=c.num_key_value_heads, d_mlp=c.intermediate_size, n_layers=c.num_hidden_layers,
-        n_ctx=c.max_position_embeddings, d_vocab=c.vocab_size, act_fn="silu", normalization_type="RMS",
-        positional_embedding_type="rotary", rotary_adjacent_pairs=False,
-        rotary_dim=c.hidden_size // c.num_attention_heads,
-        rotary_base=int(c.rope_theta if hasattr(c, "rope_theta") else 10000), gated_mlp=True, final_rms=True,
-        eps=c.rms_norm_eps, original_architecture="LlamaForCausalLM", tokenizer_name=str(WORK / "ct_tokenizer"),
-        model_name="tiny-llama", dtype=torch.float32, device="cpu", default_prepend_bos=False,
-    )
     import yaml
     from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
 
@@ -222,10 +235,7 @@ def circuit_tracer_side(tag: str, skip: bool) -> None:
         loaded_diff = max(loaded_diff, *(float((a.detach() - b).abs().max()) for a, b in pairs))
     # As from_pretrained_and_transcoders does: load the weights into the plain model first (the replacement model
     # renames mlp -> mlp.old_mlp), then configure the replacement around them.
-    model = TransformerLensReplacementModel(cfg, tokenizer=tokenizer)
-    model.load_and_process_state_dict(convert_llama_weights(hf, cfg), fold_ln=False, center_writing_weights=False,
-                                      center_unembed=False, fold_value_biases=False)
-    model._configure_replacement_model(tset)
+    model = tl_replacement_model(hf, tokenizer, WORK / "ct_tokenizer", tset, "tiny-llama")
     ids = torch.tensor(torch.load(WORK / f"slmviz_{tag}.pt")["input_ids"])
     with torch.no_grad():
         tl_vs_hf = float((model(ids[None])[0] - hf(ids[None]).logits[0]).abs().max())

@@ -122,6 +122,22 @@ def recording_page(browser, url: str, height: int = 1000) -> Iterator:
         context.close()
 
 
+SMOLLM2_FULL_SET = "full set: 30 per-layer transcoders"  # app/transcoder_sets.py's label for SmolLM2's prepared set
+
+
+def tick_one_bundled_transcoder(page, name: str = "transcoder_l6") -> None:
+    """Leave only the bundled transcoder `name` ticked in the Circuits tab (one transcoder: half the targets, half
+    the time). The tab ticks the two bundled transcoders by default, or the full set alone once it is prepared in
+    this cache (`make transcoders`), so a test that assumed either would fail on the other machine."""
+    full = page.get_by_label(SMOLLM2_FULL_SET)
+    if full.count() and full.is_checked():
+        full.uncheck()
+    for box in page.locator("#circuit-attr-transcoders input:checked").all():
+        box.uncheck()
+    page.get_by_label(name).check()
+    assert page.locator("#circuit-attr-transcoders input:checked").count() == 1
+
+
 def origin(url: str) -> str:
     parts = urlsplit(url)
     return parts.netloc if parts.scheme in ("http", "https", "ws", "wss") else parts.scheme

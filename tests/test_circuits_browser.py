@@ -9,11 +9,10 @@ them with the library).
 from __future__ import annotations
 
 import pytest
-from app_helpers import CHROMIUM, NO_CHROMIUM
+from app_helpers import CHROMIUM, NO_CHROMIUM, tick_one_bundled_transcoder
 from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server
 
 pytestmark = pytest.mark.browser
-FULL_SET = "full set: 30 per-layer transcoders"  # app/transcoder_sets.py: offered unticked until it is built
 
 if not CHROMIUM.exists():
     pytest.skip(NO_CHROMIUM, allow_module_level=True)
@@ -56,13 +55,7 @@ def test_run_see_the_graph_and_the_curve_and_select_an_edge(page, server):
 def test_build_an_attribution_graph_and_click_a_feature_to_open_its_page(page, server):
     page.get_by_role("tab", name="Circuits").click()
     page.wait_for_selector("#circuit-attr-prompt textarea")
-    full = page.get_by_label(FULL_SET)
-    if full.is_checked():  # SmolLM2's full set is prepared in this cache (`make transcoders`): ticked alone
-        full.uncheck()
-        page.get_by_label("transcoder_l6").check()
-    else:
-        assert page.locator("#circuit-attr-transcoders input:checked").count() == 2  # transcoder_l6 and _l9
-        page.get_by_label("transcoder_l9").uncheck()  # one transcoder: half the targets, half the time
+    tick_one_bundled_transcoder(page)
     page.click("#circuit-attr-run")
     page.wait_for_function("document.querySelector('#circuit-attr-status').innerText.includes('Pruned to')",
                            timeout=PLOT_TIMEOUT_MS)

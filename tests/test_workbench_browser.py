@@ -12,7 +12,7 @@ import json
 import urllib.request
 
 import pytest
-from app_helpers import CHROMIUM, NO_CHROMIUM, app_server, recording_page
+from app_helpers import CHROMIUM, NO_CHROMIUM, app_server, recording_page, tick_one_bundled_transcoder
 from conftest import build_tiny_model
 from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server
 
@@ -139,7 +139,7 @@ def test_the_workbench_on_smollm2_for_the_screenshot(browser, server):
     with recording_page(browser, server, height=PAGE_HEIGHT) as page:
         page.get_by_role("tab", name="Circuits").click()
         page.wait_for_selector("#circuit-attr-transcoders")
-        page.get_by_label("transcoder_l9").uncheck()  # one transcoder: half the targets, half the time
+        tick_one_bundled_transcoder(page)
         build_graph(page, "The capital of France is")
         page.fill("#graph-pin-top-n input", "6")
         page.click("#graph-pin-top")

@@ -378,17 +378,10 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
 
     cap = n_feat if max_feature_nodes is None else min(max_feature_nodes, n_feat)
     bytes_per = torch.finfo(model.dtype).bits // 8
-    rows = min(batch_size, cap + n_logits)
-    kept_nodes = n_nodes - n_feat + cap
-    estimate = estimate_memory_bytes(kept_nodes, n_pos, rows, cfg, bytes_per, copies=1 if vmap else rows)
-    if cap < n_feat:  # the rows attributed before the columns of unselected features are dropped
-        estimate += 4 * (cap + n_logits) * n_nodes
-    # the features' decoder vectors, one per layer each writes: a CLT feature of layer L has n_layers - L of them
-    estimate += 4 * writes.vec.numel()
+    estimate = graph_memory_bytes(n_pos, n_feat, n_logits, cap, batch_size, cfg, bytes_per, vmap, writes.vec.numel())
     budget = memory_budget_gb * 2**30
     if estimate > budget:
-        fits = largest_cap(budget, n_nodes - n_feat, n_feat, n_logits, n_pos, rows, cfg, bytes_per, vmap,
-                           4 * writes.vec.numel())
+        fits = largest_cap(budget, n_pos, n_feat, n_logits, batch_size, cfg, bytes_per, vmap, writes.vec.numel())
         hint = f", pass max_feature_nodes={fits} (the most influential features; this prompt has {n_feat})" \
             if fits > 0 else ""
         raise AttributionGraphError(
@@ -515,13 +508,27 @@ def attribute_most_influential(model: Any, state: PromptState, ts: Any, logit_ta
     return selected, adjacency
 
 
-def largest_cap(budget: float, other_nodes: int, n_feat: int, n_logits: int, n_pos: int, rows: int, cfg: Any,
-                bytes_per: int, vmap: bool, fixed: int) -> int:
-    """The largest max_feature_nodes whose memory estimate fits `budget` (0 if none does), by bisection."""
+def graph_memory_bytes(n_pos: int, n_feat: int, n_logits: int, cap: int, batch_size: int, cfg: Any,
+                       bytes_per: int = 4, vmap: bool = True, write_values: int = 0) -> int:
+    """What attribution_graph's memory budget charges a prompt of `n_pos` tokens with `n_feat` active features, the
+    `cap` most influential kept (max_feature_nodes): estimate_memory_bytes over the kept nodes; while features are
+    chosen, the rows of the kept features and logits over *every* node (4 * (cap + n_logits) * all nodes: what
+    grows with a long prompt's active features, and what bounds its length); and `write_values` fp32 decoder
+    values, one d_model row per layer each active feature writes (a CLT feature of layer L has n_layers - L)."""
+    cap = min(cap, n_feat)
+    other = cfg.n_layers * n_pos + n_pos + n_logits  # error, embedding and logit nodes
+    rows = min(batch_size, cap + n_logits)
+    estimate = estimate_memory_bytes(other + cap, n_pos, rows, cfg, bytes_per, copies=1 if vmap else rows)
+    if cap < n_feat:  # the rows attributed before the columns of unselected features are dropped
+        estimate += 4 * (cap + n_logits) * (other + n_feat)
+    return estimate + 4 * write_values
+
+
+def largest_cap(budget: float, n_pos: int, n_feat: int, n_logits: int, batch_size: int, cfg: Any, bytes_per: int,
+                vmap: bool, write_values: int) -> int:
+    """The largest max_feature_nodes whose graph_memory_bytes fits `budget` (0 if none does), by bisection."""
     def need(cap: int) -> float:
-        r = min(rows, cap + n_logits)
-        return (estimate_memory_bytes(other_nodes + cap, n_pos, r, cfg, bytes_per, copies=1 if vmap else r)
-                + 4 * (cap + n_logits) * (other_nodes + n_feat) + fixed)
+        return graph_memory_bytes(n_pos, n_feat, n_logits, cap, batch_size, cfg, bytes_per, vmap, write_values)
 
     lo, hi = 0, n_feat
     while lo < hi:

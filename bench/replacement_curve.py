@@ -1,0 +1,87 @@
+"""How the prepared PLT set's graph scores grow with training tokens: the same run's checkpoints, copied as it passed
+each mark, each finished as train_transcoders finishes a run (BatchTopK's threshold measured on the same rows, the
+coders saved as JumpReLU), then scored on bench/replacement_scores.py's 20 prompts and evaluated on held-out text.
+
+A checkpoint is the run *before* its learning rate's final decay (lr_decay: the last 20 % of `tokens`), so an
+earlier point is a lower bound on what a run of that many tokens would reach; the last point is the finished set.
+
+    .venv/bin/python bench/replacement_curve.py SNAPSHOT.safetensors [...] [--out bench/replacement_curve.json]
+
+Copy the checkpoints while `slmviz prepare --transcoders plt` runs, e.g. when min over layers of
+meta["layers"][L]["cursor"]["tokens"] passes 125k and 250k ($SLMVIZ_CACHE/transcoders/{model}/plt/
+checkpoint.safetensors). Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from replacement_scores import graph_report
+
+import slmviz
+from slmviz.features.activations import Source
+from slmviz.features.corpora import resolve_corpus
+from slmviz.features.train import Trainer, _autocast
+from slmviz.features.train_set import (
+    CHECKPOINT,
+    READ_HOOK,
+    WRITE_HOOK,
+    read_set_checkpoint,
+    restore_set,
+    threshold_rows_by_layer,
+)
+from slmviz.features.transcoder_set import TranscoderSet
+
+
+def finished_set(model, snapshot: Path, corpus) -> tuple[TranscoderSet, int]:
+    """The set a run's checkpoint would give if the run ended there; and the tokens each layer had trained on."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.symlink(snapshot.resolve(), Path(tmp) / CHECKPOINT)
+        set_cfg, configs, tensors, meta = read_set_checkpoint(Path(tmp))
+    trainers = {L: Trainer(cfg, torch.device("cpu"), {"name": f"{set_cfg.name}/layer_{L}"})
+                for L, cfg in configs.items()}
+    restore_set(trainers, tensors, meta)
+    cfg = next(iter(configs.values()))
+    sources = {L: Source(READ_HOOK.format(L=L), WRITE_HOOK.format(L=L), cfg.window, cfg.forward_tokens,
+                         cfg.buffer_tokens) for L in trainers}
+    if cfg.architecture == "batchtopk":
+        with _autocast(model.decoder.device, cfg.dtype):  # as the run itself measures them
+            samples = threshold_rows_by_layer(model, corpus, sources)
+        for L, t in trainers.items():
+            t.estimate_threshold(samples[L] * t.scale_in)
+    tokens = min(t.cursor.tokens for t in trainers.values())
+    return TranscoderSet({L: t.to_sae(model) for L, t in trainers.items()}, name=f"{set_cfg.name}@{tokens}"), tokens
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("snapshots", nargs="+", type=Path)
+    p.add_argument("--model", default=None)
+    p.add_argument("--tokens", type=int, default=20_000, help="held-out tokens per corpus")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    model = slmviz.load(args.model)
+    corpus = resolve_corpus("mixed", model)
+    points = []
+    for snapshot in args.snapshots:
+        ts, tokens = finished_set(model, snapshot, corpus)
+        entry = {"tokens": tokens, **{k: v for k, v in graph_report(model, ts, None).items() if k != "prompts"}}
+        for name in ("broad", "chat"):
+            r = slmviz.evaluate_transcoders(ts, resolve_corpus(name, model, split="heldout"), model=model,
+                                            tokens=args.tokens, progress=False)
+            entry[f"heldout_{name}"] = {"median_ev": float(r["layers"]["explained_variance"].median()),
+                                        "min_ev": float(r["layers"]["explained_variance"].min()),
+                                        "replaced": r["replaced"]}
+        points.append(entry)
+        print(json.dumps(entry), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps({"model": model.name, "points": points}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
