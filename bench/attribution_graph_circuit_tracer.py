@@ -188,7 +188,7 @@ def tl_replacement_model(hf, tokenizer, tokenizer_name: Path, tset, model_name: 
         n_key_value_heads=c.num_key_value_heads, d_mlp=c.intermediate_size, n_layers=c.num_hidden_layers,
         n_ctx=min(c.max_position_embeddings, 4096), d_vocab=c.vocab_size, act_fn="silu", normalization_type="RMS",
         positional_embedding_type="rotary", rotary_adjacent_pairs=False, rotary_dim=head,
-        rotary_base=int(c.rope_theta if hasattr(c, "rope_theta") else 10000), gated_mlp=True, final_rms=True,
+        rotary_base=int(rope_theta(c)), gated_mlp=True, final_rms=True,
         eps=c.rms_norm_eps, original_architecture="LlamaForCausalLM", tokenizer_name=str(tokenizer_name),
         model_name=model_name, dtype=torch.float32, device="cpu", default_prepend_bos=False,
     )
@@ -197,6 +197,16 @@ def tl_replacement_model(hf, tokenizer, tokenizer_name: Path, tset, model_name: 
                                       center_unembed=False, fold_value_biases=False)
     model._configure_replacement_model(tset)
     return model
+
+
+def rope_theta(config) -> float:
+    """The RoPE base of a config.json that transformers 5 wrote (`rope_parameters: {rope_theta: ...}`), which the
+    side venv's transformers 4 does not read: it keeps the key as a plain attribute and defaults `rope_theta` to
+    10000 (SmolLM2's is 100000, so TransformerLens would run another model)."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return float(getattr(config, "rope_theta", 10000))
 
 
 def circuit_tracer_side(tag: str, skip: bool) -> None:

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> None:
     results = []
     for n in args.lengths:
         (WORK / f"ids_{n}.json").write_text(json.dumps(ids[:n]))
+        torch.save(model.logits(ids[:n]).float(), WORK / f"logits_{n}.pt")  # the side checks its model against it
         row = {"tokens": n}
         for side, python in (("slmviz", sys.executable), ("circuit-tracer", args.ct_python)):
             out = subprocess.run([python, __file__, "--side", side, "--length", str(n), "--max-feature-nodes",
@@ -92,7 +93,9 @@ def markdown(results: list[dict], args: argparse.Namespace, ts) -> str:
              f"{torch.get_num_threads()} threads: SmolLM2-135M-Instruct with its prepared full set "
              f"({len(ts)} per-layer transcoders of {ts.d_sae} features), the {args.max_feature_nodes} most "
              f"influential features kept, against circuit-tracer {version} (TransformerLens backend) in a side venv. "
-             "Time: the graph call alone; memory: its peak resident set above the process's before the call.", "",
+             "Time: the graph call alone; memory: its peak resident set above the process's before the call. "
+             "circuit-tracer's model (TransformerLens, SmolLM2's weights) against slmviz's logits on the same ids: "
+             f"max |Δ| {max(r['circuit-tracer']['logits_vs_slmviz_max_abs'] for r in results):.1g}.", "",
              "| prompt | slmviz | circuit-tracer | time ratio | slmviz peak | circuit-tracer peak | "
              "replacement / completeness (slmviz; circuit-tracer) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
@@ -150,15 +153,24 @@ def circuit_tracer_side(n: int, cap: int) -> dict:
 
     folder = Path((WORK / "model").read_text())
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    # the folder's tokenizer_config.json names transformers 5's TokenizersBackend, which transformers 4 lacks; and
+    # TransformerLens needs a tokenizer with a name_or_path: so save one from tokenizer.json and load it back
+    special = json.loads((folder / "tokenizer_config.json").read_text())
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(folder / "tokenizer.json"),
+        **{k: special[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token") if k in special})
+    tokenizer.save_pretrained(WORK / "tokenizer")
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(WORK / "tokenizer")
     config = yaml.safe_load((WORK / "set" / "config.yaml").read_text())
     paths = {i: str(WORK / "set" / f) for i, f in enumerate(config["transcoders"])}
     tset = load_transcoder_set(paths, scan=config["scan"], feature_input_hook=config["feature_input_hook"],
                                feature_output_hook=config["feature_output_hook"], device=torch.device("cpu"),
                                dtype=torch.float32, lazy_encoder=False, lazy_decoder=False)
-    model = tl_replacement_model(hf, tokenizer, folder, tset, "SmolLM2-135M-Instruct")
+    model = tl_replacement_model(hf, tokenizer, WORK / "tokenizer", tset, "SmolLM2-135M-Instruct")
     del hf
     ids = torch.tensor(json.loads((WORK / f"ids_{n}.json").read_text()))
+    with torch.no_grad():
+        same_model = float((model(ids[None])[0] - torch.load(WORK / f"logits_{n}.pt")).abs().max())
     before = reset_peak()
     t = time.perf_counter()
     graph = attribute(ids, model, max_feature_nodes=cap)
@@ -166,7 +178,8 @@ def circuit_tracer_side(n: int, cap: int) -> dict:
     peak = _status_gb("VmHWM") - before
     replacement, completeness = compute_graph_scores(graph)
     return {"seconds": seconds, "peak_gb": peak, "features": int(len(graph.selected_features)),
-            "replacement": float(replacement), "completeness": float(completeness)}
+            "replacement": float(replacement), "completeness": float(completeness),
+            "logits_vs_slmviz_max_abs": same_model}
 
 
 if __name__ == "__main__":
