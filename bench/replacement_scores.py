@@ -49,32 +49,46 @@ def replacement(name: str, model) -> object:
     return slmviz.load_transcoders(name, model=model)
 
 
-def graph_report(model, transcoders, max_feature_nodes: int | None) -> dict:
-    rows, error_share = [], torch.zeros(model.cfg.n_layers)
+def graph_report(model, transcoders, max_feature_nodes: int | None, log: Path | None = None) -> dict:
+    """Every prompt's graph scores and per-layer error share; with `log`, each prompt's row is appended to that jsonl
+    as it finishes and a rerun skips the prompts already there (an unpruned graph over a full set takes minutes on a
+    2-core CPU, so a run may span sessions)."""
+    done = {}
+    if log is not None and log.exists():
+        done = {r["prompt"]: r for r in map(json.loads, log.read_text().splitlines()) if r}
+    rows = []
     for task, prompts in PROMPTS.items():
         for prompt in prompts:
+            if prompt in done:
+                rows.append(done[prompt])
+                continue
             t = time.perf_counter()
             g = slmviz.attribution_graph(prompt, transcoders=transcoders, model=model, progress=False,
                                          max_feature_nodes=max_feature_nodes, memory_budget_gb=16)
             seconds = time.perf_counter() - t
             scores = g.scores()
             kinds = g.nodes["kind"].to_numpy()
-            n = len(kinds)
-            w = torch.zeros(n)
+            w = torch.zeros(len(kinds))
             w[kinds == "logit"] = g.logit_probabilities.float()
             influence = compute_influence(normalize_matrix(g.adjacency), w)
             total = float(influence[(kinds == "error") | (kinds == "embedding") | (kinds == "feature")].sum())
-            for L in range(model.cfg.n_layers):
-                mask = torch.from_numpy((kinds == "error") & (g.nodes["layer"].to_numpy() == L))
-                error_share[L] += float(influence[mask].sum()) / max(total, 1e-12)
-            rows.append({"task": task, "prompt": prompt, "features": g.n_features, "seconds": round(seconds, 2),
-                         **{k: round(v, 4) for k, v in scores.items()}})
+            layer = g.nodes["layer"].to_numpy()
+            share = [float(influence[torch.from_numpy((kinds == "error") & (layer == L))].sum()) / max(total, 1e-12)
+                     for L in range(model.cfg.n_layers)]
+            row = {"task": task, "prompt": prompt, "features": g.n_features, "seconds": round(seconds, 2),
+                   **{k: round(v, 4) for k, v in scores.items()}, "error_share": [round(x, 4) for x in share]}
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "error_share"}), flush=True)
+            if log is not None:
+                with log.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
     reps = [r["replacement"] for r in rows]
     comps = [r["completeness"] for r in rows]
+    error_share = torch.tensor([r["error_share"] for r in rows]).mean(0)
     return {"median_replacement": statistics.median(reps), "range_replacement": [min(reps), max(reps)],
             "median_completeness": statistics.median(comps), "range_completeness": [min(comps), max(comps)],
             "median_seconds": statistics.median(r["seconds"] for r in rows),
-            "error_share_by_layer": [round(float(x) / len(rows), 4) for x in error_share], "prompts": rows}
+            "error_share_by_layer": [round(float(x), 4) for x in error_share], "prompts": rows}
 
 
 def main() -> None:
@@ -85,12 +99,18 @@ def main() -> None:
     p.add_argument("--evaluate", action="store_true", help="also evaluate_transcoders on the held-out splits")
     p.add_argument("--tokens", type=int, default=20_000, help="held-out tokens per corpus for --evaluate")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--log", type=Path, default=None,
+                   help="a folder: each set's finished prompts go to LOG/<set>.jsonl, and a rerun skips them")
     args = p.parse_args()
     model = slmviz.load(args.model)
     report = {"model": model.name, "sets": {}}
     for name in args.sets:
         tcs = replacement(name, model)
-        entry = graph_report(model, tcs, args.max_feature_nodes)
+        log = None
+        if args.log is not None:
+            args.log.mkdir(parents=True, exist_ok=True)
+            log = args.log / f"{Path(name).name}-{args.max_feature_nodes or 'all'}.jsonl"
+        entry = graph_report(model, tcs, args.max_feature_nodes, log)
         if args.evaluate and name != "bundled":
             from slmviz.features.corpora import resolve_corpus
 
