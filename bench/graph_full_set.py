@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -89,7 +88,9 @@ def run(args: argparse.Namespace) -> None:
 def markdown(results: list[dict], args: argparse.Namespace, ts) -> str:
     probe = "import importlib.metadata as m; print(m.version('circuit-tracer'))"
     version = subprocess.run([args.ct_python, "-c", probe], capture_output=True, text=True).stdout.strip()
-    lines = [f"Measured by `bench/graph_full_set.py` on {cpu_name()}, torch {torch.__version__} with "
+    from common import cpu_model  # here, not at the top: the side venv imports this file too
+
+    lines = [f"Measured by `bench/graph_full_set.py` on {cpu_model()}, torch {torch.__version__} with "
              f"{torch.get_num_threads()} threads: SmolLM2-135M-Instruct with its prepared full set "
              f"({len(ts)} per-layer transcoders of {ts.d_sae} features), the {args.max_feature_nodes} most "
              f"influential features kept, against circuit-tracer {version} (TransformerLens backend) in a side venv. "
@@ -105,13 +106,6 @@ def markdown(results: list[dict], args: argparse.Namespace, ts) -> str:
                      f"{a['replacement']:.3f} / {a['completeness']:.3f}; {b['replacement']:.3f} / "
                      f"{b['completeness']:.3f} |")
     return "\n".join(lines) + "\n"
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return f"a {torch.get_num_threads()}-thread {line.split(':', 1)[1].strip()}"
-    return platform.processor()
 
 
 def reset_peak() -> float:

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 import torch
-from graph_full_set import _status_gb, cpu_name, reset_peak
+from common import cpu_model
+from graph_full_set import _status_gb, reset_peak
 
 import slmviz
 from slmviz.circuits.attribution import DEFAULT_MEMORY_BUDGET_GB, graph_memory_bytes, prepend_special
@@ -71,7 +72,7 @@ def main() -> None:
     ids = prepend_special(model.tokenizer, model.encode(text))[: args.max_tokens]
     counts = active_per_prefix(model, ts, ids)
     per_token = float(counts[-1]) / (len(ids) - 1)
-    report = {"cpu": cpu_name(), "set": f"{len(ts)} x {ts.d_sae}", "cap": args.cap,
+    report = {"cpu": cpu_model(), "set": f"{len(ts)} x {ts.d_sae}", "cap": args.cap,
               "active_features_per_token": round(per_token, 1), "limits": {}}
     for budget in (DEFAULT_MEMORY_BUDGET_GB, 24 / 1.073741824):  # 24 GB, in GiB
         n = longest(counts, budget, args.cap, model.cfg)
