@@ -132,8 +132,11 @@ def tick_one_bundled_transcoder(page, name: str = "transcoder_l6") -> None:
     full = page.get_by_label(SMOLLM2_FULL_SET)
     if full.count() and full.is_checked():
         full.uncheck()
-    for box in page.locator("#circuit-attr-transcoders input:checked").all():
-        box.uncheck()
+    # `input:checked` is live: unchecking its first match renumbers the rest, so take the first one each time
+    # (iterating `.all()` waits forever for an nth match that no longer exists).
+    checked = page.locator("#circuit-attr-transcoders input:checked")
+    while checked.count():
+        checked.first.uncheck()
     page.get_by_label(name).check()
     assert page.locator("#circuit-attr-transcoders input:checked").count() == 1
 
