@@ -22,6 +22,8 @@ from slmviz.features.train import (
     CheckpointError,
     TrainConfig,
     Trainer,
+    batch_top_k,
+    decode_sparse,
     read_checkpoint,
     threshold_rows,
     train_sae,
@@ -113,8 +115,6 @@ def test_saved_sae_computes_what_training_computed():
         s = trainer.scale_in
         h = ((x * s - trainer.b_dec) @ trainer.W_enc + trainer.b_enc) * trainer.W_dec.norm(dim=-1)
         rows, feats, acts = trainer.activate(h)
-        from slmviz.features.train import decode_sparse
-
         norms = trainer.W_dec.norm(dim=-1)
         y_train = (decode_sparse(rows, feats, acts / norms[feats], trainer.W_dec, 1024) + trainer.b_dec) / s
         sae = trainer.to_sae(None)
@@ -400,3 +400,46 @@ def test_the_default_dtype_is_measured():
     from slmviz.features.train import fastest_dtype
 
     assert fastest_dtype("cpu") in ("float32", "bfloat16")
+
+
+@pytest.mark.parametrize("density", ["dense", "sparse"])
+def test_decode_sparse_has_autograds_gradients_on_either_backward(monkeypatch, density):
+    """decode_sparse's own backward (dense products, or the embedding bag's below DENSE_BACKWARD_DENSITY) gives
+    autograd's gradients of the dense decode codes @ W_dec, for W_dec and for the active values, with the codes
+    of BatchTopK (unequal counts per row). Were codes.T @ grad transposed or the values' gradient gathered at
+    (feature, row), every coder would train on wrong gradients while its loss still fell a little."""
+    from slmviz.features import train
+
+    monkeypatch.setattr(train, "DENSE_BACKWARD_DENSITY", 0.0 if density == "dense" else 1.1)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(24, 40, generator=g)
+    rows, feats, values = batch_top_k(h, 5)
+    assert len(set(rows.tolist())) > 1 and torch.bincount(rows).unique().numel() > 1  # unequal counts per row
+    W = torch.randn(40, 12, generator=g)
+    grad = torch.randn(24, 12, generator=g)
+    W_a, v_a = W.clone().requires_grad_(), values.detach().clone().requires_grad_()
+    decode_sparse(rows, feats, v_a, W_a, 24).backward(grad)
+    W_b, v_b = W.clone().requires_grad_(), values.detach().clone().requires_grad_()
+    codes = torch.zeros(24, 40).index_put((rows, feats), v_b)
+    (codes @ W_b).backward(grad)
+    assert torch.allclose(W_a.grad, W_b.grad, atol=1e-5)
+    assert torch.allclose(v_a.grad, v_b.grad, atol=1e-5)
+
+
+def test_batch_top_k_keeps_the_k_b_largest_positive_entries_and_fills_ties_in_index_order():
+    """BatchTopK keeps exactly the k*B largest entries of relu(h), grouped by row; ties at the cut fill the count
+    in index order; zeros are never kept (a zero kept would count its feature as fired). Checked against a sort."""
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(16, 50, generator=g)
+    rows, feats, values = batch_top_k(h, 4)
+    want = h.flatten().topk(64).values
+    assert torch.equal(values.sort().values, want.sort().values) and (rows.diff() >= 0).all()
+    assert torch.equal(h[rows, feats], values)
+    tied = torch.zeros(4, 10)
+    tied[:, :3] = 2.0  # 12 entries equal: k*B = 8 of them, the first 8 in index order
+    rows, feats, values = batch_top_k(tied, 2)
+    assert values.tolist() == [2.0] * 8 and rows.tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
+    few = torch.full((3, 10), -1.0)
+    few[0, 4] = 0.5  # one positive entry where k*B = 6: only it is kept, no zeros
+    rows, feats, values = batch_top_k(few, 2)
+    assert rows.tolist() == [0] and feats.tolist() == [4] and values.tolist() == [0.5]

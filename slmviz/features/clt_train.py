@@ -59,7 +59,6 @@ from .activations import (
 )
 from .clt import CrossLayerTranscoder, input_hook_local
 from .train import (
-    ADAM_BETAS,
     CHECKPOINT,
     CLIP_GRAD_NORM,
     INIT_DECODER_NORM,
@@ -76,6 +75,8 @@ from .train import (
     _progress_bar,
     _report,
     _unit_scale,
+    adam,
+    batch_top_k,
     check_run,
     decode_sparse,
     fastest_dtype,
@@ -224,7 +225,7 @@ class CLTTrainer:
         self.b_dec = P(torch.zeros(n, d, **z))
         self.W_skip = P(torch.zeros(n, d, d, **z)) if cfg.skip else None  # [L, d_out, d_in]
         self.params = [self.W_enc, self.b_enc, self.b_dec, *self.W_dec] + ([self.W_skip] if cfg.skip else [])
-        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, betas=ADAM_BETAS)
+        self.optimizer = adam(self.params, cfg.lr)
         self.since_fired = torch.zeros(n, f, dtype=torch.long, device=device)
         self.threshold = torch.zeros(n, dtype=torch.float64, device=device)  # BatchTopK's, per layer, scaled units
         self.scale_in = [0.0] * n
@@ -432,16 +433,12 @@ class CLTTrainer:
             values, feats = torch.topk(h, self.cfg.k, dim=-1, sorted=False)  # [B, k]
             rows = torch.arange(b, device=h.device)[:, None].expand_as(feats)
             return rows.reshape(-1), feats.reshape(-1), values.relu().reshape(-1)
-        flat = h.relu().flatten()
-        values, index = torch.topk(flat, min(self.cfg.k * b, flat.numel()), sorted=False)
-        index, order = torch.sort(index)
-        values = values[order]
-        with torch.no_grad():
-            positive = values > 0
-            if positive.any():
-                low = values[positive].min().double()
+        rows, feats, values = batch_top_k(h, self.cfg.k)
+        if values.numel():
+            with torch.no_grad():
+                low = values.detach().min().double()
                 self.threshold[layer] = (1 - THRESHOLD_LR) * self.threshold[layer] + THRESHOLD_LR * low
-        return index // h.shape[1], index % h.shape[1], values
+        return rows, feats, values
 
     def aux_loss(self, layer: int, h: torch.Tensor, dead: torch.Tensor, residual: torch.Tensor,
                  norms: torch.Tensor) -> torch.Tensor:

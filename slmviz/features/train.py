@@ -270,7 +270,7 @@ class Trainer:
         self.W_skip = torch.nn.Parameter(torch.zeros(cfg.d_out, cfg.d_in, **z)) if cfg.skip else None
         if self.W_skip is not None:
             self.params.append(self.W_skip)
-        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, betas=ADAM_BETAS)
+        self.optimizer = adam(self.params, cfg.lr)
         self.since_fired = torch.zeros(cfg.d_sae, dtype=torch.long, device=device)  # rows since each feature fired
         self.threshold = torch.zeros((), dtype=torch.float64, device=device)  # BatchTopK's, in scaled units
         self.scale_in = self.scale_out = 0.0  # 0: not yet measured (set from the first block)
@@ -445,16 +445,11 @@ class Trainer:
             values, feats = torch.topk(h, self.cfg.k, dim=-1, sorted=False)  # [B, k]
             rows = torch.arange(b, device=h.device)[:, None].expand_as(feats)
             return rows.reshape(-1), feats.reshape(-1), values.relu().reshape(-1)
-        flat = h.relu().flatten()
-        values, index = torch.topk(flat, min(self.cfg.k * b, flat.numel()), sorted=False)
-        index, order = torch.sort(index)  # grouped by row, as decode_sparse's offsets need
-        values = values[order]
-        with torch.no_grad():
-            positive = values > 0
-            if positive.any():
-                low = values[positive].min().double()
-                self.threshold = (1 - THRESHOLD_LR) * self.threshold + THRESHOLD_LR * low
-        return index // h.shape[1], index % h.shape[1], values
+        rows, feats, values = batch_top_k(h, self.cfg.k)
+        if values.numel():
+            with torch.no_grad():
+                self.threshold = (1 - THRESHOLD_LR) * self.threshold + THRESHOLD_LR * values.detach().min().double()
+        return rows, feats, values
 
     @torch.no_grad()
     def estimate_threshold(self, x: torch.Tensor) -> None:
@@ -553,6 +548,41 @@ def threshold_rows(model: Any, corpus: Any, source: Source, rows: int = THRESHOL
     return torch.cat(parts)[:rows]
 
 
+def adam(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Adam:
+    """SAELens's optimizer (Adam, betas ADAM_BETAS), fused into one kernel per parameter where torch has one.
+
+    Why fused: the unfused CPU Adam runs ~10 elementwise passes over every weight each step; a coder's step spent
+    more time there than in its encoder's matmul (profiled on SmolLM2's 4096-wide transcoders: 126 ms of Adam
+    against 27 ms of matmul, 2 cores). The fused kernel does the same arithmetic in one pass (its results agree with
+    the unfused ones to fp32 rounding, not bit for bit; a run resumes with the optimizer it started with)."""
+    fused = params[0].device.type in ("cpu", "cuda")  # the devices torch has the fused kernel for
+    return torch.optim.Adam(params, lr=lr, betas=ADAM_BETAS, fused=fused or None)
+
+
+def batch_top_k(h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """BatchTopK's choice: the k*B largest entries of relu(h) [B, d_sae] over the whole batch, as (row, feature,
+    value) triples grouped by row (rows non-decreasing, as decode_sparse needs). Zeros are never kept: SAELens
+    counts a feature as fired only where its activation is > 0, so a zero kept would reset its dead counter.
+
+    Found by a cut instead of a top-k: kthvalue gives the largest value left out, the entries above it are kept,
+    and entries equal to it (bf16 matmuls make ties common) fill the count up to k*B in index order, so the count is
+    exactly min(k*B, #positive) and the choice deterministic. On 512 x 4096 entries that is ~3x faster than
+    torch.topk over the flattened batch, and the kept indices come out sorted, where topk's needed a sort."""
+    flat = h.relu().flatten()
+    keep = min(k * h.shape[0], flat.numel())
+    with torch.no_grad():
+        if keep < flat.numel():
+            cut = torch.kthvalue(flat.detach(), flat.numel() - keep).values  # the largest value left out
+            chosen = flat.detach() > cut
+            short = keep - int(chosen.sum())
+            if short > 0 and cut > 0:
+                chosen[(flat.detach() == cut).nonzero().squeeze(1)[:short]] = True
+        else:
+            chosen = flat.detach() > 0
+        index = chosen.nonzero().squeeze(1)  # ascending: grouped by row
+    return index // h.shape[1], index % h.shape[1], flat[index]
+
+
 def training_batches(order: torch.Tensor, batch: int) -> list[torch.Tensor]:
     """A block's shuffled row indices cut into steps of exactly `batch` rows: the last, short one is topped up with
     the block's first rows (a block smaller than one batch is one step of all its rows).
@@ -575,10 +605,45 @@ def decode_sparse(rows: torch.Tensor, feats: torch.Tensor, values: torch.Tensor,
                   n_rows: int) -> torch.Tensor:
     """sum_j values_j * W_dec[feats_j] for each row: [n_rows, d_out], entries grouped by row (rows non-decreasing).
 
-    An embedding bag reads only the k active rows of W_dec per token (B*k*d_out multiply-adds) where the dense
-    f @ W_dec would multiply B*d_sae*d_out, nearly all by zero; its backward gives W_dec's and the values' grads."""
+    An embedding bag reads only the active rows of W_dec per token (nnz*d_out multiply-adds) where the dense
+    f @ W_dec would multiply n_rows*d_sae*d_out, nearly all by zero. Its backward is _SparseDecode's."""
     offsets = torch.searchsorted(rows, torch.arange(n_rows, device=rows.device))
-    return F.embedding_bag(feats, W_dec, offsets, mode="sum", per_sample_weights=values.to(W_dec.dtype))
+    return _SparseDecode.apply(rows, feats, values.to(W_dec.dtype), W_dec, offsets)
+
+
+DENSE_BACKWARD_DENSITY = 1 / 256  # nnz / (rows * d_sae) from which _SparseDecode's backward multiplies densely
+
+
+class _SparseDecode(torch.autograd.Function):
+    """decode_sparse: an embedding bag forward; a backward that is dense once the codes are dense enough.
+
+    The embedding bag's own backward sorts the feature indices to accumulate W_dec's gradient; on a CPU that sort
+    cost more than the two dense products f.T @ g and (g @ W_dec.T)[rows, feats] for SmolLM2's transcoders (4096
+    features, k 64 and the aux loss's 288 per row, 512 rows; bench/decode_backward.py measures both). The dense
+    products grow with d_sae and the sort does not, so below DENSE_BACKWARD_DENSITY the bag's backward is kept.
+    Both give the same gradients to fp32 rounding (tests/test_sae_train.py)."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor, feats: torch.Tensor, values: torch.Tensor, W_dec: torch.Tensor,
+                offsets: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(rows, feats, values, W_dec, offsets)
+        return F.embedding_bag(feats, W_dec, offsets, mode="sum", per_sample_weights=values)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        rows, feats, values, W_dec, offsets = ctx.saved_tensors
+        n_rows, d_sae = grad.shape[0], W_dec.shape[0]
+        if feats.numel() < DENSE_BACKWARD_DENSITY * n_rows * d_sae:
+            with torch.enable_grad():
+                w, v = W_dec.detach().requires_grad_(), values.detach().requires_grad_()
+                out = F.embedding_bag(feats, w, offsets, mode="sum", per_sample_weights=v)
+            grad_W, grad_values = torch.autograd.grad(out, (w, v), grad)
+            return None, None, grad_values, grad_W, None
+        codes = torch.zeros(n_rows, d_sae, dtype=grad.dtype, device=grad.device)
+        codes[rows, feats] = values  # [n_rows, d_sae], the codes the bag summed
+        grad_W = codes.T @ grad if ctx.needs_input_grad[3] else None  # [d_sae, d_out]
+        grad_values = (grad @ W_dec.T)[rows, feats] if ctx.needs_input_grad[2] else None  # [nnz]
+        return None, None, grad_values, grad_W, None
 
 
 def read_checkpoint(out: Path) -> tuple[TrainConfig, dict[str, torch.Tensor], dict[str, Any]] | None:
