@@ -23,6 +23,7 @@ from slmviz.features.train import (
     TrainConfig,
     Trainer,
     batch_top_k,
+    batch_top_k_cut,
     decode_sparse,
     read_checkpoint,
     threshold_rows,
@@ -402,15 +403,9 @@ def test_the_default_dtype_is_measured():
     assert fastest_dtype("cpu") in ("float32", "bfloat16")
 
 
-@pytest.mark.parametrize("density", ["dense", "sparse"])
-def test_decode_sparse_has_autograds_gradients_on_either_backward(monkeypatch, density):
-    """decode_sparse's own backward (dense products, or the embedding bag's below DENSE_BACKWARD_DENSITY) gives
-    autograd's gradients of the dense decode codes @ W_dec, for W_dec and for the active values, with the codes
-    of BatchTopK (unequal counts per row). Were codes.T @ grad transposed or the values' gradient gathered at
-    (feature, row), every coder would train on wrong gradients while its loss still fell a little."""
-    from slmviz.features import train
-
-    monkeypatch.setattr(train, "DENSE_BACKWARD_DENSITY", 0.0 if density == "dense" else 1.1)
+def test_decode_sparse_has_autograds_gradients():
+    """decode_sparse (an embedding bag) gives autograd's gradients of the dense decode codes @ W_dec, for W_dec and
+    for the active values, with the codes of BatchTopK (unequal counts per row)."""
     g = torch.Generator().manual_seed(0)
     h = torch.randn(24, 40, generator=g)
     rows, feats, values = batch_top_k(h, 5)
@@ -439,6 +434,12 @@ def test_batch_top_k_keeps_the_k_b_largest_positive_entries_and_fills_ties_in_in
     tied[:, :3] = 2.0  # 12 entries equal: k*B = 8 of them, the first 8 in index order
     rows, feats, values = batch_top_k(tied, 2)
     assert values.tolist() == [2.0] * 8 and rows.tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
+    skewed = torch.rand(16, 50, generator=g)
+    skewed[3] += 10.0  # one row holds 50 of the 64 largest, more than its 4k = 16 candidates: the exact fallback
+    for a in (h.relu(), skewed):
+        want_cut = a.flatten().sort(descending=True).values[64]  # the 65th largest: the largest left out
+        assert batch_top_k_cut(a, 64, 4) == want_cut
+        assert torch.equal(batch_top_k(a, 4)[2].sort().values, a.flatten().topk(64).values.sort().values)
     few = torch.full((3, 10), -1.0)
     few[0, 4] = 0.5  # one positive entry where k*B = 6: only it is kept, no zeros
     rows, feats, values = batch_top_k(few, 2)
