@@ -22,8 +22,10 @@ from slmviz.features.train import (
     CheckpointError,
     TrainConfig,
     Trainer,
+    batch_threshold,
     batch_top_k,
     batch_top_k_cut,
+    dead_feature_decode,
     decode_sparse,
     read_checkpoint,
     threshold_rows,
@@ -444,3 +446,38 @@ def test_batch_top_k_keeps_the_k_b_largest_positive_entries_and_fills_ties_in_in
     few[0, 4] = 0.5  # one positive entry where k*B = 6: only it is kept, no zeros
     rows, feats, values = batch_top_k(few, 2)
     assert rows.tolist() == [0] and feats.tolist() == [4] and values.tolist() == [0.5]
+
+
+@pytest.mark.parametrize("n_dead", [7, 30])  # a fifth dead: the dense product; three quarters: the sparse decode
+def test_dead_feature_decode_is_saelens_aux_reconstruction(n_dead):
+    """The aux loss's reconstruction on either path equals SAELens's formula written out densely (the top k_aux
+    raw pre-activations among dead features, divided by decoder norms, times W_dec), values and gradients."""
+    g = torch.Generator().manual_seed(2)
+    h0, W0 = torch.randn(16, 40, generator=g), torch.randn(40, 12, generator=g)
+    dead = torch.zeros(40, dtype=torch.bool)
+    dead[torch.randperm(40, generator=g)[:n_dead]] = True
+    k_aux = min(6, n_dead)
+
+    def run(fn):
+        h, W = h0.clone().requires_grad_(), W0.clone().requires_grad_()
+        out = fn(h, W, W.norm(dim=-1))
+        out.pow(2).sum().backward()
+        return out.detach(), h.grad, W.grad
+
+    def reference(h, W, norms):
+        masked = torch.where(dead[None], h, -torch.inf)
+        top = masked.topk(k_aux, dim=-1).indices
+        codes = torch.zeros_like(h).scatter(1, top, h.gather(1, top))
+        return (codes / norms) @ W
+
+    for got, want in zip(run(lambda h, W, n: dead_feature_decode(h, dead, k_aux, n, W)), run(reference), strict=True):
+        assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_batch_threshold_keeps_k_per_row_on_average():
+    """The saved JumpReLU threshold is the largest relu'd pre-activation below the k*n largest: relu(h) > threshold
+    keeps exactly k*n entries when the values are distinct."""
+    h = torch.randn(64, 300, generator=torch.Generator().manual_seed(3))
+    t = batch_threshold(h, 5)
+    assert t.dtype == torch.float64 and int((h.relu() > t).sum()) == 5 * 64
+    assert t == h.relu().flatten().topk(5 * 64 + 1).values.min()

@@ -97,6 +97,8 @@ def test_a_run_killed_mid_block_resumes_to_the_same_weights(tiny, corpus, traine
     again = train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
                               skip=True, **SMALL)  # finished: loaded, not re-run
     assert_same_coders(trained, again)
+    _, _, tensors, meta = read_set_checkpoint(tmp_path / "cut")
+    assert tensors == {} and all(v["cursor"]["finished"] for v in meta["layers"].values())  # no weights kept twice
     with pytest.raises(CheckpointError, match="d_sae"):
         train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
                           skip=True, **{**SMALL, "d_sae": 32})

@@ -76,8 +76,10 @@ from .train import (
     _report,
     _unit_scale,
     adam,
+    batch_threshold,
     batch_top_k,
     check_run,
+    dead_feature_decode,
     decode_sparse,
     fastest_dtype,
     release_freed_memory,
@@ -450,12 +452,7 @@ class CLTTrainer:
         k_aux = self.cfg.d_model // 2
         scale = min(n_dead / k_aux, 1.0)
         k_aux = min(k_aux, n_dead)
-        masked = torch.where(dead[None], h, -torch.inf)
-        values, feats = masked.topk(k_aux, dim=-1, sorted=False)  # [B, k_aux]
-        rows = torch.arange(h.shape[0], device=h.device)[:, None].expand_as(feats).reshape(-1)
-        feats = feats.reshape(-1)
-        recons = decode_sparse(rows, feats, values.reshape(-1) / norms[feats], self.W_dec[layer].flatten(1),
-                               h.shape[0])
+        recons = dead_feature_decode(h, dead, k_aux, norms, self.W_dec[layer].flatten(1))
         return self.cfg.aux_coefficient * scale * (recons - residual).pow(2).sum(-1).mean()
 
     @torch.no_grad()
@@ -463,10 +460,8 @@ class CLTTrainer:
         """Each layer's BatchTopK threshold measured on x [m, n, d] (scaled rows from across the corpus): the largest
         value below the k*m largest activations (train.Trainer.estimate_threshold)."""
         hs, _ = self.pre(x)
-        kept = self.cfg.k * x.shape[0]
         for L, h in enumerate(hs):
-            values = h.relu().flatten()
-            self.threshold[L] = values.topk(min(kept + 1, values.numel())).values.min().double()
+            self.threshold[L] = batch_threshold(h, self.cfg.k)
 
     def lr_at(self, tokens: int) -> float:
         cfg = self.cfg

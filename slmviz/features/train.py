@@ -463,9 +463,7 @@ class Trainer:
         x_in = x - self.b_dec if self.is_sae else x
         with _autocast(x.device, self.cfg.dtype):
             h = (x_in @ self.W_enc + self.b_enc).float() * self.W_dec.norm(dim=-1)  # [n, d_sae]
-        kept = self.cfg.k * x.shape[0]
-        values = h.relu().flatten()
-        self.threshold = values.topk(min(kept + 1, values.numel())).values.min().double()
+        self.threshold = batch_threshold(h, self.cfg.k)
 
     def aux_loss(self, h: torch.Tensor, dead: torch.Tensor, residual: torch.Tensor,
                  norms: torch.Tensor) -> torch.Tensor:
@@ -476,11 +474,7 @@ class Trainer:
         k_aux = self.cfg.d_in // 2  # Gao et al., appendix B.1
         scale = min(n_dead / k_aux, 1.0)
         k_aux = min(k_aux, n_dead)
-        masked = torch.where(dead[None], h, -torch.inf)  # [B, d_sae]
-        values, feats = masked.topk(k_aux, dim=-1, sorted=False)  # [B, k_aux]; raw values, as SAELens
-        rows = torch.arange(h.shape[0], device=h.device)[:, None].expand_as(feats).reshape(-1)
-        feats = feats.reshape(-1)
-        recons = decode_sparse(rows, feats, values.reshape(-1) / norms[feats], self.W_dec, h.shape[0])  # no b_dec
+        recons = dead_feature_decode(h, dead, k_aux, norms, self.W_dec)  # no b_dec
         return self.cfg.aux_coefficient * scale * (recons - residual).pow(2).sum(-1).mean()
 
     def lr_at(self, tokens: int) -> float:
@@ -600,6 +594,40 @@ def batch_top_k_cut(a: torch.Tensor, keep: int, k: int) -> torch.Tensor:
                 return cut
     flat = a.flatten()
     return torch.kthvalue(flat, flat.numel() - keep).values
+
+
+def batch_threshold(h: torch.Tensor, k: int) -> torch.Tensor:
+    """The JumpReLU threshold that keeps what BatchTopK kept on h [n, d_sae]: the largest value of relu(h) below its
+    k*n largest (float64 scalar)."""
+    a = h.relu()
+    kept = k * h.shape[0]
+    return (batch_top_k_cut(a, kept, k) if kept < a.numel() else a.min()).double()
+
+
+DEAD_DECODE_DENSE_FRACTION = 0.5  # dead_feature_decode multiplies densely while at most this fraction is dead
+
+
+def dead_feature_decode(h: torch.Tensor, dead: torch.Tensor, k_aux: int, norms: torch.Tensor,
+                        W_dec: torch.Tensor) -> torch.Tensor:
+    """The aux loss's reconstruction (SAELens's calculate_topk_aux_loss): each row of h [B, d_sae] keeps its k_aux
+    largest raw pre-activations among the dead features, divided by their decoder norms, decoded by W_dec
+    [d_sae, d_out] (no b_dec) -> [B, d_out].
+
+    Over the dead features' columns alone, as a dense product: with k_aux = d_in / 2 = 288 of a few hundred to a
+    thousand dead features per row the codes are dense there, and [B, n_dead] @ W_dec[dead] beat the sparse decode
+    of B*k_aux entries 2-3x (512 rows, 4096 features; 12 vs 31 ms at 100 dead, 40 vs 66 ms at 1229; 2-core Xeon).
+    It loses once most features are dead (98 vs 72 ms at all 4096), where the sparse decode is kept."""
+    if dead.float().mean() > DEAD_DECODE_DENSE_FRACTION:
+        masked = torch.where(dead[None], h, -torch.inf)  # [B, d_sae]
+        values, feats = masked.topk(k_aux, dim=-1, sorted=False)  # [B, k_aux]; raw values, as SAELens
+        rows = torch.arange(h.shape[0], device=h.device)[:, None].expand_as(feats).reshape(-1)
+        feats = feats.reshape(-1)
+        return decode_sparse(rows, feats, values.reshape(-1) / norms[feats], W_dec, h.shape[0])
+    idx = dead.nonzero().squeeze(1)
+    h_dead = h[:, idx]  # [B, n_dead]
+    values, pos = h_dead.topk(k_aux, dim=-1, sorted=False)  # [B, k_aux]
+    codes = torch.zeros_like(h_dead).scatter(1, pos, values) / norms[idx]
+    return codes @ W_dec[idx]
 
 
 def training_batches(order: torch.Tensor, batch: int) -> list[torch.Tensor]:
