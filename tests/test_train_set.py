@@ -104,6 +104,29 @@ def test_a_run_killed_mid_block_resumes_to_the_same_weights(tiny, corpus, traine
                           skip=True, **{**SMALL, "d_sae": 32})
 
 
+def test_a_run_killed_after_its_last_block_resumes_to_the_same_weights(tiny, corpus, trained, tmp_path,
+                                                                      monkeypatch):
+    """Killed after the last step and before the set is saved (in BatchTopK's threshold pass): the last block's end
+    writes no checkpoint, so the resume retrains that block from the one before and ends with the same weights."""
+    from slmviz.features import train_set
+
+    real = train_set.threshold_rows_by_layer
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_set, "threshold_rows_by_layer", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
+                          skip=True, **SMALL)
+    _, _, _, meta = read_set_checkpoint(tmp_path / "cut")
+    assert not any(v["cursor"]["finished"] for v in meta["layers"].values())
+    monkeypatch.setattr(train_set, "threshold_rows_by_layer", real)
+    resumed = train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
+                                skip=True, **SMALL)
+    assert_same_coders(trained, resumed)
+
+
 def test_progress_reports_every_layer(tiny, corpus, tmp_path):
     seen = []
     train_transcoders(tiny, layers=[1], corpus=corpus, tokens=300, out=tmp_path / "one", **{**SMALL,

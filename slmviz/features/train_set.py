@@ -255,11 +255,12 @@ class SetRun:
                             self.save_checkpoint(out)
                             last_save = time.monotonic()
                     del rows
-                    self.save_checkpoint(out)  # always at a block's end: a resume there runs no forward twice
-                    last_save = time.monotonic()
                     release_freed_memory()
                     if all(t.cursor.tokens >= t.cfg.tokens for t in trainers.values()):
-                        break
+                        break  # no checkpoint of 1.8 GB here: the finished one follows the threshold and the save,
+                        # and a kill before it resumes from the previous block's end, retraining this block alike
+                    self.save_checkpoint(out)  # always at a block's end: a resume there runs no forward twice
+                    last_save = time.monotonic()
                 if not any_block or not any(t.cursor.steps for t in trainers.values()):
                     raise CorpusError("the corpus gave no tokens to train on (empty, or only blank documents and "
                                       "single-token windows, whose one position is a window's first)")
