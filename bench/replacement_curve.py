@@ -20,21 +20,11 @@ import os
 import tempfile
 from pathlib import Path
 
-import torch
 from replacement_scores import graph_report
 
 import slmviz
-from slmviz.features.activations import Source
 from slmviz.features.corpora import resolve_corpus
-from slmviz.features.train import Trainer, _autocast
-from slmviz.features.train_set import (
-    CHECKPOINT,
-    READ_HOOK,
-    WRITE_HOOK,
-    read_set_checkpoint,
-    restore_set,
-    threshold_rows_by_layer,
-)
+from slmviz.features.train_set import CHECKPOINT, SetRun
 from slmviz.features.transcoder_set import TranscoderSet
 
 
@@ -42,20 +32,10 @@ def finished_set(model, snapshot: Path, corpus) -> tuple[TranscoderSet, int]:
     """The set a run's checkpoint would give if the run ended there; and the tokens each layer had trained on."""
     with tempfile.TemporaryDirectory() as tmp:
         os.symlink(snapshot.resolve(), Path(tmp) / CHECKPOINT)
-        set_cfg, configs, tensors, meta = read_set_checkpoint(Path(tmp))
-    trainers = {L: Trainer(cfg, torch.device("cpu"), {"name": f"{set_cfg.name}/layer_{L}"})
-                for L, cfg in configs.items()}
-    restore_set(trainers, tensors, meta)
-    cfg = next(iter(configs.values()))
-    sources = {L: Source(READ_HOOK.format(L=L), WRITE_HOOK.format(L=L), cfg.window, cfg.forward_tokens,
-                         cfg.buffer_tokens) for L in trainers}
-    if cfg.architecture == "batchtopk":
-        with _autocast(model.decoder.device, cfg.dtype):  # as the run itself measures them
-            samples = threshold_rows_by_layer(model, corpus, sources)
-        for L, t in trainers.items():
-            t.estimate_threshold(samples[L] * t.scale_in)
-    tokens = min(t.cursor.tokens for t in trainers.values())
-    return TranscoderSet({L: t.to_sae(model) for L, t in trainers.items()}, name=f"{set_cfg.name}@{tokens}"), tokens
+        run = SetRun.from_checkpoint(Path(tmp))
+    tokens = min(t.cursor.tokens for t in run.trainers.values())
+    ts = run.finish(model, corpus)
+    return TranscoderSet({L: ts.coder(L) for L in ts.layers}, name=f"{ts.name}@{tokens}"), tokens
 
 
 def main() -> None:

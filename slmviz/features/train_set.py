@@ -270,19 +270,41 @@ class SetRun:
         finally:
             if bar is not None:
                 bar.close()
-        if cfg.architecture == "batchtopk":
-            with autocast:
-                samples = threshold_rows_by_layer(model, corpus, self.sources)
-            for L, t in trainers.items():
-                t.estimate_threshold(samples[L].to(t.device) * t.scale_in)
         for t in trainers.values():
             t.cursor.finished = True
-        ts = TranscoderSet({L: t.to_sae(model) for L, t in trainers.items()}, name=self.set_cfg.name,
-                           metadata={"trained_by": "slmviz.train_transcoders", **self.metadata,
-                                     "set_config": asdict(self.set_cfg)})
+        ts = self.finish(model, corpus)
         ts.save(out)
         self.save_checkpoint(out, finished=True)
         return ts
+
+    @classmethod
+    def from_checkpoint(cls, out: Path, device: str | torch.device = "cpu") -> SetRun:
+        """The run out/checkpoint.safetensors holds, every layer's Trainer restored where it stood (to finish it
+        there: bench/replacement_curve.py scores a run's copied checkpoints this way)."""
+        saved = read_set_checkpoint(Path(out))
+        if saved is None:
+            raise CheckpointError(f"{out} holds no {CHECKPOINT}")
+        set_cfg, configs, tensors, meta = saved
+        trainers = {L: Trainer(cfg, torch.device(device), {"name": f"{set_cfg.name}/layer_{L}"})
+                    for L, cfg in configs.items()}
+        restore_set(trainers, tensors, meta)
+        cfg = next(iter(configs.values()))
+        sources = {L: Source(READ_HOOK.format(L=L), WRITE_HOOK.format(L=L), cfg.window, cfg.forward_tokens,
+                             cfg.buffer_tokens) for L in trainers}
+        return cls(set_cfg, trainers, sources, {})
+
+    def finish(self, model: Any, corpus: Any) -> TranscoderSet:
+        """The set as the weights stand: BatchTopK's thresholds measured on rows from across `corpus` (the
+        training corpus), every coder in the model's units (Trainer.to_sae)."""
+        cfg = next(iter(self.trainers.values())).cfg
+        if cfg.architecture == "batchtopk":
+            with _autocast(model.decoder.device, cfg.dtype):
+                samples = threshold_rows_by_layer(model, corpus, self.sources)
+            for L, t in self.trainers.items():
+                t.estimate_threshold(samples[L].to(t.device) * t.scale_in)
+        return TranscoderSet({L: t.to_sae(model) for L, t in self.trainers.items()}, name=self.set_cfg.name,
+                             metadata={"trained_by": "slmviz.train_transcoders", **self.metadata,
+                                       "set_config": asdict(self.set_cfg)})
 
     @staticmethod
     def train_block(t: Trainer, rows: Rows, block: int, latest: dict[int, dict[str, Any]]) -> None:
