@@ -564,15 +564,16 @@ def batch_top_k(h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, to
     sorted, where topk's needed a sort."""
     flat = h.relu().flatten()
     keep = min(k * h.shape[0], flat.numel())
+    a = flat.detach()
     with torch.no_grad():
-        if keep < flat.numel():
-            cut = batch_top_k_cut(h.detach().relu(), keep, k)
-            chosen = flat.detach() > cut
+        if keep < a.numel():
+            cut = batch_top_k_cut(a.view(h.shape), keep, k)
+            chosen = a > cut
             short = keep - int(chosen.sum())
             if short > 0 and cut > 0:
-                chosen[(flat.detach() == cut).nonzero().squeeze(1)[:short]] = True
+                chosen[(a == cut).nonzero().squeeze(1)[:short]] = True
         else:
-            chosen = flat.detach() > 0
+            chosen = a > 0
         index = chosen.nonzero().squeeze(1)  # ascending: grouped by row
     return index // h.shape[1], index % h.shape[1], flat[index]
 
