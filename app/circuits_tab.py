@@ -43,7 +43,7 @@ from .corpus_tab import SCANS, session
 from .features_tab import FEATURE_CLICK_JS
 from .handlers import Handlers, display_frame, readable_errors, to_plot
 from .scan_jobs import RUNNER, Job, JobCancelled, wait
-from .transcoder_sets import MAX_FEATURE_NODES, TranscoderSets
+from .transcoder_sets import MAX_FEATURE_NODES, TranscoderSets, set_kind
 from .workbench import build_workbench
 
 EXAMPLE_CLEAN = "When Mary and John went to the store, John gave a drink to"
@@ -400,9 +400,10 @@ class CircuitHandlers:
         full = [n for n in names if self.sets.is_set(model, n)]
         if full and len(names) > 1:
             raise ValueError(f"{full[0]!r} already has a transcoder at every layer: pick it alone, or untick it to "
-                             f"pick single transcoders ({', '.join(n for n in names if n not in full)})")
-        if full:
-            self.sets.check(model)  # not built yet: a readable error now, not from the job
+                             f"pick {', '.join(n for n in names if n != full[0])}")
+        kind = set_kind(model, full[0]) if full else None
+        if kind:
+            self.sets.check(model, kind)  # not built yet: a readable error now, not from the job
         entries = [] if full else [self.features.saes.get(model, n) for n in names]
         layers: dict[int, str] = {}
         for entry in entries:
@@ -416,7 +417,7 @@ class CircuitHandlers:
             transcoders = [e.sae for e in entries]
             if full:  # loaded once per model (the first graph waits for it), then kept
                 report(0.01, f"Loading the {full[0]}")
-                transcoders, names_of = self.sets.load(model)
+                transcoders, names_of = self.sets.load(model, kind)
                 layers.update(names_of)
             report(0.02, f"The attribution graph over {', '.join(names)}: one forward, then one backward per batch "
                          "of targets (the top logits, then every active feature)")

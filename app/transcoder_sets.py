@@ -1,4 +1,4 @@
-"""A model's full transcoder set in the Circuits tab: offered as one choice of the attribution graph, or built.
+"""A model's full transcoder sets in the Circuits tab: each offered as one choice of the attribution graph, or built.
 
 The set is the one `slmviz prepare --transcoders plt` makes (slmviz.features.prepared): a per-layer transcoder at
 every layer, kept in $SLMVIZ_CACHE/transcoders/{model}/plt. When it is there, the tab's transcoder picker offers it
@@ -7,12 +7,18 @@ single transcoder beside it would be a second one for its layer). It is loaded o
 (SmolLM2's: about 600 MB), and each layer's coder is pinned in the Features tab's SAE store under the set's name for
 that layer (`{set name}/layer_{L}`), so a node's feature card and the workbench find it like any transcoder.
 
-When it is not there, the tab offers to build it: a long job in app/scan_jobs.py's RUNNER worker (other sessions'
-requests are served meanwhile), shared by every session that presses Build for the same model, its progress in
-gr.Progress and the status line: the model's own chat and prose written first when the recipe's corpus is "mixed"
-(once per model, features.generated_corpus), then the tokens trained per layer with the layers' mean and worst
-explained variance, then the feature scan prepared with the set. Cancel stops it at the
-next training step, the checkpoint stays, and Build again resumes from it (train_transcoders' resume).
+Its cross-layer transcoder (`slmviz prepare --transcoders clt`, in .../clt) is offered the same way once it is
+there ("cross-layer transcoder: 30 layers"): its layer L's features are pinned as CLTLayer.feature_view() (the CLT's
+encoder exactly, each feature's writes summed into one decoder row), so a card shows the CLT's own activations and
+the feature's whole direct path to the logits. The tab does not build a CLT (hours of training, not minutes): that
+is `prepare`'s job.
+
+When the per-layer set is not there, the tab offers to build it: a long job in app/scan_jobs.py's RUNNER worker
+(other sessions' requests are served meanwhile), shared by every session that presses Build for the same model, its
+progress in gr.Progress and the status line: the model's own chat and prose written first when the recipe's corpus
+is "mixed" (once per model, features.generated_corpus), then the tokens trained per layer with the layers' mean and
+worst explained variance, then the feature scan prepared with the set. Cancel stops it at the next training step,
+the checkpoint stays, and Build again resumes from it (train_transcoders' resume).
 
 The recipe is the model's fixed one (features.prepared.RECIPES); $SLMVIZ_SET_RECIPE (JSON, set by whoever starts the
 server) overrides it, and is what gives a model without a recipe its set (`d_sae`, `k`, `tokens`, and `corpus`: a
@@ -33,13 +39,14 @@ import gradio as gr
 from slmviz.features.dashboard import acts_hook
 from slmviz.features.generated_corpus import chat_corpus
 from slmviz.features.prepared import CORPUS, REQUIRED, load_set_scan, prepare_transcoders, recipe
-from slmviz.features.transcoder_io import CT_CONFIG, SET_FILE, load_transcoders, prepared_dir
+from slmviz.features.transcoder_io import load_transcoders, prepared_ready
 
 from .corpus_tab import SCANS, session
 from .handlers import Handlers, readable_errors
 from .scan_jobs import RUNNER, JobCancelled, wait
 
-KIND = "plt"  # the prepared set the tab offers ("clt" comes with the cross-layer transcoders)
+KIND = "plt"  # the prepared set the tab builds (and ticks first)
+KINDS = ("plt", "clt")  # the prepared sets the tab offers, once there
 RECIPE_ENV = "SLMVIZ_SET_RECIPE"
 BUILD_KIND = "transcoder-set"  # the build's Cancel leaves only this kind of job
 # A graph over the full set keeps at most this many features, the most influential (attribution_graph's
@@ -48,16 +55,22 @@ BUILD_KIND = "transcoder-set"  # the build's Cancel leaves only this kind of job
 MAX_FEATURE_NODES = 4096
 
 
-def set_ready(model: Any) -> bool:
-    """Whether the model's prepared set is there (a finished run: its set file is written at the end)."""
-    folder = prepared_dir(model, KIND)
-    return (folder / SET_FILE).is_file() or (folder / CT_CONFIG).is_file()
+def set_ready(model: Any, kind: str = KIND) -> bool:
+    """Whether the model's prepared `kind` set is there (a finished run: transcoder_io.prepared_ready)."""
+    return prepared_ready(model, kind)
 
 
-def set_label(model: Any) -> str:
-    """The picker's choice for the model's full set (a prepared set covers every layer). The same before and after
+def set_label(model: Any, kind: str = KIND) -> str:
+    """The picker's choice for the model's prepared `kind` set (it covers every layer). The same before and after
     the set is built: Gradio checks a value against the choices the session's page was built with."""
+    if kind == "clt":
+        return f"cross-layer transcoder: {model.cfg.n_layers} layers"
     return f"full set: {model.cfg.n_layers} per-layer transcoders"
+
+
+def set_kind(model: Any, name: str) -> str | None:
+    """The kind of prepared set the picker's choice `name` is, or None for a single transcoder."""
+    return next((kind for kind in KINDS if name == set_label(model, kind)), None)
 
 
 def recipe_overrides() -> dict[str, Any]:
@@ -83,7 +96,7 @@ class TranscoderSets:
         self.h = handlers
         self.features = features  # app.features_tab.FeatureHandlers: its SAE store gets the coders pinned
         self.offered = offered or self.choices  # every choice of the picker (the Circuits tab's single ones too)
-        self._loaded: dict[str, tuple[Any, dict[int, str]]] = {}  # model key -> (set, {layer: coder name})
+        self._loaded: dict[tuple[str, str], tuple[Any, dict[int, str]]] = {}  # (model, kind) -> (set, names)
         self._lock = threading.Lock()
 
     @staticmethod
@@ -91,35 +104,43 @@ class TranscoderSets:
         return f"{model.name}|{model.path}"
 
     def choices(self, model: Any) -> list[str]:
-        """The picker's choice for the model's full set: offered once built, or while it can be built (picked
-        then, it says to build it)."""
-        if set_ready(model):
-            return [set_label(model)]
-        try:
-            self.args(model)
-        except ValueError:
-            return []
-        return [set_label(model)]
+        """The picker's choices for the model's prepared sets: each once built, or while it can be built (picked
+        then, it says how): the per-layer set by the Build button, the CLT by `slmviz prepare`. Offered before it
+        is built, a choice is there when it is: Gradio checks a value against the choices a page was built with."""
+        found = []
+        for kind in KINDS:
+            if not set_ready(model, kind):
+                try:
+                    self.args(model) if kind == KIND else recipe(model, kind)
+                except ValueError:
+                    continue
+            found.append(set_label(model, kind))
+        return found
 
     @staticmethod
     def is_set(model: Any, name: str) -> bool:
-        return name == set_label(model)
+        return set_kind(model, name) is not None
 
     def ticked(self, model: Any) -> list[str]:
-        """The picker's value when the page loads: the set alone once built."""
-        return [set_label(model)] if set_ready(model) else []
+        """The picker's value when the page loads: the per-layer set alone once built, else the CLT alone."""
+        return next(([set_label(model, kind)] for kind in KINDS if set_ready(model, kind)), [])
 
-    def load(self, model: Any) -> tuple[Any, dict[int, str]]:
-        """(the model's full set, {layer: its coder's name}), loaded on first use and kept; every coder pinned in
-        the Features tab's store under that name."""
-        self.check(model)
-        return self._load(model)
+    def load(self, model: Any, kind: str = KIND) -> tuple[Any, dict[int, str]]:
+        """(the model's prepared `kind` set, {layer: its coder's name}), loaded on first use and kept; every coder
+        pinned in the Features tab's store under that name."""
+        self.check(model, kind)
+        return self._load(model, kind)
 
     @staticmethod
-    def check(model: Any) -> None:
-        if not set_ready(model):
-            raise ValueError(f"{model.name} has no {set_label(model)} yet: press 'Build the full transcoder set' "
-                             "(it is trained once, then kept in $SLMVIZ_CACHE), or pick single transcoders")
+    def check(model: Any, kind: str = KIND) -> None:
+        if set_ready(model, kind):
+            return
+        if kind == "clt":
+            raise ValueError(f"{model.name} has no {set_label(model, kind)} yet: it is trained once by "
+                             f"'slmviz prepare --transcoders clt --model {model.name}' (hours on a CPU), then kept "
+                             "in $SLMVIZ_CACHE; pick the per-layer set or single transcoders meanwhile")
+        raise ValueError(f"{model.name} has no {set_label(model, kind)} yet: press 'Build the full transcoder set' "
+                         "(it is trained once, then kept in $SLMVIZ_CACHE), or pick single transcoders")
 
     @readable_errors
     def refresh(self, source: str | None) -> Any:
@@ -127,18 +148,23 @@ class TranscoderSets:
         ticked = self.ticked(self.h.model(source))
         return gr.update(value=ticked) if ticked else gr.skip()
 
-    def _load(self, model: Any) -> tuple[Any, dict[int, str]]:
-        key = self._key(model)
-        with self._lock:  # one load per model, however many sessions ask at once
+    def _load(self, model: Any, kind: str) -> tuple[Any, dict[int, str]]:
+        key = (self._key(model), kind)
+        with self._lock:  # one load per model and kind, however many sessions ask at once
             if key not in self._loaded:
-                ts = load_transcoders(KIND, model=model)
-                names = {layer: ts.coder_name(layer) for layer in ts.layers}
-                scanned = load_set_scan(model, KIND)  # prepared with the set: no card waits for a scan
+                ts = load_transcoders(kind, model=model)
+                if kind == "clt":  # a card reads one layer's features: the CLT's encoder, its writes summed
+                    coders = {layer: ts[layer].feature_view() for layer in ts.layers}
+                    names = {layer: f"{model.name}-clt/layer_{layer}" for layer in ts.layers}  # as the PLT's
+                else:
+                    coders = {layer: ts.coder(layer) for layer in ts.layers}
+                    names = {layer: ts.coder_name(layer) for layer in ts.layers}
+                scanned = load_set_scan(model, kind)  # prepared with the set: no card waits for a scan
                 if self.features is not None:
                     from .features_tab import DASHBOARD_ROWS, TOP_K
 
                     for layer, name in names.items():
-                        entry = self.features.saes.pin(model, name, ts.coder(layer))
+                        entry = self.features.saes.pin(model, name, coders[layer])
                         if scanned is not None:
                             SCANS.provide(model, [acts_hook(entry.sae)], scanned, TOP_K, entry.key + DASHBOARD_ROWS)
                 self._loaded[key] = (ts, names)

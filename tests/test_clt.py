@@ -377,3 +377,27 @@ def test_a_clt_that_writes_only_its_own_layer_is_the_plt_set_it_copies(models):
         assert np.allclose(ea["layers"][col], eb["layers"][col], atol=1e-5)
     for key in ("ce_loss_score", "top1_agreement", "ce_replaced"):
         assert eb["replaced"][key] == pytest.approx(ea["replaced"][key], abs=1e-5)
+
+
+@pytest.mark.parametrize("architecture", ["jumprelu", "topk", "relu"])
+def test_a_clt_layers_feature_view_encodes_as_the_clt_and_decodes_its_whole_direct_path(models, architecture):
+    """CLTLayer.feature_view(), what feature cards read: the CLT's layer encoder exactly (a trace spliced with the
+    view gives the CLT's acts), decoder row = the feature's writes summed over layers, labels shared both ways."""
+    m = models["llama_gqa"]
+    kw = {"k": 5} if architecture == "topk" else {}
+    clt = clt_for(m, seed=4, architecture=architecture, **kw)
+    clt.model = m
+    for L in clt.layers:
+        view = clt[L].feature_view()
+        assert (view.hook_name, view.hook_name_out, view.d_sae) == (clt.read_hook(L), clt.write_hook(L), clt.d_sae)
+        assert view.is_transcoder and view.architecture == clt.architecture
+        acts = f"{view.hook_name_out}.hook_sae_acts_post"
+        via_view = m.trace(PROMPT, saes=[view], names=[acts])[acts]
+        via_clt = m.trace(PROMPT, saes=clt, names=[acts])[acts]
+        torch.testing.assert_close(via_view, via_clt, rtol=0, atol=0)
+        for f in (0, clt.d_sae - 1):
+            want = sum(clt.W_dec[L].detach()[f, i] for i in range(clt.n_layers - L))
+            torch.testing.assert_close(view.residual_direction(f), want.float())
+    view = clt[1].feature_view()
+    view.labels[3] = "edited in a card"
+    assert clt.labels[1][3] == "edited in a card" and view.label(3) == "edited in a card"

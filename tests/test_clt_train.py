@@ -14,10 +14,11 @@ from conftest import build_tiny_model
 
 import slmviz
 from slmviz.circuits.attribution import attribution_graph
-from slmviz.features.activations import Source, plan_blocks
+from slmviz.features.activations import Source, checked_corpus, plan_blocks
 from slmviz.features.clt import CrossLayerTranscoder
 from slmviz.features.clt_io import load_clt
 from slmviz.features.clt_train import CLTTrainer, clt_block_rows, read_clt_checkpoint
+from slmviz.features.corpora import resolve_corpus
 from slmviz.features.train import CheckpointError
 from slmviz.features.train_set import train_transcoders
 
@@ -77,10 +78,13 @@ def test_the_saved_clt_is_the_trainers_prediction_in_model_units(tiny, corpus, t
     assert seen[-1]["l0"] == 4 and seen[-1]["l0_total"] == 4 * tiny.cfg.n_layers
     assert clt.architecture == "topk" and clt.k == 4 and (out / "W_dec_0.safetensors").is_file()
     cfg, tensors, meta = read_clt_checkpoint(out)
-    trainer = CLTTrainer(cfg, torch.device("cpu"), {})
-    trainer.restore(tensors, meta)
+    assert tensors == {}  # finished: the weights are the saved CLT's, so train the same run again, keeping its trainer
     n = tiny.cfg.n_layers
     sources = {L: Source(f"blocks.{L}.mlp.hook_in", f"blocks.{L}.hook_mlp_out", 16, 128, 512) for L in range(n)}
+    trainer = CLTTrainer(cfg, torch.device("cpu"), {})
+    again = trainer.run(tiny, checked_corpus(resolve_corpus(corpus, tiny)), sources, tmp_path / "again", False, 600)
+    for k, v in clt.tensors().items():
+        assert torch.equal(again.tensors()[k], v), k
     block = next(plan_blocks(tiny.tokenizer, corpus, sources[0]))
     rows = clt_block_rows(tiny, block, sources)
     s_in = torch.tensor(trainer.scale_in)[None, :, None]
@@ -112,6 +116,12 @@ def test_a_clt_run_killed_mid_block_resumes_to_the_same_weights(tiny, corpus, tr
     resumed = train_transcoders(tiny, **args, **SMALL)
     for k, v in trained[0].tensors().items():
         assert torch.equal(resumed.tensors()[k], v), k
+    cfg, tensors, meta = read_clt_checkpoint(tmp_path / "cut")
+    assert meta["cursor"]["finished"] and tensors == {}  # the finished run's checkpoint keeps no weights
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "cut" / "checkpoint.safetensors"), framework="pt") as f:
+        assert list(f.keys()) == []
     again = train_transcoders(tiny, **args, **SMALL)  # finished: loaded, not re-run
     assert torch.equal(again.W_enc, resumed.W_enc)
     with pytest.raises(CheckpointError, match="d_sae: 48 there, 32 now"):

@@ -385,6 +385,34 @@ class CLTLayer:
             raise CLTError(f"feature {feature} is out of range: layer {self.layer} has d_sae={self.d_sae} features")
         return self.clt.W_dec[self.layer][int(feature)].detach().float().sum(0)
 
+    def feature_view(self) -> Any:
+        """This layer's features as an SAE (features.sae.SAE), for what reads one feature at a time: dashboards,
+        feature cards, labels. Its encoder is the CLT's layer exactly (the same W_enc, b_enc, threshold or k, read
+        at the same hook), so its activations and top contexts are the CLT's. Its decoder row of feature f is
+        residual_direction(f), the sum of f's writes into every later layer, so its logit effects and nearest
+        neighbours are the feature's whole direct path.
+
+        It is not a reconstruction of this layer's MLP output (that row holds the later layers' writes too): splice
+        the CLT itself (saes=clt) to run the model on it. Built on each call, sharing no storage with the CLT."""
+        from .sae import SAE
+
+        clt, L = self.clt, self.layer
+        arch = "topk" if clt.architecture == "topk" else clt.architecture
+        view = SAE(clt.d_model, clt.d_sae, architecture=arch, k=clt.k if arch == "topk" else None,
+                   hook_name=self.hook_name, hook_name_out=self.hook_name_out, dtype=clt.dtype,
+                   metadata={**clt.metadata, "clt_layer": L, "decoder": "each feature's writes summed over layers"})
+        with torch.no_grad():
+            view.W_enc.copy_(clt.W_enc[L])
+            view.b_enc.copy_(clt.b_enc[L])
+            view.W_dec.copy_(clt.W_dec[L].sum(1))  # [d_sae, n - L, d] -> [d_sae, d]
+            view.b_dec.copy_(clt.b_dec[L])
+            if view.threshold is not None:
+                view.threshold.copy_(clt.threshold[L])
+        view.requires_grad_(False)
+        view.model = clt.model
+        view.__dict__["_labels"] = self.labels  # SAE.labels' storage: edits of the view's labels are the CLT's
+        return view
+
     def decoder_rows(self) -> dict[str, torch.Tensor]:
         """{hook written: [d_sae, d_model]} for every output this layer's features write (d output / d feature)."""
         return {self.clt.write_hook(self.layer + i): self.clt.W_dec[self.layer][:, i]

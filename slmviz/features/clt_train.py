@@ -164,12 +164,28 @@ def train_clt(model: Any, corpus: Any = "broad", d_sae: int = 1024, k: int = 16,
     elif out.is_dir() and any(out.iterdir()):
         raise CheckpointError(f"{out} holds files but no {CHECKPOINT}: not a CLT run train_transcoders can resume; "
                               "choose another out= folder")
+    if saved is not None and saved[2]["cursor"]["finished"]:
+        return load_clt(out, model=model)
     trainer = CLTTrainer(cfg, dev, metadata or {})
     if saved is not None:
         trainer.restore(saved[1], saved[2])
-        if trainer.cursor.finished:
-            return load_clt(out, model=model)
     return trainer.run(model, corpus, sources, out, progress, checkpoint_every)
+
+
+def clt_run_finished(out: str | os.PathLike) -> bool | None:
+    """Whether the CLT run in `out` is finished (its CLT saved), from the checkpoint's header alone; None without a
+    checkpoint. The CLT's files are written before the finished checkpoint, so a run killed while saving them is
+    not taken for a CLT."""
+    from safetensors import safe_open
+
+    path = Path(out) / CHECKPOINT
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return bool(json.loads((f.metadata() or {})[STATE_KEY])["cursor"]["finished"])
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a CLT training checkpoint this version reads ({e})") from e
 
 
 def read_clt_checkpoint(out: Path) -> tuple[CLTConfig, dict[str, torch.Tensor], dict[str, Any]] | None:
@@ -182,7 +198,9 @@ def read_clt_checkpoint(out: Path) -> tuple[CLTConfig, dict[str, torch.Tensor], 
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = json.loads((f.metadata() or {})[STATE_KEY])
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+            # A finished run's file is read for its arguments alone (an older one still holds 1.9 GB of weights)
+            finished = meta["cursor"]["finished"]
+            tensors = {} if finished else {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
         cfg = CLTConfig(**meta["config"])
     except Exception as e:
         raise CheckpointError(f"{path} is not a CLT training checkpoint this version reads ({e}); train into "
@@ -289,14 +307,17 @@ class CLTTrainer:
         self.cursor = Cursor(**meta["cursor"])
 
     def save_checkpoint(self, out: Path) -> None:
-        """out/checkpoint.safetensors, atomically (temporary file, fsync, rename)."""
+        """out/checkpoint.safetensors, atomically (temporary file, fsync, rename); a finished run's keeps no tensors."""
         from safetensors.torch import save_file
 
         out.mkdir(parents=True, exist_ok=True)
         meta = {"format": FORMAT, "config": asdict(self.cfg), "cursor": asdict(self.cursor),
                 "scale_in": self.scale_in, "scale_out": self.scale_out}
+        # Finished (the CLT saved): the arguments and cursor alone, not the weights and Adam state that nothing
+        # resumes from any more (1.9 GB for SmolLM2's recipe)
+        tensors = {} if self.cursor.finished else self.state_tensors()
         tmp = out / (CHECKPOINT + ".tmp")
-        save_file(self.state_tensors(), str(tmp), metadata={STATE_KEY: json.dumps(meta)})
+        save_file(tensors, str(tmp), metadata={STATE_KEY: json.dumps(meta)})
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, out / CHECKPOINT)

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from .transcoder_io import prepared_dir
-from .transcoder_set import TranscoderSet
 
 # One recipe per (model, kind). Chosen for a 2-core CPU; docs/features.md records what each costs and scores.
 RECIPES: dict[tuple[str, str], dict[str, Any]] = {
@@ -91,8 +90,7 @@ def prepare_transcoders(model: Any, kind: str = "plt", progress: Any = True, sca
                            **args)
     scanned = corpus_name if isinstance(corpus_name, str) else list(corpus_name)
     shown = scan_progress if scan_progress is not None else progress is True
-    if isinstance(ts, TranscoderSet):  # a CLT's features are not one SAE per layer: its scan is its own question
-        prepare_set_scan(model, ts, kind, corpus=scanned, progress=shown)
+    prepare_set_scan(model, ts, kind, corpus=scanned, progress=shown)  # a CLT's too: one unit per layer, spliced
     prepare_sae_scans(model, corpus=scanned, progress=shown)  # the bundled SAEs' cards read the same text
     return ts
 

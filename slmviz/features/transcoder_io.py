@@ -61,6 +61,18 @@ def prepared_dir(model: Any, kind: str) -> Path:
     return cache_dir() / "transcoders" / name / kind
 
 
+def prepared_ready(model: Any, kind: str) -> bool:
+    """Whether the model's prepared `kind` set ("plt", "clt") is finished and can be loaded: a PLT set's file is
+    written at its run's end; a CLT's files are, and then its checkpoint says finished (so a CLT killed while its
+    files were written is not taken for one)."""
+    folder = prepared_dir(model, kind)
+    if kind == "clt":
+        from .clt_train import clt_run_finished
+
+        return is_clt_folder(folder) and clt_run_finished(folder) is not False
+    return (folder / SET_FILE).is_file() or (folder / CT_CONFIG).is_file()
+
+
 def load_transcoders(source: str | os.PathLike, model: Any = None, width: str | None = None,
                      l0: str | None = None) -> Any:
     """A transcoder set from a prepared set's name ("plt", "clt": this model's, in $SLMVIZ_CACHE) or a folder in
