@@ -4,11 +4,13 @@ and what bounds them.
 For each replacement model named (`bundled`: the two bundled transcoders; `plt` / `clt`: the model's prepared set;
 or a set's folder), on PROMPTS (factual recall, IOI, induction, two-digit arithmetic, two-hop recall; 4 each):
 - the unpruned graph's replacement and completeness scores (AttributionGraph.scores(), circuit-tracer's
-  compute_graph_scores), median and range, and the graph's time;
+  compute_graph_scores), median and range, the graph's time, and its mean token-to-logit path length
+  (AttributionGraph.mean_path_length: Ameisen et al. compare it between a CLT and PLTs);
 - each layer's error nodes' share of the influence on the logits (what bounds the replacement score);
 - with --evaluate: evaluate_transcoders on the held-out splits of the broad and chat corpora: per-layer EV, L0 and
   dead fraction, and the model with every MLP replaced at once (CE-loss score, top-1 agreement).
-Prints a JSON report and, with --out, writes it. Nothing is asserted.
+Prints a JSON report and, with --out, writes it (into the file's report when there is one: a set run again replaces
+its own entry, keeping its held-out figures unless --evaluate measures them again). Nothing is asserted.
 
     .venv/bin/python bench/replacement_scores.py bundled plt [--model gemma-3-270m] [--evaluate] [--out FILE]
 """
@@ -59,7 +61,7 @@ def graph_report(model, transcoders, max_feature_nodes: int | None, log: Path | 
     rows = []
     for task, prompts in PROMPTS.items():
         for prompt in prompts:
-            if prompt in done:
+            if prompt in done and "path_length" in done[prompt]:  # a row from before path lengths: run again
                 rows.append(done[prompt])
                 continue
             t = time.perf_counter()
@@ -76,7 +78,8 @@ def graph_report(model, transcoders, max_feature_nodes: int | None, log: Path | 
             share = [float(influence[torch.from_numpy((kinds == "error") & (layer == L))].sum()) / max(total, 1e-12)
                      for L in range(model.cfg.n_layers)]
             row = {"task": task, "prompt": prompt, "features": g.n_features, "seconds": round(seconds, 2),
-                   **{k: round(v, 4) for k, v in scores.items()}, "error_share": [round(x, 4) for x in share]}
+                   **{k: round(v, 4) for k, v in scores.items()}, "path_length": round(g.mean_path_length(), 3),
+                   "error_share": [round(x, 4) for x in share]}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "error_share"}), flush=True)
             if log is not None:
@@ -88,6 +91,7 @@ def graph_report(model, transcoders, max_feature_nodes: int | None, log: Path | 
     return {"median_replacement": statistics.median(reps), "range_replacement": [min(reps), max(reps)],
             "median_completeness": statistics.median(comps), "range_completeness": [min(comps), max(comps)],
             "median_seconds": statistics.median(r["seconds"] for r in rows),
+            "median_path_length": statistics.median(r["path_length"] for r in rows),
             "error_share_by_layer": [round(float(x), 4) for x in error_share], "prompts": rows}
 
 
@@ -104,6 +108,10 @@ def main() -> None:
     args = p.parse_args()
     model = slmviz.load(args.model)
     report = {"model": model.name, "sets": {}}
+    if args.out and args.out.exists():
+        report = json.loads(args.out.read_text())
+        if report.get("model") != model.name:
+            raise SystemExit(f"{args.out} reports {report.get('model')}, not {model.name}: pick another --out")
     for name in args.sets:
         tcs = replacement(name, model)
         log = None
@@ -119,7 +127,8 @@ def main() -> None:
                                                 tokens=args.tokens, progress=False)
                 entry[f"heldout_{corpus}"] = {"layers": r["layers"].round(4).to_dict("records"),
                                               "replaced": r["replaced"]}
-        report["sets"][name] = entry
+        kept = {k: v for k, v in report["sets"].get(name, {}).items() if k.startswith("heldout_")}
+        report["sets"][name] = {**kept, **entry}
         print(json.dumps({name: {k: v for k, v in entry.items() if k != "prompts"}}, indent=1), flush=True)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")

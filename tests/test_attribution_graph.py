@@ -19,7 +19,13 @@ import torch
 
 import slmviz
 from slmviz.circuits.attribution import AttributionGraphError, attribution_graph
-from slmviz.circuits.attribution_prune import compute_influence, find_threshold, graph_scores, normalize_matrix
+from slmviz.circuits.attribution_prune import (
+    compute_influence,
+    find_threshold,
+    graph_scores,
+    mean_path_length,
+    normalize_matrix,
+)
 from slmviz.circuits.replacement import frozen_forward, prompt_state
 from slmviz.features.sae import SAE
 
@@ -343,6 +349,51 @@ def test_graph_scores_are_one_without_errors_and_count_error_influence():
     assert s["completeness"] == pytest.approx((0.75 + 0.25 + 0.75 + 0.75) / (0.75 + 0.25 + 0.75 + 1))
     a[3, 1] = 0.0
     assert graph_scores(a, torch.tensor([1.0]), 1, 1, 1) == pytest.approx({"replacement": 1.0, "completeness": 1.0})
+
+
+def paths_by_hand(a: torch.Tensor, probs: torch.Tensor, tokens: range) -> tuple[float, float]:
+    """(Σ weight · edges, Σ weight) over every path from a logit to a token, enumerated one by one: a path's weight is
+    its logit's probability times its row-normalised |A| entries."""
+    rows = a.abs() / a.abs().sum(1, keepdim=True).clamp(min=1e-10)
+    n, total, weighted = a.shape[0], 0.0, 0.0
+    stack = [(n - len(probs) + i, float(p), 0) for i, p in enumerate(probs)]
+    while stack:
+        node, w, edges = stack.pop()
+        if node in tokens and edges:
+            total, weighted = total + w, weighted + w * edges
+        stack += [(int(j), w * float(rows[node, j]), edges + 1) for j in torch.nonzero(rows[node]).flatten()]
+    return weighted, total
+
+
+def test_mean_path_length_is_the_influence_weighted_mean_over_every_token_to_logit_path():
+    """On a hand-made DAG (f1, f2, error x, tokens e1 e2, two logits): the closed form equals the paths enumerated
+    one by one; a token that writes its logit directly is a path of one edge; paths ending at x are left out."""
+    # node order: f1, f2, x, e1, e2, l1, l2 (rows are targets)
+    a = torch.zeros(7, 7)
+    a[0, 3], a[0, 4] = 2.0, -1.0            # f1 <- e1, e2
+    a[1, 0], a[1, 2], a[1, 3] = 0.5, 1.0, -0.5  # f2 <- f1, x, e1
+    a[5, 1], a[5, 0], a[5, 4] = 3.0, 1.0, 1.0   # l1 <- f2, f1, e2
+    a[6, 2], a[6, 1] = 1.0, 2.0              # l2 <- x, f2
+    probs = torch.tensor([0.7, 0.3])
+    weighted, total = paths_by_hand(a.double(), probs.double(), range(3, 5))
+    got = mean_path_length(a, probs, n_features=2, n_errors=1, n_tokens=2)
+    assert got == pytest.approx(weighted / total, rel=1e-12) and 1 < got < 3
+    direct = torch.zeros(4, 4)  # f, x, e, logit: only e -> logit
+    direct[3, 2] = 1.0
+    assert mean_path_length(direct, torch.tensor([1.0]), 1, 1, 1) == 1.0
+    direct[3, 2], direct[3, 1] = 0.0, 1.0  # only the error reaches the logit: no token-to-logit path
+    assert math.isnan(mean_path_length(direct, torch.tensor([1.0]), 1, 1, 1))
+
+
+def test_a_graphs_mean_path_length_matches_its_paths_enumerated(models):
+    m = models["llama_gqa"]
+    g = attribution_graph("w3 w5 w7", transcoders=[transcoder(m, L, seed=L) for L in range(m.cfg.n_layers)],
+                          model=m, progress=False, max_feature_nodes=12)
+    kinds = g.nodes["kind"].to_numpy()
+    tokens = np.nonzero(kinds == "embedding")[0]
+    weighted, total = paths_by_hand(g.adjacency.double(), g.logit_probabilities.double(),
+                                    range(int(tokens[0]), int(tokens[-1]) + 1))
+    assert g.mean_path_length() == pytest.approx(weighted / total, rel=1e-9)
 
 
 # circuit-tracer 0.5.0, frontend/graph_models.py: Metadata, QParams, Node fields in order.

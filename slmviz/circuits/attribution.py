@@ -37,7 +37,7 @@ import torch
 
 from ..tokens import PromptError
 from .attribution_json import graph_json
-from .attribution_prune import graph_scores, prune_masks
+from .attribution_prune import graph_scores, mean_path_length, prune_masks
 from .replacement import AttributionGraphError, PromptState, checked_transcoders, prompt_state
 
 DEFAULT_MEMORY_BUDGET_GB = 4.0
@@ -137,6 +137,13 @@ class AttributionGraph:
         kinds = self.nodes["kind"].to_numpy()
         return graph_scores(self.adjacency, self.logit_probabilities, self.n_features,
                             int((kinds == "error").sum()), int((kinds == "embedding").sum()))
+
+    def mean_path_length(self) -> float:
+        """The influence-weighted mean number of edges from a token to a logit over the unpruned graph
+        (attribution_prune.mean_path_length); shorter paths are what a CLT buys over per-layer transcoders."""
+        kinds = self.nodes["kind"].to_numpy()
+        return mean_path_length(self.adjacency, self.logit_probabilities, self.n_features,
+                                int((kinds == "error").sum()), int((kinds == "embedding").sum()))
 
     def to_json(self, slug: str = "slmviz-graph", scan: str | None = None) -> dict[str, Any]:
         """circuit-tracer's graph JSON (create_graph_files' `{slug}.json`): metadata, qParams, nodes, links.
