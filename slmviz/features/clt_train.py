@@ -64,7 +64,6 @@ from .train import (
     INIT_DECODER_NORM,
     SET_POSTFIX,
     THRESHOLD_BLOCKS,
-    THRESHOLD_LR,
     THRESHOLD_ROWS,
     CheckpointError,
     Cursor,
@@ -75,9 +74,9 @@ from .train import (
     _progress_bar,
     _report,
     _unit_scale,
+    active_entries,
     adam,
     batch_threshold,
-    batch_top_k,
     check_run,
     dead_feature_decode,
     decode_sparse,
@@ -451,16 +450,8 @@ class CLTTrainer:
     def activate(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer `layer`'s active entries of h [B, d_sae] as (row, feature, value), grouped by row (train.Trainer's
         activate, with one BatchTopK threshold per layer)."""
-        b = h.shape[0]
-        if self.cfg.architecture == "topk":
-            values, feats = torch.topk(h, self.cfg.k, dim=-1, sorted=False)  # [B, k]
-            rows = torch.arange(b, device=h.device)[:, None].expand_as(feats)
-            return rows.reshape(-1), feats.reshape(-1), values.relu().reshape(-1)
-        rows, feats, values = batch_top_k(h, self.cfg.k)
-        if values.numel():
-            with torch.no_grad():
-                low = values.detach().min().double()
-                self.threshold[layer] = (1 - THRESHOLD_LR) * self.threshold[layer] + THRESHOLD_LR * low
+        rows, feats, values, self.threshold[layer] = active_entries(h, self.cfg.architecture, self.cfg.k,
+                                                                     self.threshold[layer])
         return rows, feats, values
 
     def aux_loss(self, layer: int, h: torch.Tensor, dead: torch.Tensor, residual: torch.Tensor,

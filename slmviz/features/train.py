@@ -440,15 +440,7 @@ class Trainer:
 
         TopK: relu of each row's k largest (SAELens: topk first, then relu). BatchTopK: the k*B largest of relu(h)
         over the whole batch, and the threshold's EMA update towards the smallest kept value."""
-        b = h.shape[0]
-        if self.cfg.architecture == "topk":
-            values, feats = torch.topk(h, self.cfg.k, dim=-1, sorted=False)  # [B, k]
-            rows = torch.arange(b, device=h.device)[:, None].expand_as(feats)
-            return rows.reshape(-1), feats.reshape(-1), values.relu().reshape(-1)
-        rows, feats, values = batch_top_k(h, self.cfg.k)
-        if values.numel():
-            with torch.no_grad():
-                self.threshold = (1 - THRESHOLD_LR) * self.threshold + THRESHOLD_LR * values.detach().min().double()
+        rows, feats, values, self.threshold = active_entries(h, self.cfg.architecture, self.cfg.k, self.threshold)
         return rows, feats, values
 
     @torch.no_grad()
@@ -551,6 +543,25 @@ def adam(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Adam:
     the unfused ones to fp32 rounding, not bit for bit; a run resumes with the optimizer it started with)."""
     fused = params[0].device.type in ("cpu", "cuda")  # the devices torch has the fused kernel for
     return torch.optim.Adam(params, lr=lr, betas=ADAM_BETAS, fused=fused or None)
+
+
+def active_entries(h: torch.Tensor, architecture: str, k: int, threshold: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A training step's active entries of h [B, d_sae] as (row, feature, value) triples grouped by row, and the
+    BatchTopK threshold after this batch (`threshold` unchanged for TopK).
+
+    TopK: relu of each row's k largest (SAELens: topk first, then relu). BatchTopK: batch_top_k's choice, and the
+    threshold's EMA (SAELens's topk_threshold_lr) moved towards the smallest kept value; the trainers replace it
+    at the end by batch_threshold on rows from across the corpus, but a checkpoint keeps it."""
+    if architecture == "topk":
+        values, feats = torch.topk(h, k, dim=-1, sorted=False)  # [B, k]
+        rows = torch.arange(h.shape[0], device=h.device)[:, None].expand_as(feats)
+        return rows.reshape(-1), feats.reshape(-1), values.relu().reshape(-1), threshold
+    rows, feats, values = batch_top_k(h, k)
+    if values.numel():
+        with torch.no_grad():
+            threshold = (1 - THRESHOLD_LR) * threshold + THRESHOLD_LR * values.detach().min().double()
+    return rows, feats, values, threshold
 
 
 def batch_top_k(h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
