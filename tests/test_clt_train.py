@@ -128,6 +128,26 @@ def test_a_clt_run_killed_mid_block_resumes_to_the_same_weights(tiny, corpus, tr
         train_transcoders(tiny, **args, **{**SMALL, "d_sae": 32})
 
 
+def test_a_prepared_clt_is_ready_only_once_its_run_says_finished(tiny, trained, tmp_path, monkeypatch):
+    """transcoder_io.prepared_ready(model, "clt"), what the app offers by: the CLT's files and a finished
+    checkpoint. A run killed while writing its files (files there, the checkpoint not finished) is not ready."""
+    import shutil
+
+    from slmviz.features.clt_train import clt_run_finished
+    from slmviz.features.transcoder_io import prepared_dir, prepared_ready
+
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    folder = prepared_dir(tiny, "clt")
+    assert not prepared_ready(tiny, "clt") and clt_run_finished(folder) is None
+    shutil.copytree(trained[1], folder)
+    assert prepared_ready(tiny, "clt") and clt_run_finished(folder) is True
+    cfg, _, meta = read_clt_checkpoint(folder)
+    trainer = CLTTrainer(cfg, torch.device("cpu"), {})
+    trainer.scale_in, trainer.scale_out = meta["scale_in"], meta["scale_out"]
+    trainer.save_checkpoint(folder)  # an unfinished cursor: as if killed between the files and the last checkpoint
+    assert clt_run_finished(folder) is False and not prepared_ready(tiny, "clt")
+
+
 def test_what_a_clt_cannot_be_trained_as_is_refused(tiny, corpus, tmp_path):
     with pytest.raises(ValueError, match="every layer"):
         train_transcoders(tiny, kind="clt", layers=[1], corpus=corpus, tokens=100, out=tmp_path / "a", **SMALL)
