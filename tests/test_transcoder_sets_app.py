@@ -181,39 +181,65 @@ def test_in_chromium_the_set_is_ticked_and_its_graph_shows_its_scores(built, pag
 CLT_LABEL = "cross-layer transcoder: 2 layers"
 
 
-def test_a_prepared_clt_is_a_choice_its_graph_and_cards_the_libraries(tiny_folder, tiny, server, tmp_path):
-    """A model whose CLT `prepare --transcoders clt` has made (here in-process, into a cache of its own): the
-    picker ticks it (no per-layer set there), refuses it beside a single transcoder, its graph is the library's
-    over the CLT, and a feature node's card is its layer's feature_view (the CLT's encoder) with the scan prepared
-    with the CLT, so no scan runs first."""
+@pytest.fixture(scope="module")
+def clt_server(tiny_folder, tiny, server, tmp_path_factory):
+    """The app on the tiny model whose CLT `prepare --transcoders clt` has made (here in-process, into a cache of
+    its own, with no per-layer set), and the CLT's folder. After `server`: its single transcoder's folder."""
     from slmviz.features.prepared import prepare_transcoders
 
+    cache = tmp_path_factory.mktemp("clt-cache")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SLMVIZ_CACHE", str(tmp_path))
+        mp.setenv("SLMVIZ_CACHE", str(cache))
         clt = prepare_transcoders(tiny, "clt", progress=False, **{**RECIPE, "tokens": 2_000})
         assert clt.kind == "clt" and load_set_scan(tiny, "clt") is not None
-        env = {"SLMVIZ_SAE_DIRS": str(tiny_folder.parent / "transcoders"), "SLMVIZ_CACHE": str(tmp_path)}
-        with app_server(env=env, model=str(tiny_folder), allow_local_models=True) as url:
-            client = Client(url, verbose=False)
-            picker = next(c["props"] for c in client.config["components"]
-                          if c.get("props", {}).get("elem_id") == "circuit-attr-transcoders")
-            assert picker["value"] == [CLT_LABEL] and [CLT_LABEL, CLT_LABEL] in picker["choices"], picker
-            with pytest.raises(AppError, match="already has a transcoder at every layer"):
-                client.predict(PROMPT, [CLT_LABEL, "tc_l0"], 1.0, 1.0, api_name="/circuit_attribution")
-            plot, table, path, status = client.predict(PROMPT, [CLT_LABEL], 1.0, 1.0, api_name="/circuit_attribution")
-            opening = client.submit(f"{table['data'][0][0]}_{table['data'][0][1]}_{table['data'][0][2]}",
-                                    api_name="/circuit_feature")
-            card, node = opening.result()
-        graph = slmviz.attribution_graph(PROMPT, transcoders=load_transcoders("clt", model=tiny), model=tiny,
-                                         progress=False, max_feature_nodes=MAX_FEATURE_NODES)
+    env = {"SLMVIZ_SAE_DIRS": str(tiny_folder.parent / "transcoders"), "SLMVIZ_CACHE": str(cache)}
+    with app_server(env=env, model=str(tiny_folder), allow_local_models=True) as url:
+        yield url, cache / "transcoders" / "tiny" / "clt"
+
+
+def test_a_prepared_clt_is_a_choice_its_graph_and_cards_the_libraries(clt_server, tiny):
+    """The picker ticks the CLT (no per-layer set there) and refuses it beside a single transcoder; its graph is
+    the library's over the CLT, and a feature node's card is its layer's feature_view (the CLT's encoder) with the
+    scan prepared with the CLT, so no scan runs first."""
+    url, folder = clt_server
+    client = Client(url, verbose=False)
+    picker = next(c["props"] for c in client.config["components"]
+                  if c.get("props", {}).get("elem_id") == "circuit-attr-transcoders")
+    assert picker["value"] == [CLT_LABEL] and [CLT_LABEL, CLT_LABEL] in picker["choices"], picker
+    with pytest.raises(AppError, match="already has a transcoder at every layer"):
+        client.predict(PROMPT, [CLT_LABEL, "tc_l0"], 1.0, 1.0, api_name="/circuit_attribution")
+    plot, table, path, status = client.predict(PROMPT, [CLT_LABEL], 1.0, 1.0, api_name="/circuit_attribution")
+    graph = slmviz.attribution_graph(PROMPT, transcoders=load_transcoders(folder, model=tiny), model=tiny,
+                                     progress=False, max_feature_nodes=MAX_FEATURE_NODES)
     scores = graph.scores()
     assert (f"Replacement score {scores['replacement']:.3f}, completeness {scores['completeness']:.3f}" in status
             and f"{graph.n_features} active features" in status and CLT_LABEL in status)
     assert table["data"] and {row[5] for row in table["data"]} <= {"tiny-clt/layer_0", "tiny-clt/layer_1"}
-    layer, feature = table["data"][0][:2]
+    layer, feature, position = table["data"][0][:3]
+    opening = client.submit(f"{layer}_{feature}_{position}", api_name="/circuit_feature")
+    card, node = opening.result()
     assert node == f"{layer}_{feature}" and f"tiny-clt/layer_{layer}" in card
     assert "Top activating contexts" in card and f"of {len(CORPUS)} documents" in card
     assert not any("verses of the bundled corpus" in str(out[0]) for out in opening.outputs())
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
+def test_in_chromium_the_clt_is_ticked_and_its_graph_shows_its_scores(clt_server, browser):
+    from app_helpers import recording_page
+
+    with recording_page(browser, clt_server[0]) as page:
+        page.get_by_role("tab", name="Circuits").click()
+        page.wait_for_selector("#circuit-attr-prompt textarea")
+        page.fill("#circuit-attr-prompt textarea", PROMPT)
+        assert page.get_by_label(CLT_LABEL).is_checked() and not page.get_by_label("tc_l0").is_checked()
+        page.click("#circuit-attr-run")
+        page.wait_for_function("document.querySelector('#circuit-attr-status').innerText.includes('Pruned to')",
+                               timeout=180_000)
+        status = page.locator("#circuit-attr-status").inner_text()
+        assert re.search(r"Replacement score \d\.\d{3}, completeness \d\.\d{3}", status) and CLT_LABEL in status
+        errors = page.locator(".toast-body.error")
+        assert errors.count() == 0, errors.first.inner_text()
 
 
 SMOL = "SmolLM2-135M-Instruct"

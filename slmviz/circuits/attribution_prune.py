@@ -125,9 +125,11 @@ def mean_path_length(adjacency: torch.Tensor, logit_probabilities: torch.Tensor,
     logits."""
     n = adjacency.shape[0]
     n_logits = len(logit_probabilities)
-    current = torch.zeros(n, dtype=torch.float64)
-    current[n - n_logits:] = logit_probabilities.double()
-    normalized = normalize_matrix(adjacency.double())
+    current = torch.zeros(n, dtype=adjacency.dtype)
+    current[n - n_logits:] = logit_probabilities.to(adjacency.dtype)
+    # In the adjacency's dtype, as compute_influence: a full set's unpruned graph has ~30k nodes, whose normalised
+    # copy is 3.6 GB in fp32 (a float64 one ran a 23 GB machine out of memory)
+    normalized = normalize_matrix(adjacency)
     start = n_features + n_errors
     mass = weighted = 0.0
     for length in range(1, max_iter + 1):
