@@ -128,6 +128,17 @@ def test_a_build_reports_progress_cancel_keeps_its_checkpoint_and_build_again_re
     assert (set_folder(cache) / SET_FILE).is_file()
 
 
+def card_reads_the_prepared_scan(client: Client, table: dict, set_name: str) -> None:
+    """The feature table's first node opens its page: the card of that layer's coder in the set (`{set_name}/layer_L`),
+    its top contexts from the scan prepared with the set (over the set's own corpus), so no scan runs first."""
+    layer, feature, position = table["data"][0][:3]
+    opening = client.submit(f"{layer}_{feature}_{position}", api_name="/circuit_feature")
+    card, node = opening.result()
+    assert node == f"{layer}_{feature}" and f"{set_name}/layer_{layer}" in card
+    assert "Top activating contexts" in card and f"of {len(CORPUS)} documents" in card
+    assert not any("verses of the bundled corpus" in str(out[0]) for out in opening.outputs())
+
+
 def test_the_set_is_one_choice_and_its_graph_shows_its_scores(server, built, tiny, cache):
     client = Client(server, verbose=False)
     with pytest.raises(AppError, match="already has a transcoder at every layer"):
@@ -145,14 +156,7 @@ def test_the_set_is_one_choice_and_its_graph_shows_its_scores(server, built, tin
     assert len(expected) > 0
     assert [row[:3] for row in table["data"]] == expected[["layer", "feature", "position"]].values.tolist()
     assert {row[5] for row in table["data"]} <= {"tiny-plt/layer_0", "tiny-plt/layer_1"}
-    # a feature node opens its page: the card of that layer's coder in the set, its top contexts from the scan
-    # prepared with the set (over the set's own corpus), so no scan runs first
-    layer, feature, position = table["data"][0][:3]
-    opening = client.submit(f"{layer}_{feature}_{position}", api_name="/circuit_feature")
-    card, node = opening.result()
-    assert node == f"{layer}_{feature}" and f"tiny-plt/layer_{layer}" in card
-    assert "Top activating contexts" in card and f"of {len(CORPUS)} documents" in card
-    assert not any("verses of the bundled corpus" in str(out[0]) for out in opening.outputs())
+    card_reads_the_prepared_scan(client, table, "tiny-plt")
 
 
 @pytest.mark.browser
@@ -215,12 +219,7 @@ def test_a_prepared_clt_is_a_choice_its_graph_and_cards_the_libraries(clt_server
     assert (f"Replacement score {scores['replacement']:.3f}, completeness {scores['completeness']:.3f}" in status
             and f"{graph.n_features} active features" in status and CLT_LABEL in status)
     assert table["data"] and {row[5] for row in table["data"]} <= {"tiny-clt/layer_0", "tiny-clt/layer_1"}
-    layer, feature, position = table["data"][0][:3]
-    opening = client.submit(f"{layer}_{feature}_{position}", api_name="/circuit_feature")
-    card, node = opening.result()
-    assert node == f"{layer}_{feature}" and f"tiny-clt/layer_{layer}" in card
-    assert "Top activating contexts" in card and f"of {len(CORPUS)} documents" in card
-    assert not any("verses of the bundled corpus" in str(out[0]) for out in opening.outputs())
+    card_reads_the_prepared_scan(client, table, "tiny-clt")
 
 
 @pytest.mark.browser
