@@ -134,16 +134,18 @@ class AttributionGraph:
         """circuit-tracer's graph scores of the whole (unpruned) graph: `replacement` (the share of token-to-logit
         influence that avoids error nodes) and `completeness` (the influence-weighted share of each node's inputs
         that are not errors); 1.0 when the transcoders explain everything. See attribution_prune.graph_scores."""
-        kinds = self.nodes["kind"].to_numpy()
-        return graph_scores(self.adjacency, self.logit_probabilities, self.n_features,
-                            int((kinds == "error").sum()), int((kinds == "embedding").sum()))
+        return graph_scores(self.adjacency, self.logit_probabilities, self.n_features, *self._error_and_token_counts())
 
     def mean_path_length(self) -> float:
         """The influence-weighted mean number of edges from a token to a logit over the unpruned graph
         (attribution_prune.mean_path_length); shorter paths are what a CLT buys over per-layer transcoders."""
-        kinds = self.nodes["kind"].to_numpy()
         return mean_path_length(self.adjacency, self.logit_probabilities, self.n_features,
-                                int((kinds == "error").sum()), int((kinds == "embedding").sum()))
+                                *self._error_and_token_counts())
+
+    def _error_and_token_counts(self) -> tuple[int, int]:
+        """(error nodes, embedding nodes): with n_features, where each kind's block starts in circuit-tracer's order."""
+        kinds = self.nodes["kind"].to_numpy()
+        return int((kinds == "error").sum()), int((kinds == "embedding").sum())
 
     def to_json(self, slug: str = "slmviz-graph", scan: str | None = None) -> dict[str, Any]:
         """circuit-tracer's graph JSON (create_graph_files' `{slug}.json`): metadata, qParams, nodes, links.

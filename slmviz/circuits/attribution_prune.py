@@ -7,6 +7,8 @@ acyclic (sources only reach later layers), so the series ends after at most dept
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 
@@ -16,18 +18,22 @@ def normalize_matrix(matrix: torch.Tensor) -> torch.Tensor:
     return normalized / normalized.sum(dim=1, keepdim=True).clamp(min=1e-10)
 
 
+def influence_terms(a: torch.Tensor, logit_weights: torch.Tensor, max_iter: int = 1000) -> Iterator[torch.Tensor]:
+    """logit_weights · Âˡ for l = 1, 2, ... (the weight of the paths of exactly l edges into each node), until a term
+    is exactly zero (a DAG's paths end); RuntimeError when a term past `max_iter` is not (a cycle)."""
+    current = logit_weights @ a
+    for _ in range(max_iter):
+        if not current.any():
+            return
+        yield current
+        current = current @ a
+    if current.any():
+        raise RuntimeError(f"influence did not converge after {max_iter} iterations: the graph has a cycle")
+
+
 def compute_influence(a: torch.Tensor, logit_weights: torch.Tensor, max_iter: int = 1000) -> torch.Tensor:
     """logit_weights · (Â + Â² + ...), summed until a term is exactly zero (a DAG's paths end)."""
-    current = logit_weights @ a
-    influence = current
-    iterations = 0
-    while current.any():
-        if iterations >= max_iter:
-            raise RuntimeError(f"influence did not converge after {iterations} iterations: the graph has a cycle")
-        current = current @ a
-        influence = influence + current
-        iterations += 1
-    return influence
+    return sum(influence_terms(a, logit_weights, max_iter), start=torch.zeros_like(logit_weights @ a))
 
 
 def find_threshold(scores: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -124,20 +130,13 @@ def mean_path_length(adjacency: torch.Tensor, logit_probabilities: torch.Tensor,
     its logit directly; nan when no path reaches a token. Node order as graph_scores: features, errors, tokens,
     logits."""
     n = adjacency.shape[0]
-    n_logits = len(logit_probabilities)
-    current = torch.zeros(n, dtype=adjacency.dtype)
-    current[n - n_logits:] = logit_probabilities.to(adjacency.dtype)
+    weights = torch.zeros(n, dtype=adjacency.dtype)
+    weights[n - len(logit_probabilities):] = logit_probabilities.to(adjacency.dtype)
     # In the adjacency's dtype, as compute_influence: a full set's unpruned graph has ~30k nodes, whose normalised
     # copy is 3.6 GB in fp32 (a float64 one ran a 23 GB machine out of memory)
-    normalized = normalize_matrix(adjacency)
     start = n_features + n_errors
     mass = weighted = 0.0
-    for length in range(1, max_iter + 1):
-        current = current @ normalized
-        if not current.any():
-            break
-        reached = float(current[start:start + n_tokens].sum())
+    for length, term in enumerate(influence_terms(normalize_matrix(adjacency), weights, max_iter), start=1):
+        reached = float(term[start:start + n_tokens].sum())
         mass, weighted = mass + reached, weighted + length * reached
-    else:
-        raise RuntimeError(f"paths longer than {max_iter} edges: the graph has a cycle")
     return weighted / mass if mass > 0 else float("nan")

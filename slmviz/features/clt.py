@@ -397,8 +397,8 @@ class CLTLayer:
         from .sae import SAE
 
         clt, L = self.clt, self.layer
-        arch = "topk" if clt.architecture == "topk" else clt.architecture
-        view = SAE(clt.d_model, clt.d_sae, architecture=arch, k=clt.k if arch == "topk" else None,
+        view = SAE(clt.d_model, clt.d_sae, architecture=clt.architecture,
+                   k=clt.k if clt.architecture == "topk" else None,
                    hook_name=self.hook_name, hook_name_out=self.hook_name_out, dtype=clt.dtype,
                    metadata={**clt.metadata, "clt_layer": L, "decoder": "each feature's writes summed over layers"})
         with torch.no_grad():

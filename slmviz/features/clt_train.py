@@ -175,20 +175,15 @@ def clt_run_finished(out: str | os.PathLike) -> bool | None:
     """Whether the CLT run in `out` is finished (its CLT saved), from the checkpoint's header alone; None without a
     checkpoint. The CLT's files are written before the finished checkpoint, so a run killed while saving them is
     not taken for a CLT."""
-    from safetensors import safe_open
-
-    path = Path(out) / CHECKPOINT
-    if not path.is_file():
-        return None
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            return bool(json.loads((f.metadata() or {})[STATE_KEY])["cursor"]["finished"])
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a CLT training checkpoint this version reads ({e})") from e
+    saved = read_clt_checkpoint(Path(out), tensors=False)
+    return None if saved is None else bool(saved[2]["cursor"]["finished"])
 
 
-def read_clt_checkpoint(out: Path) -> tuple[CLTConfig, dict[str, torch.Tensor], dict[str, Any]] | None:
-    """(config, tensors, metadata) of out/checkpoint.safetensors, or None when there is none."""
+def read_clt_checkpoint(out: Path, tensors: bool = True
+                        ) -> tuple[CLTConfig, dict[str, torch.Tensor], dict[str, Any]] | None:
+    """(config, tensors, metadata) of out/checkpoint.safetensors, or None when there is none. `tensors=False`
+    reads the header alone (tensors {}), as for a finished run, whose file is read for its arguments alone (an
+    older one still holds 1.9 GB of weights)."""
     from safetensors import safe_open
 
     path = Path(out) / CHECKPOINT
@@ -197,14 +192,13 @@ def read_clt_checkpoint(out: Path) -> tuple[CLTConfig, dict[str, torch.Tensor], 
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = json.loads((f.metadata() or {})[STATE_KEY])
-            # A finished run's file is read for its arguments alone (an older one still holds 1.9 GB of weights)
-            finished = meta["cursor"]["finished"]
-            tensors = {} if finished else {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+            wanted = tensors and not meta["cursor"]["finished"]
+            found = {k: f.get_tensor(k) for k in f.keys()} if wanted else {}  # noqa: SIM118 (not a dict)
         cfg = CLTConfig(**meta["config"])
     except Exception as e:
         raise CheckpointError(f"{path} is not a CLT training checkpoint this version reads ({e}); train into "
                               "another out= folder") from e
-    return cfg, tensors, meta
+    return cfg, found, meta
 
 
 def clt_block_rows(model: Any, block: Any, sources: dict[int, Source]) -> Rows:
