@@ -169,3 +169,66 @@ def test_the_command_line_trains_a_clt(tiny, corpus, tmp_path, capsys):
     assert clt.architecture == "topk" and clt.d_sae == 32
     assert clt.metadata["training_command"].startswith("slmviz train-transcoders --kind clt")
     assert "CrossLayerTranscoder" in capsys.readouterr().out
+
+
+def test_the_pre_activation_loss_is_anthropics_and_keeps_k_features_per_token(tiny, corpus, trained, tmp_path):
+    """clt_train.pre_act_loss against Anthropic's formula written from the raw weights, Σ_L mean over rows of
+    Σ_f relu(-(x_L W_enc[L] + b_enc[L]))_f |W_dec[L][f]| (the decoder norm over every layer f writes); and what it
+    is for: features pushed below zero on every row get no gradient from the reconstruction and stay there, while
+    with the loss they come back above zero and BatchTopK keeps k again (clt_train.pre_act_loss's docstring)."""
+    from slmviz.features.clt_train import pre_act_loss
+
+    torch.manual_seed(0)
+    n, d, f = 3, 8, 24
+    base = read_clt_checkpoint(trained[1])[0].__dict__
+    x, y = torch.randn(64, n, d), torch.randn(64, n, d)
+
+    def trainer_with(coefficient: float) -> CLTTrainer:
+        cfg = type(read_clt_checkpoint(trained[1])[0])(**{**base, "n_layers": n, "d_model": d, "d_sae": f, "k": 4,
+                                                            "lr": 1e-2, "pre_act_coefficient": coefficient})
+        t = CLTTrainer(cfg, torch.device("cpu"), {})
+        t.initialise(x, y)
+        with torch.no_grad():  # every feature just below zero on every row: as if pushed down by the reconstruction
+            for L in range(n):
+                t.b_enc[L] -= (x[:, L] @ t.W_enc[L] + t.b_enc[L]).max(0).values + 0.02
+        return t
+
+    t = trainer_with(0.0)
+    with torch.no_grad():
+        by_hand = sum((-(x[:, L] @ t.W_enc[L] + t.b_enc[L])).relu() @ t.W_dec[L].flatten(1).norm(dim=-1)
+                      for L in range(n)).mean()
+        assert float(pre_act_loss(t.pre(x)[0])) == pytest.approx(float(by_hand), rel=1e-5)
+    l0 = {}
+    for coefficient in (0.0, 1.0):
+        t = trainer_with(coefficient)
+        seen = [t.step(x, y) for _ in range(20)]
+        assert seen[0]["l0"] == 0 and (seen[0]["pre_act"] > 0) == (coefficient > 0)
+        l0[coefficient] = seen[-1]["l0"]
+    assert l0[0.0] == 0 and l0[1.0] == 4, l0
+
+
+def test_a_clt_checkpoint_from_before_the_pre_activation_loss_resumes_as_without_it(tiny, corpus, trained, tmp_path):
+    """A checkpoint whose configuration has no pre_act_coefficient (written before it existed) reads as 0, so its
+    run resumes and its prepared CLT loads; a resume with another coefficient is refused, naming it."""
+    import json
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from slmviz.features.clt_train import STATE_KEY
+
+    folder = tmp_path / "old"
+    shutil.copytree(trained[1], folder)
+    path = folder / "checkpoint.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()[STATE_KEY])
+    del meta["config"]["pre_act_coefficient"]
+    save_file({}, str(path), metadata={STATE_KEY: json.dumps(meta)})
+    assert read_clt_checkpoint(folder)[0].pre_act_coefficient == 0.0
+    args = dict(kind="clt", corpus=corpus, tokens=1200, out=folder, architecture="batchtopk", skip=True)
+    assert torch.equal(train_transcoders(tiny, **args, **SMALL).W_enc, trained[0].W_enc)  # finished: loaded
+    with pytest.raises(CheckpointError, match="pre_act_coefficient: 0.0 there, 0.5 now"):
+        train_transcoders(tiny, **args, pre_act_coefficient=0.5, **SMALL)
+    with pytest.raises(ValueError, match="pre_act_coefficient"):
+        train_transcoders(tiny, corpus=corpus, tokens=100, out=tmp_path / "plt", pre_act_coefficient=0.1, **SMALL)

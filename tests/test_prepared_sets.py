@@ -27,6 +27,7 @@ from slmviz.features.prepared import (
     sae_scan_dir,
     scan_docs,
 )
+from slmviz.features.train import CheckpointError
 from slmviz.features.transcoder_io import SET_FILE, prepared_dir
 
 CORPUS = [" ".join(f"w{(i * 7 + j * 3) % 120}" for j in range(20 + i % 13)) for i in range(40)]
@@ -71,6 +72,11 @@ def test_a_set_for_a_model_without_a_recipe_is_prepared_with_its_scan_then_loade
     for layer in ts.layers:
         assert torch.equal(again.coder(layer).W_enc, ts.coder(layer).W_enc)
     assert load_set_scan(tiny, "plt")[1] == docs
+    # a set prepared by another recipe (a newer slmviz's, here other tokens): refused, saying it still loads and
+    # what to delete, and left as it was
+    with pytest.raises(CheckpointError, match=r"another recipe.*tokens: 1500 there, 1600 now.*delete that folder"):
+        prepare_transcoders(tiny, "plt", progress=False, corpus=CORPUS, **{**TINY, "tokens": 1600})
+    assert torch.equal(slmviz.load_transcoders("plt", model=tiny).coder(0).W_enc, ts.coder(0).W_enc)
 
 
 def test_an_saes_scan_is_prepared_once_for_its_weights(tiny, tmp_path, monkeypatch):

@@ -116,6 +116,7 @@ class CLTConfig:
     input_hook: str
     skip: bool
     name: str
+    pre_act_coefficient: float = 0.0  # last, with a default: checkpoints written before it read as 0 (none)
 
 
 def train_clt(model: Any, corpus: Any = "broad", d_sae: int = 1024, k: int = 16, tokens: int = 200_000,
@@ -124,15 +125,19 @@ def train_clt(model: Any, corpus: Any = "broad", d_sae: int = 1024, k: int = 16,
               dtype: str | torch.dtype | None = None, progress: Progress = True, window: int = 128,
               forward_tokens: int = 1024, buffer_tokens: int = 16_384, dead_window: int = 500_000,
               aux_coefficient: float = 1.0, lr_decay: float = 0.2, checkpoint_every: float = 120.0, name: str = "",
-              metadata: dict[str, Any] | None = None, input_hook: str = "mlp.hook_in") -> CrossLayerTranscoder:
+              metadata: dict[str, Any] | None = None, input_hook: str = "mlp.hook_in",
+              pre_act_coefficient: float = 0.0) -> CrossLayerTranscoder:
     """Train a CLT over every layer of `model` (module docstring); train_transcoders(kind="clt") calls this with its
     own arguments. Returns the CLT, also saved in `out`; a finished run there is loaded, an interrupted one
-    resumed. `k`: features active per token *per layer* (TopK), or on average (BatchTopK)."""
+    resumed. `k`: features active per token *per layer* (TopK), or on average (BatchTopK). `pre_act_coefficient`:
+    the weight of the pre-activation loss (pre_act_loss), which keeps k features per token active; 0 leaves it out."""
     from .clt_io import load_clt
     from .corpora import resolve_corpus
 
     out = Path(out)
     check_run(architecture, d_sae, k, tokens, batch_tokens, window, forward_tokens, buffer_tokens, "a CLT layer")
+    if pre_act_coefficient < 0:
+        raise ValueError(f"pre_act_coefficient must be >= 0, got {pre_act_coefficient}")
     if skip and architecture == "topk":
         raise ValueError("a TopK CLT with a skip path has no file format (circuit-tracer reads no skip path, Gemma "
                          "Scope 2's CLTs are JumpReLU): train architecture='batchtopk' or skip=False")
@@ -153,7 +158,7 @@ def train_clt(model: Any, corpus: Any = "broad", d_sae: int = 1024, k: int = 16,
         dtype=_dtype_name(dtype), window=window, forward_tokens=forward_tokens, buffer_tokens=buffer_tokens,
         dead_window=dead_window, aux_coefficient=float(aux_coefficient), lr_decay=float(lr_decay),
         corpus=corpus_fingerprint(corpus), massive_factor=MASSIVE_FACTOR, input_hook=hook, skip=bool(skip),
-        name=name or f"{model.name}-clt")
+        name=name or f"{model.name}-clt", pre_act_coefficient=float(pre_act_coefficient))
     if saved is not None:
         differ = {k_: (v, getattr(cfg, k_)) for k_, v in asdict(saved[0]).items() if getattr(cfg, k_) != v}
         if differ:
@@ -424,7 +429,8 @@ class CLTTrainer:
         residual = y - y_hat.detach()
         aux = sum((self.aux_loss(L, hs[L], dead[L], residual[:, L:].flatten(1), norms[L])
                    for L in range(cfg.n_layers)), start=y.new_zeros(()))
-        loss = mse + aux
+        pre_act = cfg.pre_act_coefficient * pre_act_loss(hs) if cfg.pre_act_coefficient else y.new_zeros(())
+        loss = mse + aux + pre_act
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, CLIP_GRAD_NORM)
@@ -437,7 +443,8 @@ class CLTTrainer:
             var = (y - y.mean(0)).pow(2).sum((0, 2))  # [n]
             ev = 1 - err / var
         l0 = [a[1].numel() / x.shape[0] for a in active]
-        return {"loss": loss.item(), "mse": mse.item(), "aux": float(aux), "explained_variance": float(1 - err.sum()
+        return {"loss": loss.item(), "mse": mse.item(), "aux": float(aux), "pre_act": pre_act.item(),
+                "explained_variance": float(1 - err.sum()
                 / var.sum()), "worst_explained_variance": float(ev.min()), "l0": sum(l0) / len(l0),
                 "l0_total": sum(l0), "dead_fraction": float(dead.float().mean())}
 
@@ -506,6 +513,20 @@ class CLTTrainer:
                 if clt.W_skip is not None:
                     clt.W_skip[L] = (self.W_skip[L].double().cpu() * s_in[L] / s_out[L]).float()
         return clt
+
+
+def pre_act_loss(hs: list[torch.Tensor]) -> torch.Tensor:
+    """Σ_L mean over rows of Σ_f relu(-h_L[f]), h_L = pre-activation x decoder norm (CLTTrainer.pre): Anthropic's
+    pre-activation loss (Ameisen et al. 2025, "Circuit Tracing", methods: λ_p Σ relu(-h_f) |W_dec,f|).
+
+    Why: a feature below zero on a token gets no gradient from the reconstruction (relu, then BatchTopK or TopK), so
+    nothing lifts it back. A CLT's features write many layers, and early in training a selected feature that helps
+    one layer and hurts the rest is pushed below zero: without this loss SmolLM2's BatchTopK CLT went from 32
+    features per token and layer to 12 within 10k tokens and ~5 by the end, however long it trained
+    (docs/cross-layer-transcoders.md). This term pulls every negative pre-activation towards zero, in proportion
+    to how much the feature writes, so k per token stay above zero for BatchTopK to choose from. Left out (0), the
+    trainer is the plain BatchTopK/TopK one."""
+    return sum((h.neg().relu().sum(-1).mean() for h in hs), start=hs[0].new_zeros(()))
 
 
 def clt_threshold_rows(model: Any, corpus: Any, sources: dict[int, Source], rows: int = THRESHOLD_ROWS,

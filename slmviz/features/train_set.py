@@ -129,6 +129,7 @@ def train_transcoders(
     checkpoint_every: float = 600.0,
     name: str = "",
     metadata: dict[str, Any] | None = None,
+    pre_act_coefficient: float = 0.0,
 ) -> TranscoderSet:
     """Train a transcoder at every layer in `layers` from one forward per batch, checkpointing to `out`.
 
@@ -139,6 +140,7 @@ def train_transcoders(
     what differs otherwise). `progress`: a tqdm bar whose postfix shows the layers' EV, L0 and dead fraction
     (mean and worst), nothing (False), or fn(stats) after every step of every layer's batch, stats holding
     `layers`: {layer: {explained_variance, l0, dead_fraction, tokens, loss}} plus tokens / total / tokens_per_s.
+    `pre_act_coefficient` (CLT only): the weight of its pre-activation loss (features.clt_train.pre_act_loss).
     """
     from .corpora import resolve_corpus
 
@@ -150,6 +152,8 @@ def train_transcoders(
         raise ValueError("a per-layer transcoder set trains as architecture='batchtopk' (saved as JumpReLU): SAELens "
                          "and circuit-tracer have no TopK transcoder format to save it in")
     chosen = resolve_layers(layers, model.cfg.n_layers)
+    if kind == "plt" and pre_act_coefficient:
+        raise ValueError("pre_act_coefficient is a CLT's (kind='clt'); a per-layer set trains without it")
     if kind == "clt":  # one coder over every layer, its own step and checkpoint (features.clt_train)
         from .clt_train import train_clt
 
@@ -158,7 +162,7 @@ def train_transcoders(
                              f"{layers!r}")
         return train_clt(model, corpus, d_sae, k, tokens, out, skip, architecture, lr, batch_tokens, seed, device,
                          dtype, progress, window, forward_tokens, buffer_tokens, dead_window, aux_coefficient,
-                         lr_decay, checkpoint_every, name, metadata)
+                         lr_decay, checkpoint_every, name, metadata, pre_act_coefficient=pre_act_coefficient)
     sources = {L: Source(READ_HOOK.format(L=L), WRITE_HOOK.format(L=L), window, forward_tokens, buffer_tokens)
                for L in chosen}
     for s in sources.values():
