@@ -1,19 +1,24 @@
-"""An attribution graph over SmolLM2's full prepared PLT set (`slmviz prepare --transcoders plt`), for 16- and
-64-token prompts: slmviz against circuit-tracer (side venv, CPU) on the same model, set, token ids and settings.
+"""An attribution graph over SmolLM2's full prepared PLT set (`slmviz prepare --transcoders plt`) or its CLT
+(`--kind clt`), for 16- and 64-token prompts: slmviz against circuit-tracer (side venv, CPU) on the same model,
+replacement model, token ids and settings.
 
 Both keep the `--max-feature-nodes` most influential features (default 4096, what the app uses for a full set) by
 circuit-tracer's partial-influence rounds, and take the same salient logits (10, 0.95). The set reaches circuit-tracer
-as files: slmviz saves it in circuit-tracer's transcoder_set layout, circuit-tracer's `load_transcoder_set` reads
-it, and its TransformerLens backend runs SmolLM2's weights (bench/attribution_graph_circuit_tracer.py shows that
-layout and backend build the same graphs as slmviz). Each figure is measured in a fresh process, after the model
-and set are loaded:
+as files: slmviz saves a PLT set in circuit-tracer's transcoder_set layout, which circuit-tracer's
+`load_transcoder_set` reads; a CLT with a skip path is prepared in Gemma Scope 2's layout, which its
+`load_gemma_scope_2_clt` reads (given one path more than there are layers: its loop runs over range(max(paths)), which
+would leave out the last layer, bench/clt_circuit_tracer.md). Its TransformerLens backend runs SmolLM2's weights
+(bench/attribution_graph_circuit_tracer.py shows that layout and backend build the same graphs as slmviz). Each figure
+is measured in a fresh process, after the model and set are loaded:
 - time: the graph call alone (slmviz.attribution_graph; circuit_tracer.attribute), each side's default batch size;
 - peak memory: the process's peak resident set during that call above its resident set just before it (the peak is
   reset through /proc/self/clear_refs first), so the model and set each side holds are not counted.
 The token ids start with the tokenizer's special token, which both sides keep as it is.
 
-    .venv/bin/python bench/graph_full_set.py [--ct-python /work/ct-venv/bin/python] [--lengths 16 64]
-        [--max-feature-nodes 4096] [--out bench/graph_full_set.md]
+    .venv/bin/python bench/graph_full_set.py [--kind plt|clt] [--ct-python /work/ct-venv/bin/python]
+        [--lengths 16 64] [--sides slmviz circuit-tracer] [--max-feature-nodes 4096] [--out bench/graph_full_set.md]
+
+`--sides slmviz` measures slmviz alone (circuit-tracer's column then reads "not run").
 
 The side venv is built as bench/attribution_graph_circuit_tracer.py's docstring says. Nothing is asserted.
 """
@@ -32,6 +37,8 @@ import torch
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 WORK = Path("/tmp/slmviz_graph_full_set")
+SIDES = ("slmviz", "circuit-tracer")
+RESULTS = BENCH_DIR / "graph_full_set.json"  # every run's figures, by "kind cap", then tokens, then side
 TEXT = ("When Maria finished her shift at the hospital, she walked to the small bakery on the corner, where the owner "
         "had saved her a loaf of rye bread as he did every Friday. They talked about the storm that was coming from "
         "the coast, the price of flour, and his daughter, who had just started university in Lyon to study chemistry "
@@ -40,17 +47,20 @@ TEXT = ("When Maria finished her shift at the hospital, she walked to the small 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--side", default="", choices=["", "slmviz", "circuit-tracer"])
+    parser.add_argument("--side", default="", choices=["", *SIDES])
+    parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
+    parser.add_argument("--kind", default="plt", choices=["plt", "clt"])
     parser.add_argument("--ct-python", default="/work/ct-venv/bin/python")
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--length", type=int, default=16)
     parser.add_argument("--max-feature-nodes", type=int, default=4096)
-    parser.add_argument("--out", type=Path, default=BENCH_DIR / "graph_full_set.md")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    args.out = args.out or BENCH_DIR / ("graph_full_set.md" if args.kind == "plt" else "graph_full_set_clt.md")
     if args.side == "slmviz":
-        print(json.dumps(slmviz_side(args.length, args.max_feature_nodes)))
+        print(json.dumps(slmviz_side(args.kind, args.length, args.max_feature_nodes)))
     elif args.side == "circuit-tracer":
-        print(json.dumps(circuit_tracer_side(args.length, args.max_feature_nodes)))
+        print(json.dumps(circuit_tracer_side(args.kind, args.length, args.max_feature_nodes)))
     else:
         run(args)
 
@@ -59,53 +69,71 @@ def run(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(REPO))
     import slmviz
     from slmviz.circuits.attribution import prepend_special
+    from slmviz.features.transcoder_io import prepared_dir
 
     model = slmviz.load()
-    ts = slmviz.load_transcoders("plt", model=model)
-    if not (WORK / "set" / "config.yaml").exists():
-        ts.save(WORK / "set", format="circuit-tracer")
+    ts = slmviz.load_transcoders(args.kind, model=model)
+    work = WORK / args.kind
+    work.mkdir(parents=True, exist_ok=True)
+    if args.kind == "clt":  # prepared in Gemma Scope 2's layout (a JumpReLU CLT with a skip path): read in place
+        (work / "set_dir").write_text(str(prepared_dir(model, "clt")))
+    elif not (work / "set" / "config.yaml").exists():
+        ts.save(work / "set", format="circuit-tracer")
     ids = prepend_special(model.tokenizer, model.encode(TEXT)).tolist()
     if len(ids) < max(args.lengths):
         raise SystemExit(f"the text has {len(ids)} tokens, fewer than {max(args.lengths)}")
-    (WORK / "model").write_text(str(model.path))
-    results = []
+    (work / "model").write_text(str(model.path))
+    runs = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    kept = runs.setdefault(f"{args.kind} {args.max_feature_nodes}", {})  # tokens -> side -> its figures
     for n in args.lengths:
-        (WORK / f"ids_{n}.json").write_text(json.dumps(ids[:n]))
-        torch.save(model.logits(ids[:n]).float(), WORK / f"logits_{n}.pt")  # the side checks its model against it
-        row = {"tokens": n}
+        (work / f"ids_{n}.json").write_text(json.dumps(ids[:n]))
+        torch.save(model.logits(ids[:n]).float(), work / f"logits_{n}.pt")  # the side checks its model against it
         for side, python in (("slmviz", sys.executable), ("circuit-tracer", args.ct_python)):
-            out = subprocess.run([python, __file__, "--side", side, "--length", str(n), "--max-feature-nodes",
-                                  str(args.max_feature_nodes)], capture_output=True, text=True)
+            if side not in args.sides:
+                continue
+            out = subprocess.run([python, __file__, "--side", side, "--kind", args.kind, "--length", str(n),
+                                  "--max-feature-nodes", str(args.max_feature_nodes)], capture_output=True, text=True)
             if out.returncode:
                 raise SystemExit(f"{side} failed at {n} tokens:\n{out.stderr[-4000:]}")
-            row[side] = json.loads(out.stdout.strip().splitlines()[-1])
-            print(n, side, row[side], flush=True)
-        results.append(row)
-    args.out.write_text(markdown(results, args, ts))
+            kept.setdefault(str(n), {})[side] = json.loads(out.stdout.strip().splitlines()[-1])
+            print(n, side, kept[str(n)][side], flush=True)
+            RESULTS.write_text(json.dumps(runs, indent=1) + "\n")  # each side as it ends: a later failure keeps it
+    args.out.write_text(markdown(kept, args, ts))
     print(f"wrote {args.out}")
 
 
-def markdown(results: list[dict], args: argparse.Namespace, ts) -> str:
+def markdown(kept: dict[str, dict], args: argparse.Namespace, ts) -> str:
+    """The table of every length measured for this kind and cap (RESULTS keeps earlier runs' rows)."""
     probe = "import importlib.metadata as m; print(m.version('circuit-tracer'))"
     version = subprocess.run([args.ct_python, "-c", probe], capture_output=True, text=True).stdout.strip()
     from common import cpu_model  # here, not at the top: the side venv imports this file too
 
-    lines = [f"Measured by `bench/graph_full_set.py` on {cpu_model()}, torch {torch.__version__} with "
-             f"{torch.get_num_threads()} threads: SmolLM2-135M-Instruct with its prepared full set "
-             f"({len(ts)} per-layer transcoders of {ts.d_sae} features), the {args.max_feature_nodes} most "
-             f"influential features kept, against circuit-tracer {version} (TransformerLens backend) in a side venv. "
-             "Time: the graph call alone; memory: its peak resident set above the process's before the call. "
-             "circuit-tracer's model (TransformerLens, SmolLM2's weights) against slmviz's logits on the same ids: "
-             f"max |Δ| {max(r['circuit-tracer']['logits_vs_slmviz_max_abs'] for r in results):.1g}.", "",
-             "| prompt | slmviz | circuit-tracer | time ratio | slmviz peak | circuit-tracer peak | "
-             "replacement / completeness (slmviz; circuit-tracer) |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in results:
-        a, b = r["slmviz"], r["circuit-tracer"]
-        lines.append(f"| {r['tokens']} tokens | {a['seconds']:.1f} s | {b['seconds']:.1f} s | "
-                     f"{b['seconds'] / a['seconds']:.2f}x faster | {a['peak_gb']:.2f} GB | {b['peak_gb']:.2f} GB | "
-                     f"{a['replacement']:.3f} / {a['completeness']:.3f}; {b['replacement']:.3f} / "
-                     f"{b['completeness']:.3f} |")
+    what = (f"its prepared full set ({len(ts)} per-layer transcoders of {ts.d_sae} features)" if args.kind == "plt"
+            else f"its prepared cross-layer transcoder ({ts.n_layers} layers of {ts.d_sae} features)")
+    diffs = [r["circuit-tracer"]["logits_vs_slmviz_max_abs"] for r in kept.values() if "circuit-tracer" in r]
+    lines = [f"Measured by `bench/graph_full_set.py{' --kind clt' if args.kind == 'clt' else ''}` on {cpu_model()}, "
+             f"torch {torch.__version__} with {torch.get_num_threads()} threads: SmolLM2-135M-Instruct with {what}, "
+             f"the {args.max_feature_nodes} most influential features kept, against circuit-tracer {version} "
+             "(TransformerLens backend) in a side venv. Time: the graph call alone; memory: its peak resident set "
+             "above the process's before the call."
+             + (" circuit-tracer's model (TransformerLens, SmolLM2's weights) against slmviz's logits on the same "
+                f"ids: max |Δ| {max(diffs):.1g}." if diffs else ""), "",
+             "| prompt | slmviz | circuit-tracer | time ratio | slmviz peak | circuit-tracer peak | features kept | "
+             "replacement / completeness (slmviz; circuit-tracer) |", "|" + " --- |" * 8]
+    for n in sorted(kept, key=int):
+        a, b = kept[n].get("slmviz"), kept[n].get("circuit-tracer")
+        ratio = f"{b['seconds'] / a['seconds']:.2f}x faster" if a and b else "—"
+        features = " / ".join(str(r["features"]) for r in (a, b) if r and "features" in r)
+        lines.append(f"| {n} tokens | {cell(a, '{seconds:.1f} s')} | {cell(b, '{seconds:.1f} s')} | {ratio} | "
+                     f"{cell(a, '{peak_gb:.2f} GB')} | {cell(b, '{peak_gb:.2f} GB')} | {features or '—'} | "
+                     f"{cell(a, '{replacement:.3f} / {completeness:.3f}')}; "
+                     f"{cell(b, '{replacement:.3f} / {completeness:.3f}')} |")
     return "\n".join(lines) + "\n"
+
+
+def cell(figures: dict | None, template: str) -> str:
+    """One side's figures in a table cell, or "not run" where that side was not measured at that length."""
+    return template.format(**figures) if figures else "not run"
 
 
 def reset_peak() -> float:
@@ -121,13 +149,13 @@ def _status_gb(key: str) -> float:
     raise KeyError(key)
 
 
-def slmviz_side(n: int, cap: int) -> dict:
+def slmviz_side(kind: str, n: int, cap: int) -> dict:
     sys.path.insert(0, str(REPO))
     import slmviz
 
     model = slmviz.load()
-    ts = slmviz.load_transcoders("plt", model=model)
-    ids = json.loads((WORK / f"ids_{n}.json").read_text())
+    ts = slmviz.load_transcoders(kind, model=model)
+    ids = json.loads((WORK / kind / f"ids_{n}.json").read_text())
     before = reset_peak()
     t = time.perf_counter()
     g = slmviz.attribution_graph(ids, transcoders=ts, model=model, max_feature_nodes=cap, progress=False)
@@ -137,15 +165,14 @@ def slmviz_side(n: int, cap: int) -> dict:
     return {"seconds": seconds, "peak_gb": peak, "features": int((g.nodes["kind"] == "feature").sum()), **scores}
 
 
-def circuit_tracer_side(n: int, cap: int) -> dict:
+def circuit_tracer_side(kind: str, n: int, cap: int) -> dict:
     import transformers
-    import yaml
     from attribution_graph_circuit_tracer import tl_replacement_model
     from circuit_tracer import attribute
     from circuit_tracer.graph import compute_graph_scores
-    from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
 
-    folder = Path((WORK / "model").read_text())
+    work = WORK / kind
+    folder = Path((work / "model").read_text())
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     # the folder's tokenizer_config.json names transformers 5's TokenizersBackend, which transformers 4 lacks; and
     # TransformerLens needs a tokenizer with a name_or_path: so save one from tokenizer.json and load it back
@@ -153,18 +180,14 @@ def circuit_tracer_side(n: int, cap: int) -> dict:
     tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_file=str(folder / "tokenizer.json"),
         **{k: special[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token") if k in special})
-    tokenizer.save_pretrained(WORK / "tokenizer")
-    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(WORK / "tokenizer")
-    config = yaml.safe_load((WORK / "set" / "config.yaml").read_text())
-    paths = {i: str(WORK / "set" / f) for i, f in enumerate(config["transcoders"])}
-    tset = load_transcoder_set(paths, scan=config["scan"], feature_input_hook=config["feature_input_hook"],
-                               feature_output_hook=config["feature_output_hook"], device=torch.device("cpu"),
-                               dtype=torch.float32, lazy_encoder=False, lazy_decoder=False)
-    model = tl_replacement_model(hf, tokenizer, WORK / "tokenizer", tset, "SmolLM2-135M-Instruct")
+    tokenizer.save_pretrained(work / "tokenizer")
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(work / "tokenizer")
+    tset = circuit_tracer_clt(work, hf.config.num_hidden_layers) if kind == "clt" else circuit_tracer_set(work)
+    model = tl_replacement_model(hf, tokenizer, work / "tokenizer", tset, "SmolLM2-135M-Instruct")
     del hf
-    ids = torch.tensor(json.loads((WORK / f"ids_{n}.json").read_text()))
+    ids = torch.tensor(json.loads((work / f"ids_{n}.json").read_text()))
     with torch.no_grad():
-        same_model = float((model(ids[None])[0] - torch.load(WORK / f"logits_{n}.pt")).abs().max())
+        same_model = float((model(ids[None])[0] - torch.load(work / f"logits_{n}.pt")).abs().max())
     before = reset_peak()
     t = time.perf_counter()
     graph = attribute(ids, model, max_feature_nodes=cap)
@@ -174,6 +197,32 @@ def circuit_tracer_side(n: int, cap: int) -> dict:
     return {"seconds": seconds, "peak_gb": peak, "features": int(len(graph.selected_features)),
             "replacement": float(replacement), "completeness": float(completeness),
             "logits_vs_slmviz_max_abs": same_model}
+
+
+def circuit_tracer_set(work: Path):
+    """circuit-tracer's TranscoderSet of the PLT set slmviz saved in its layout."""
+    import yaml
+    from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
+
+    config = yaml.safe_load((work / "set" / "config.yaml").read_text())
+    paths = {i: str(work / "set" / f) for i, f in enumerate(config["transcoders"])}
+    return load_transcoder_set(paths, scan=config["scan"], feature_input_hook=config["feature_input_hook"],
+                               feature_output_hook=config["feature_output_hook"], device=torch.device("cpu"),
+                               dtype=torch.float32, lazy_encoder=False, lazy_decoder=False)
+
+
+def circuit_tracer_clt(work: Path, n_layers: int):
+    """circuit-tracer's CrossLayerTranscoder of the prepared CLT (Gemma Scope 2's layout, read in place). Its
+    load_gemma_scope_2_clt reads the files of range(max(paths)): one key past the last layer makes that every layer
+    (the value is never opened). The CLT reads the MLP's input after the norm's weight and writes its output: in
+    circuit-tracer's names for its ReplacementMLP, mlp.hook_in and mlp.hook_out (transcoder_io's CT_INPUT_HOOKS)."""
+    from circuit_tracer.transcoder.cross_layer_transcoder import load_gemma_scope_2_clt
+
+    folder = Path((work / "set_dir").read_text())
+    paths = {i: str(folder / f"params_layer_{i}.safetensors") for i in range(n_layers)}
+    paths[n_layers] = "never read: circuit-tracer's loop stops before its largest key"
+    return load_gemma_scope_2_clt(paths, feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out",
+                                  device=torch.device("cpu"), dtype=torch.float32)
 
 
 if __name__ == "__main__":
