@@ -1,9 +1,10 @@
 """Render the README's side-by-side table of replacement models from bench/replacement_scores.json.
 
-    python bench/replacement_table.py plt clt clt-no-pre-act-loss
+    python bench/replacement_table.py "plt=PLT set (30 × 4,096)" "clt=CLT (30 × 512)" clt-no-pre-act-loss
 
-Each named entry of the JSON (written by `bench/replacement_scores.py --evaluate`) becomes a column; every figure
-is read from the file, none is typed in, so the README's table is re-made by running this again.
+Each named entry (`name` or `name=column heading`) of the JSON (written by `bench/replacement_scores.py
+--evaluate`) becomes a column; every figure is read from the file, none is typed in, so the README's table is
+re-made by running this again.
 """
 
 from __future__ import annotations
@@ -57,11 +58,14 @@ ROWS = [
 
 
 def render(scores: dict, names: list[str]) -> str:
-    """The markdown table, one column per entry of `scores["sets"]` named in `names`."""
+    """The markdown table, one column per entry of `scores["sets"]` named in `names` (each `name` or
+    `name=heading`)."""
+    headings = [name.partition("=")[2] or name for name in names]
+    names = [name.partition("=")[0] for name in names]
     missing = [name for name in names if name not in scores["sets"]]
     if missing:
         raise SystemExit(f"not in the scores file: {missing}; it holds {sorted(scores['sets'])}")
-    lines = ["| figure | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    lines = ["| figure | " + " | ".join(headings) + " |", "| --- |" + " --- |" * len(names)]
     for label, cell in ROWS:
         lines.append(f"| {label} | " + " | ".join(cell(scores["sets"][name]) for name in names) + " |")
     return "\n".join(lines)
@@ -69,7 +73,7 @@ def render(scores: dict, names: list[str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="+", help="entries of the scores file, one column each")
+    parser.add_argument("names", nargs="+", help="entries of the scores file, one column each: NAME or NAME=HEADING")
     parser.add_argument("--scores", type=Path, default=HERE / "replacement_scores.json")
     args = parser.parse_args()
     print(render(json.loads(args.scores.read_text()), args.names))
