@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import slmviz
-from slmviz.circuits.attribution import AttributionGraphError, attribution_graph
+from slmviz.circuits.attribution import AttributionGraphError, active_features, attribution_graph
 from slmviz.circuits.replacement import prompt_state
 from slmviz.features.clt import CLTError, CrossLayerTranscoder
 
@@ -228,6 +228,32 @@ def test_removing_a_clt_feature_moves_each_target_by_its_edges_including_its_lat
             only_own[0][0, row.position] = deltas[0][0, row.position]
             partial = targets(only_own) - base
             assert not torch.allclose(partial, change, atol=1e-6)
+
+
+def test_a_graphs_writes_hold_each_clt_features_decoder_rows_once_however_often_it_fires(models):
+    """attribution.Writes: each write's vector is a · W_dec[L][f, j - L] (written out from the tensors), while its
+    table holds one row per distinct (feature, layer written); stored per write, a long prompt's rows grew with
+    its length (37 MB a token over SmolLM2's CLT) and the memory budget refused prompts past ~55 tokens."""
+    m = models["llama_gqa"]
+    n = m.cfg.n_layers
+    clt = clt_for(m, seed=7, d_sae=16)
+    ids = m.encode(PROMPT * 4)
+    state = prompt_state(m, ids, clt)
+    f_layer, f_pos, f_idx, f_act, _, writes, _ = active_features(clt, state, n, zero_bos=False)
+    distinct = {(int(L), int(f)) for L, f in zip(f_layer, f_idx, strict=True)}
+    assert len(f_layer) > 2 * len(distinct)  # features fire at several positions each
+    assert writes.table.shape[0] == sum(n - L for L, _ in distinct)
+    assert len(writes.node) == sum(n - int(L) for L in f_layer)
+    node = writes.node
+    rows = [clt.W_dec[int(f_layer[i])].detach()[int(f_idx[i]), int(j - f_layer[i])]
+            for i, j in zip(node, writes.layer, strict=True)]
+    expected = f_act[node, None] * torch.stack(rows)
+    assert torch.equal(writes.layer >= f_layer[node], torch.ones(len(node), dtype=torch.bool))
+    assert torch.allclose(writes.vec(), expected, atol=1e-6, rtol=0)
+    kept = torch.tensor([0, 3, len(f_layer) - 1])
+    sub = writes.select(kept)
+    assert sub.table is writes.table and set(sub.node.tolist()) == {0, 1, 2}
+    assert torch.allclose(sub.vec(), writes.vec(torch.isin(node, kept).nonzero(as_tuple=True)[0]))
 
 
 CLEAN = [3, 10, 11, 12, 13, 14, 15, 16]

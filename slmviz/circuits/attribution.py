@@ -41,6 +41,7 @@ from .attribution_prune import graph_scores, mean_path_length, prune_masks
 from .replacement import AttributionGraphError, PromptState, checked_transcoders, prompt_state
 
 DEFAULT_MEMORY_BUDGET_GB = 4.0
+WRITE_CHUNK = 65_536  # writes materialised at once where every vector is needed (replacement_constant): 151 MB
 Progress = bool | Callable[[int, int], None] | None  # a tqdm bar (True), nothing (False / None), fn(done, total)
 KINDS = ("feature", "error", "embedding", "logit")
 
@@ -387,10 +388,10 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
 
     cap = n_feat if max_feature_nodes is None else min(max_feature_nodes, n_feat)
     bytes_per = torch.finfo(model.dtype).bits // 8
-    estimate = graph_memory_bytes(n_pos, n_feat, n_logits, cap, batch_size, cfg, bytes_per, vmap, writes.vec.numel())
+    estimate = graph_memory_bytes(n_pos, n_feat, n_logits, cap, batch_size, cfg, bytes_per, vmap, writes.values())
     budget = memory_budget_gb * 2**30
     if estimate > budget:
-        fits = largest_cap(budget, n_pos, n_feat, n_logits, batch_size, cfg, bytes_per, vmap, writes.vec.numel())
+        fits = largest_cap(budget, n_pos, n_feat, n_logits, batch_size, cfg, bytes_per, vmap, writes.values())
         hint = f", pass max_feature_nodes={fits} (the most influential features; this prompt has {n_feat})" \
             if fits > 0 else ""
         raise AttributionGraphError(
@@ -448,20 +449,37 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
 @dataclass
 class Writes:
     """What the active features add to the MLP outputs: one entry per (feature node, layer it writes): the node's
-    index, the layer written, and the vector [d_model] (fp32). A per-layer transcoder writes its own layer once; a
-    cross-layer transcoder's feature writes every later layer too."""
+    index, the layer written, and the vector [d_model] (fp32) as `scale · table[row]`. A per-layer transcoder
+    writes its own layer once; a cross-layer transcoder's feature writes every later layer too.
+
+    Why a table: the vector is the feature's activation times a decoder row that depends on the feature alone, and a
+    feature fires at many positions. Stored per write, a CLT's vectors grow with the prompt (SmolLM2's CLT: ~1,000
+    active features a token, ~15 rows each, 37 MB a token, so the 4 GiB budget stopped at 55 tokens); the table
+    holds each (feature, layer written) row once, at most the CLT's decoder, whatever the length."""
 
     node: torch.Tensor  # [w] long: the feature node (0..n_features-1)
     layer: torch.Tensor  # [w] long: the MLP output written
-    vec: torch.Tensor  # [w, d_model]
+    scale: torch.Tensor  # [w] fp32: the feature's activation at the node
+    row: torch.Tensor  # [w] long: its unit-activation vector's row in `table`
+    table: torch.Tensor  # [r, d_model] fp32: the distinct unit-activation vectors
+
+    def vec(self, idx: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """The vectors [n, d_model] of writes `idx`."""
+        return self.scale[idx, None] * self.table[self.row[idx]]
+
+    def values(self) -> int:
+        """What the writes hold, in fp32-sized values (graph_memory_bytes' `write_values`): the table, and per write
+        three int64 indices (two values each) and the scale."""
+        return self.table.numel() + 7 * len(self.node)
 
     def select(self, features: torch.Tensor) -> Writes:
-        """The writes of `features` (sorted feature node indices), renumbered 0..len(features)-1."""
+        """The writes of `features` (sorted feature node indices), renumbered 0..len(features)-1; the table is
+        shared."""
         size = max(int(self.node.max()) if len(self.node) else -1, int(features.max()) if len(features) else -1) + 1
         new = torch.full((size,), -1, dtype=torch.long)
         new[features] = torch.arange(len(features))
         keep = new[self.node] >= 0 if len(self.node) else torch.zeros(0, dtype=torch.bool)
-        return Writes(new[self.node[keep]], self.layer[keep], self.vec[keep])
+        return Writes(new[self.node[keep]], self.layer[keep], self.scale[keep], self.row[keep], self.table)
 
 
 def partial_influences(rows: torch.Tensor, logit_p: torch.Tensor, row_node: torch.Tensor,
@@ -522,8 +540,9 @@ def graph_memory_bytes(n_pos: int, n_feat: int, n_logits: int, cap: int, batch_s
     """What attribution_graph's memory budget charges a prompt of `n_pos` tokens with `n_feat` active features, the
     `cap` most influential kept (max_feature_nodes): estimate_memory_bytes over the kept nodes; while features are
     chosen, the rows of the kept features and logits over *every* node (4 * (cap + n_logits) * all nodes: what
-    grows with a long prompt's active features, and what bounds its length); and `write_values` fp32 decoder
-    values, one d_model row per layer each active feature writes (a CLT feature of layer L has n_layers - L)."""
+    grows with a long prompt's active features, and what bounds its length); and `write_values` fp32-sized
+    values for the features' writes (Writes.values: one d_model row per distinct feature and layer it writes, a CLT
+    feature of layer L writing n_layers - L, plus a few indices per write)."""
     cap = min(cap, n_feat)
     other = cfg.n_layers * n_pos + n_pos + n_logits  # error, embedding and logit nodes
     rows = min(batch_size, cap + n_logits)
@@ -576,16 +595,21 @@ def active_features(ts: Any, state: PromptState, n_layers: int, zero_bos: bool
     long0 = torch.zeros(0, dtype=torch.long)
     f_layer, f_pos, f_idx = cat(layers, long0), cat(positions, long0), cat(feats, long0)
     f_act, f_enc = cat(values, torch.zeros(0)), cat(enc, torch.zeros(0, d_model))
-    nodes, targets, vecs = [], [], []
-    start = 0
+    nodes, targets, scales, rows, table = [], [], [], [], []
+    start = n_rows = 0
     for layer, idx, act in zip(ts.layers, feats, values, strict=True):
         node = torch.arange(start, start + len(idx))
-        for target, v in ts.writes(layer, idx, act):
+        distinct, which = idx.unique(return_inverse=True)  # a feature's rows once, however many positions it fires at
+        for target, v in ts.writes(layer, distinct, torch.ones(len(distinct))):  # the unit-activation vectors
             nodes.append(node)
             targets.append(torch.full_like(node, target))
-            vecs.append(v)
+            scales.append(act.float())
+            rows.append(n_rows + which)
+            table.append(v)
+            n_rows += len(distinct)
         start += len(idx)
-    writes = Writes(cat(nodes, long0), cat(targets, long0), cat(vecs, torch.zeros(0, d_model)))
+    writes = Writes(cat(nodes, long0), cat(targets, long0), cat(scales, torch.zeros(0)), cat(rows, long0),
+                    cat(table, torch.zeros(0, d_model)))
     errors = torch.zeros(n_layers, n_pos, d_model)
     inputs = {L: state.mlp_in[L] for L in ts.layers}
     written = {int(L) for L in writes.layer.unique()} | set(ts.layers)
@@ -682,7 +706,7 @@ def _attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple
         feature_edges = torch.zeros(rows, n_feat)
         for layer, p, idx in groups:
             if layer < deepest:
-                m = g_layers[:, layer, p] @ writes.vec[idx].T  # [b, d_model] @ [d_model, n] -> [b, n]
+                m = (g_layers[:, layer, p] @ writes.table[writes.row[idx]].T) * writes.scale[idx]  # [b, n]
                 feature_edges.index_add_(1, writes.node[idx], m)
         block[:, :n_feat] = feature_edges
         err = torch.einsum("blpd,lpd->blp", g_layers, errors[:deepest])  # [b, deepest, pos]
@@ -747,7 +771,9 @@ def replacement_constant(model: Any, state: PromptState, ts: Any, f_layer: torch
     cfg = model.cfg
     n_pos = len(state.ids)
     deltas = -errors.clone()
-    deltas.index_put_((writes.layer, f_pos[writes.node]), -writes.vec, accumulate=True)
+    for start in range(0, len(writes.node), WRITE_CHUNK):  # chunks: every vector at once is what Writes avoids
+        idx = slice(start, start + WRITE_CHUNK)
+        deltas.index_put_((writes.layer[idx], f_pos[writes.node[idx]]), -writes.vec(idx), accumulate=True)
     deltas = [d[None].to(model.dtype) for d in deltas]
     zero = torch.zeros(1, n_pos, cfg.d_model, dtype=model.dtype)
     mlp_in, normed = ts.frozen_forward(model, state, zero, deltas)
