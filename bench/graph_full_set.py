@@ -38,6 +38,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 WORK = Path("/tmp/slmviz_graph_full_set")
 SIDES = ("slmviz", "circuit-tracer")
+XEON = "Intel(R) Xeon(R) Processor"  # the CPU of the rows measured before each row named its own
 RESULTS = BENCH_DIR / "graph_full_set.json"  # every run's figures, by "kind cap", then tokens, then side
 TEXT = ("When Maria finished her shift at the hospital, she walked to the small bakery on the corner, where the owner "
         "had saved her a loaf of rye bread as he did every Friday. They talked about the storm that was coming from "
@@ -95,7 +96,9 @@ def run(args: argparse.Namespace) -> None:
                                   "--max-feature-nodes", str(args.max_feature_nodes)], capture_output=True, text=True)
             if out.returncode:
                 raise SystemExit(f"{side} failed at {n} tokens:\n{out.stderr[-4000:]}")
-            kept.setdefault(str(n), {})[side] = json.loads(out.stdout.strip().splitlines()[-1])
+            from common import cpu_model  # here, not at the top: the side venv imports this file too
+
+            kept.setdefault(str(n), {})[side] = {**json.loads(out.stdout.strip().splitlines()[-1]), "cpu": cpu_model()}
             print(n, side, kept[str(n)][side], flush=True)
             RESULTS.write_text(json.dumps(runs, indent=1) + "\n")  # each side as it ends: a later failure keeps it
     args.out.write_text(markdown(kept, args, ts))
@@ -111,20 +114,24 @@ def markdown(kept: dict[str, dict], args: argparse.Namespace, ts) -> str:
     what = (f"its prepared full set ({len(ts)} per-layer transcoders of {ts.d_sae} features)" if args.kind == "plt"
             else f"its prepared cross-layer transcoder ({ts.n_layers} layers of {ts.d_sae} features)")
     diffs = [r["circuit-tracer"]["logits_vs_slmviz_max_abs"] for r in kept.values() if "circuit-tracer" in r]
-    lines = [f"Measured by `bench/graph_full_set.py{' --kind clt' if args.kind == 'clt' else ''}` on {cpu_model()}, "
+    # each side's row keeps the CPU it ran on (a row measured before that was kept is the 2-core Xeon's, 2026-12-02)
+    cpus = sorted({r.get("cpu", XEON) for sides in kept.values() for r in sides.values()}) or [cpu_model()]
+    lines = [f"Measured by `bench/graph_full_set.py{' --kind clt' if args.kind == 'clt' else ''}` on "
+             f"{' and '.join(cpus)} (2 cores; the CPU column names each row's), "
              f"torch {torch.__version__} with {torch.get_num_threads()} threads: SmolLM2-135M-Instruct with {what}, "
              f"the {args.max_feature_nodes} most influential features kept, against circuit-tracer {version} "
              "(TransformerLens backend) in a side venv. Time: the graph call alone; memory: its peak resident set "
              "above the process's before the call."
              + (" circuit-tracer's model (TransformerLens, SmolLM2's weights) against slmviz's logits on the same "
                 f"ids: max |Δ| {max(diffs):.1g}." if diffs else ""), "",
-             "| prompt | slmviz | circuit-tracer | time ratio | slmviz peak | circuit-tracer peak | features kept | "
-             "replacement / completeness (slmviz; circuit-tracer) |", "|" + " --- |" * 8]
+             "| prompt | CPU | slmviz | circuit-tracer | time ratio | slmviz peak | circuit-tracer peak | "
+             "features kept | replacement / completeness (slmviz; circuit-tracer) |", "|" + " --- |" * 9]
     for n in sorted(kept, key=int):
         a, b = kept[n].get("slmviz"), kept[n].get("circuit-tracer")
         ratio = f"{b['seconds'] / a['seconds']:.2f}x faster" if a and b else "—"
         features = " / ".join(str(r["features"]) for r in (a, b) if r and "features" in r)
-        lines.append(f"| {n} tokens | {cell(a, '{seconds:.1f} s')} | {cell(b, '{seconds:.1f} s')} | {ratio} | "
+        cpu = " / ".join(sorted({r.get("cpu", XEON) for r in (a, b) if r}))
+        lines.append(f"| {n} tokens | {cpu} | {cell(a, '{seconds:.1f} s')} | {cell(b, '{seconds:.1f} s')} | {ratio} | "
                      f"{cell(a, '{peak_gb:.2f} GB')} | {cell(b, '{peak_gb:.2f} GB')} | {features or '—'} | "
                      f"{cell(a, '{replacement:.3f} / {completeness:.3f}')}; "
                      f"{cell(b, '{replacement:.3f} / {completeness:.3f}')} |")
