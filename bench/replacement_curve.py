@@ -5,7 +5,11 @@ coders saved as JumpReLU), then scored on bench/replacement_scores.py's 20 promp
 A checkpoint is the run *before* its learning rate's final decay (lr_decay: the last 20 % of `tokens`), so an
 earlier point is a lower bound on what a run of that many tokens would reach; the last point is the finished set.
 
-    .venv/bin/python bench/replacement_curve.py SNAPSHOT.safetensors [...] [--out bench/replacement_curve.json]
+    .venv/bin/python bench/replacement_curve.py SNAPSHOT.safetensors [...] [--log bench/replacement_scores_runs]
+        [--out bench/replacement_curve.json]
+
+With --log, each point's finished prompts go to LOG/plt@{tokens}-all.jsonl and a rerun skips them (a point's 20
+unpruned graphs take ~25 min on 2 cores, so a curve may span sessions).
 
 Copy the checkpoints while `slmviz prepare --transcoders plt` runs, e.g. when min over layers of
 meta["layers"][L]["cursor"]["tokens"] passes 125k and 250k ($SLMVIZ_CACHE/transcoders/{model}/plt/
@@ -43,6 +47,7 @@ def main() -> None:
     p.add_argument("snapshots", nargs="+", type=Path)
     p.add_argument("--model", default=None)
     p.add_argument("--tokens", type=int, default=20_000, help="held-out tokens per corpus")
+    p.add_argument("--log", type=Path, default=None, help="a folder for each point's finished prompts (resume)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     model = slmviz.load(args.model)
@@ -50,7 +55,8 @@ def main() -> None:
     points = []
     for snapshot in args.snapshots:
         ts, tokens = finished_set(model, snapshot, corpus)
-        entry = {"tokens": tokens, **{k: v for k, v in graph_report(model, ts, None).items() if k != "prompts"}}
+        log = args.log / f"plt@{tokens}-all.jsonl" if args.log else None
+        entry = {"tokens": tokens, **{k: v for k, v in graph_report(model, ts, None, log).items() if k != "prompts"}}
         for name in ("broad", "chat"):
             r = slmviz.evaluate_transcoders(ts, resolve_corpus(name, model, split="heldout"), model=model,
                                             tokens=args.tokens, progress=False)
