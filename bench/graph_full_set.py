@@ -18,7 +18,9 @@ The token ids start with the tokenizer's special token, which both sides keep as
     .venv/bin/python bench/graph_full_set.py [--kind plt|clt] [--ct-python /work/ct-venv/bin/python]
         [--lengths 16 64] [--sides slmviz circuit-tracer] [--max-feature-nodes 4096] [--out bench/graph_full_set.md]
 
-`--sides slmviz` measures slmviz alone (circuit-tracer's column then reads "not run").
+`--sides slmviz` measures slmviz alone (circuit-tracer's column then reads "not run"). A side that the kernel kills
+for memory is recorded as such; circuit-tracer is then run again at `--ct-fallback-batch-size` (64, slmviz's
+default), and its cell names that batch size.
 
 The side venv is built as bench/attribution_graph_circuit_tracer.py's docstring says. Nothing is asserted.
 """
@@ -55,13 +57,17 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--length", type=int, default=16)
     parser.add_argument("--max-feature-nodes", type=int, default=4096)
+    parser.add_argument("--batch-size", type=int, default=0, help="(a side's) batch size; 0: that side's default")
+    parser.add_argument("--ct-fallback-batch-size", type=int, default=64,
+                        help="where circuit-tracer at its default batch size is killed for memory, run it again "
+                             "at this one (0: do not)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     args.out = args.out or BENCH_DIR / ("graph_full_set.md" if args.kind == "plt" else "graph_full_set_clt.md")
     if args.side == "slmviz":
         print(json.dumps(slmviz_side(args.kind, args.length, args.max_feature_nodes)))
     elif args.side == "circuit-tracer":
-        print(json.dumps(circuit_tracer_side(args.kind, args.length, args.max_feature_nodes)))
+        print(json.dumps(circuit_tracer_side(args.kind, args.length, args.max_feature_nodes, args.batch_size)))
     else:
         run(args)
 
@@ -92,17 +98,32 @@ def run(args: argparse.Namespace) -> None:
         for side, python in (("slmviz", sys.executable), ("circuit-tracer", args.ct_python)):
             if side not in args.sides:
                 continue
-            out = subprocess.run([python, __file__, "--side", side, "--kind", args.kind, "--length", str(n),
-                                  "--max-feature-nodes", str(args.max_feature_nodes)], capture_output=True, text=True)
-            if out.returncode:
-                raise SystemExit(f"{side} failed at {n} tokens:\n{out.stderr[-4000:]}")
             from common import cpu_model  # here, not at the top: the side venv imports this file too
 
-            kept.setdefault(str(n), {})[side] = {**json.loads(out.stdout.strip().splitlines()[-1]), "cpu": cpu_model()}
+            figures = run_side(python, side, args, n)
+            if figures.get("killed") and side == "circuit-tracer" and args.ct_fallback_batch_size:
+                print(f"circuit-tracer was killed for memory at {n} tokens; again at batch size "
+                      f"{args.ct_fallback_batch_size}", flush=True)
+                figures = {**run_side(python, side, args, n, args.ct_fallback_batch_size),
+                           "default_batch_size": "killed for memory"}
+            kept.setdefault(str(n), {})[side] = {**figures, "cpu": cpu_model()}
             print(n, side, kept[str(n)][side], flush=True)
             RESULTS.write_text(json.dumps(runs, indent=1) + "\n")  # each side as it ends: a later failure keeps it
     args.out.write_text(markdown(kept, args, ts))
     print(f"wrote {args.out}")
+
+
+def run_side(python: str, side: str, args: argparse.Namespace, n: int, batch_size: int = 0) -> dict:
+    """One side's figures from a fresh process; {"killed": True} where the kernel killed it (SIGKILL: on this
+    machine, its out-of-memory killer), which is a result to record, not a failure of the bench."""
+    out = subprocess.run([python, __file__, "--side", side, "--kind", args.kind, "--length", str(n),
+                          "--max-feature-nodes", str(args.max_feature_nodes), "--batch-size", str(batch_size)],
+                         capture_output=True, text=True)
+    if out.returncode == -9:
+        return {"killed": True, "batch_size": batch_size or "default"}
+    if out.returncode:
+        raise SystemExit(f"{side} failed at {n} tokens:\n{out.stderr[-4000:]}")
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), **({"batch_size": batch_size} if batch_size else {})}
 
 
 def markdown(kept: dict[str, dict], args: argparse.Namespace, ts) -> str:
@@ -128,7 +149,7 @@ def markdown(kept: dict[str, dict], args: argparse.Namespace, ts) -> str:
              "features kept | replacement / completeness (slmviz; circuit-tracer) |", "|" + " --- |" * 9]
     for n in sorted(kept, key=int):
         a, b = kept[n].get("slmviz"), kept[n].get("circuit-tracer")
-        ratio = f"{b['seconds'] / a['seconds']:.2f}x faster" if a and b else "—"
+        ratio = f"{b['seconds'] / a['seconds']:.2f}x faster" if a and b and "seconds" in a and "seconds" in b else "—"
         features = " / ".join(str(r["features"]) for r in (a, b) if r and "features" in r)
         cpu = " / ".join(sorted({r.get("cpu", XEON) for r in (a, b) if r}))
         lines.append(f"| {n} tokens | {cpu} | {cell(a, '{seconds:.1f} s')} | {cell(b, '{seconds:.1f} s')} | {ratio} | "
@@ -139,8 +160,16 @@ def markdown(kept: dict[str, dict], args: argparse.Namespace, ts) -> str:
 
 
 def cell(figures: dict | None, template: str) -> str:
-    """One side's figures in a table cell, or "not run" where that side was not measured at that length."""
-    return template.format(**figures) if figures else "not run"
+    """One side's figures in a table cell, or "not run" where that side was not measured at that length, or what
+    stopped it; a run at another batch size than its default says so."""
+    if not figures:
+        return "not run"
+    if figures.get("killed"):
+        return "killed for memory"
+    note = (f" (batch {figures['batch_size']}; at its default batch size it was killed for memory)"
+            if figures.get("default_batch_size") else f" (batch {figures['batch_size']})" if "batch_size" in figures
+            else "")
+    return template.format(**figures) + note
 
 
 def reset_peak() -> float:
@@ -172,7 +201,7 @@ def slmviz_side(kind: str, n: int, cap: int) -> dict:
     return {"seconds": seconds, "peak_gb": peak, "features": int((g.nodes["kind"] == "feature").sum()), **scores}
 
 
-def circuit_tracer_side(kind: str, n: int, cap: int) -> dict:
+def circuit_tracer_side(kind: str, n: int, cap: int, batch_size: int = 0) -> dict:
     import transformers
     from attribution_graph_circuit_tracer import tl_replacement_model
     from circuit_tracer import attribute
@@ -197,7 +226,7 @@ def circuit_tracer_side(kind: str, n: int, cap: int) -> dict:
         same_model = float((model(ids[None])[0] - torch.load(work / f"logits_{n}.pt")).abs().max())
     before = reset_peak()
     t = time.perf_counter()
-    graph = attribute(ids, model, max_feature_nodes=cap)
+    graph = attribute(ids, model, max_feature_nodes=cap, **({"batch_size": batch_size} if batch_size else {}))
     seconds = time.perf_counter() - t
     peak = _status_gb("VmHWM") - before
     replacement, completeness = compute_graph_scores(graph)
