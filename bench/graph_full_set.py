@@ -73,6 +73,8 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from common import cpu_model  # here, not at the top: the side venv imports this file too
+
     sys.path.insert(0, str(REPO))
     import slmviz
     from slmviz.circuits.attribution import prepend_special
@@ -98,8 +100,6 @@ def run(args: argparse.Namespace) -> None:
         for side, python in (("slmviz", sys.executable), ("circuit-tracer", args.ct_python)):
             if side not in args.sides:
                 continue
-            from common import cpu_model  # here, not at the top: the side venv imports this file too
-
             figures = run_side(python, side, args, n)
             if figures.get("killed") and side == "circuit-tracer" and args.ct_fallback_batch_size:
                 print(f"circuit-tracer was killed for memory at {n} tokens; again at batch size "

@@ -31,7 +31,7 @@ from common import cpu_model
 from graph_full_set import _status_gb, reset_peak
 
 import slmviz
-from slmviz.circuits.attribution import DEFAULT_MEMORY_BUDGET_GB, graph_memory_bytes, prepend_special
+from slmviz.circuits.attribution import DEFAULT_MEMORY_BUDGET_GB, graph_memory_bytes, prepend_special, writes_values
 from slmviz.features.clt import CrossLayerTranscoder
 from slmviz.features.corpora import resolve_corpus
 from slmviz.scans.corpus import iter_documents
@@ -42,7 +42,7 @@ GB = 2**30
 def active_per_prefix(model, ts, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(count, values): count[n] = the active features of the graph of ids[:n] (positions 1..n-1, every layer), and
     values[n] = what its writes hold (attribution.Writes.values: a d_model row per distinct feature and layer it
-    writes, one for a PLT feature and n_layers - L for a CLT feature of layer L, plus 7 per write)."""
+    writes, one for a PLT feature and n_layers - L for a CLT feature of layer L, plus its indices)."""
     t = model.trace(ids, names=[c.hook_name for c in ts])
     n_pos, clt = len(ids), isinstance(ts, CrossLayerTranscoder)
     per_pos = torch.zeros(n_pos, dtype=torch.long)  # active features at each position
@@ -60,7 +60,7 @@ def active_per_prefix(model, ts, ids: torch.Tensor) -> tuple[torch.Tensor, torch
             first = fired.int().argmax(0)[ever]  # the position each feature first fires at
             new_rows_per_pos += torch.bincount(first, minlength=n_pos) * rows
     zero = torch.zeros(1, dtype=torch.long)
-    values = new_rows_per_pos.cumsum(0) * model.cfg.d_model + 7 * writes_per_pos.cumsum(0)
+    values = writes_values(new_rows_per_pos.cumsum(0), writes_per_pos.cumsum(0), model.cfg.d_model)
     return torch.cat([zero, per_pos.cumsum(0)]), torch.cat([zero, values])
 
 

@@ -468,9 +468,8 @@ class Writes:
         return self.scale[idx, None] * self.table[self.row[idx]]
 
     def values(self) -> int:
-        """What the writes hold, in fp32-sized values (graph_memory_bytes' `write_values`): the table, and per write
-        three int64 indices (two values each) and the scale."""
-        return self.table.numel() + 7 * len(self.node)
+        """What the writes hold, in fp32-sized values (graph_memory_bytes' `write_values`)."""
+        return writes_values(self.table.shape[0], len(self.node), self.table.shape[1])
 
     def select(self, features: torch.Tensor) -> Writes:
         """The writes of `features` (sorted feature node indices), renumbered 0..len(features)-1; the table is
@@ -480,6 +479,12 @@ class Writes:
         new[features] = torch.arange(len(features))
         keep = new[self.node] >= 0 if len(self.node) else torch.zeros(0, dtype=torch.bool)
         return Writes(new[self.node[keep]], self.layer[keep], self.scale[keep], self.row[keep], self.table)
+
+
+def writes_values(table_rows: int | torch.Tensor, n_writes: int | torch.Tensor, d_model: int) -> int | torch.Tensor:
+    """Writes' size in fp32-sized values: the table's rows, and per write three int64 indices (two values each) and
+    the scale. Also what bench/longest_prompt.py counts a prompt's writes by, before any graph is built."""
+    return table_rows * d_model + 7 * n_writes
 
 
 def partial_influences(rows: torch.Tensor, logit_p: torch.Tensor, row_node: torch.Tensor,
