@@ -152,24 +152,28 @@ def markdown(kept: dict[str, dict], args: argparse.Namespace, ts) -> str:
         ratio = f"{b['seconds'] / a['seconds']:.2f}x faster" if a and b and "seconds" in a and "seconds" in b else "—"
         features = " / ".join(str(r["features"]) for r in (a, b) if r and "features" in r)
         cpu = " / ".join(sorted({r.get("cpu", XEON) for r in (a, b) if r}))
-        lines.append(f"| {n} tokens | {cpu} | {cell(a, '{seconds:.1f} s')} | {cell(b, '{seconds:.1f} s')} | {ratio} | "
+        lines.append(f"| {n} tokens | {cpu} | {cell(a, '{seconds:.1f} s')} | "
+                     f"{cell(b, '{seconds:.1f} s', note=True)} | {ratio} | "
                      f"{cell(a, '{peak_gb:.2f} GB')} | {cell(b, '{peak_gb:.2f} GB')} | {features or '—'} | "
                      f"{cell(a, '{replacement:.3f} / {completeness:.3f}')}; "
                      f"{cell(b, '{replacement:.3f} / {completeness:.3f}')} |")
     return "\n".join(lines) + "\n"
 
 
-def cell(figures: dict | None, template: str) -> str:
+def cell(figures: dict | None, template: str, note: bool = False) -> str:
     """One side's figures in a table cell, or "not run" where that side was not measured at that length, or what
-    stopped it; a run at another batch size than its default says so."""
+    stopped it; with `note` (the row's first cell of that side), a run at another batch size than its default says
+    so."""
     if not figures:
         return "not run"
     if figures.get("killed"):
         return "killed for memory"
-    note = (f" (batch {figures['batch_size']}; at its default batch size it was killed for memory)"
-            if figures.get("default_batch_size") else f" (batch {figures['batch_size']})" if "batch_size" in figures
-            else "")
-    return template.format(**figures) + note
+    if not note:
+        return template.format(**figures)
+    suffix = (f" (batch {figures['batch_size']}; at its default batch size it was killed for memory)"
+              if figures.get("default_batch_size") else f" (batch {figures['batch_size']})" if "batch_size" in figures
+              else "")
+    return template.format(**figures) + suffix
 
 
 def reset_peak() -> float:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import slmviz
-from slmviz.circuits.attribution import AttributionGraphError, attribution_graph
+from slmviz.circuits.attribution import AttributionGraphError, attribution_graph, partial_influences
 from slmviz.circuits.attribution_prune import (
     compute_influence,
     find_threshold,
@@ -332,6 +332,42 @@ def test_influence_is_the_closed_form_and_pruning_keeps_the_most_influential_nod
     assert float(find_threshold(influence, 0.8)) > 0
     everything = g.prune(1.0, 1.0)
     assert set(np.nonzero(everything.node_mask.numpy())[0].tolist()) >= kept
+
+
+def circuit_tracers_partial_influences(rows, logit_p, row_node):
+    """circuit-tracer 0.5.0's compute_partial_influences, written out: power iteration on a normalised copy."""
+    normalized = rows.abs()
+    normalized /= normalized.sum(dim=1, keepdim=True).clamp(min=1e-8)
+    influence, prod = torch.zeros(rows.shape[1]), torch.zeros(rows.shape[1])
+    prod[-len(logit_p):] = logit_p
+    for _ in range(128):
+        prod = prod[row_node] @ normalized
+        if not prod.any():
+            break
+        influence += prod
+    return influence
+
+
+def test_partial_influences_equal_circuit_tracers_dense_power_iteration():
+    """partial_influences (which ranks features for max_feature_nodes) runs its power iteration on the row nodes'
+    block and takes the product with every column in chunks, never copying `rows`; it must equal circuit-tracer's,
+    for rows of an acyclic graph (row nodes feed only higher-numbered ones, the logits last), a row of zeros
+    included, in every round of the max_feature_nodes loop (its first rows only)."""
+    torch.manual_seed(0)
+    n_nodes, n_logits = 60, 3
+    features = torch.tensor([4, 9, 17, 23, 30, 41, 44, 52])
+    row_node = torch.cat([torch.arange(n_nodes - n_logits, n_nodes), features[torch.randperm(len(features))]])
+    rows = torch.randn(len(row_node), n_nodes)
+    rows *= torch.arange(n_nodes)[None, :] < row_node[:, None]  # inputs from lower nodes only
+    rows[-1] = 0
+    logit_p = torch.tensor([0.5, 0.3, 0.2])
+    assert circuit_tracers_partial_influences(rows, logit_p, row_node)[features].gt(0).sum() > 4  # past one step
+
+    for r in (len(row_node), n_logits + 3):
+        expected = circuit_tracers_partial_influences(rows[:r], logit_p, row_node[:r])
+        for chunk_bytes in (4 * r * 7, 2**26):  # columns 7 at a time, and all at once
+            got = partial_influences(rows[:r], logit_p, row_node[:r], chunk_bytes=chunk_bytes)
+            assert torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
 
 
 def test_graph_scores_are_one_without_errors_and_count_error_influence():
