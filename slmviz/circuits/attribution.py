@@ -576,7 +576,8 @@ def graph_memory_bytes(n_pos: int, n_feat: int, n_logits: int, cap: int, batch_s
     estimate = estimate_memory_bytes(other + cap, n_pos, rows, cfg, bytes_per, copies=1 if vmap else rows)
     estimate += n_feat * (4 * cfg.d_model + 4 * 8)
     if cap < n_feat:  # the rows attributed before the columns of unselected features are dropped
-        estimate += 4 * (cap + n_logits) * (other + n_feat) + 4 * (cap + n_logits) ** 2 + PARTIAL_INFLUENCE_CHUNK
+        held = 4 * (cap + n_logits) * (other + n_feat)
+        estimate += held + 4 * (cap + n_logits) ** 2 + min(held, PARTIAL_INFLUENCE_CHUNK)
     return estimate + 4 * write_values
 
 
@@ -724,22 +725,26 @@ def _attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple
         grads = torch.autograd.grad([reads[L] for L in inject], [embed_leaf, *deltas[:deepest]],
                                     [inject[L].view(shape) for L in inject], retain_graph=start + rows < len(targets),
                                     allow_unused=True, is_grads_batched=one_row)
-        grads = [None if g is None else g.reshape(rows, n_pos, cfg.d_model) for g in grads]
-        g_embed = grads[0].float()  # [b, pos, d_model]
-        g_layers = torch.zeros(rows, deepest, n_pos, cfg.d_model)  # sources above the deepest target get nothing
-        for L, g in enumerate(grads[1:]):
-            if g is not None:
-                g_layers[:, L] = g.float()
+        del inject
+        # Each layer's gradient as [b, pos, d_model] fp32, replaced in the list one at a time: no stacked copy of
+        # them all (rows x layers x pos x d_model, the largest thing a backward leaves; graph_memory_bytes).
+        grads = list(grads)
+        for i, g in enumerate(grads):
+            grads[i] = None if g is None else g.reshape(rows, n_pos, cfg.d_model).float()
+        g_embed, g_layers = grads[0], grads[1:]  # sources above the deepest target (None) get nothing
         block = torch.zeros(rows, n_nodes)
         feature_edges = torch.zeros(rows, n_feat)
         for layer, p, idx in groups:
-            if layer < deepest:
-                m = (g_layers[:, layer, p] @ writes.table[writes.row[idx]].T) * writes.scale[idx]  # [b, n]
+            if layer < deepest and g_layers[layer] is not None:
+                m = (g_layers[layer][:, p] @ writes.table[writes.row[idx]].T) * writes.scale[idx]  # [b, n]
                 feature_edges.index_add_(1, writes.node[idx], m)
         block[:, :n_feat] = feature_edges
-        err = torch.einsum("blpd,lpd->blp", g_layers, errors[:deepest])  # [b, deepest, pos]
-        block[:, err_off:err_off + deepest * n_pos] = err.reshape(rows, -1)
+        for layer, g in enumerate(g_layers):
+            if g is not None:
+                at = err_off + layer * n_pos
+                block[:, at:at + n_pos] = torch.einsum("bpd,pd->bp", g, errors[layer])
         block[:, tok_off:logit_off] = torch.einsum("bpd,pd->bp", g_embed, token_vecs)
+        del grads, g_embed, g_layers
         for b, (_, _, _, node) in enumerate(batch):
             adjacency[node] = block[b]
         yield start + len(batch)
