@@ -52,7 +52,6 @@ def main() -> None:
     args = p.parse_args()
     model = slmviz.load(args.model)
     corpus = resolve_corpus("mixed", model)
-    points = []
     for snapshot in args.snapshots:
         ts, tokens = finished_set(model, snapshot, corpus)
         log = args.log / f"plt@{tokens}-all.jsonl" if args.log else None
@@ -63,10 +62,11 @@ def main() -> None:
             entry[f"heldout_{name}"] = {"median_ev": float(r["layers"]["explained_variance"].median()),
                                         "min_ev": float(r["layers"]["explained_variance"].min()),
                                         "replaced": r["replaced"]}
-        points.append(entry)
         print(json.dumps(entry), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps({"model": model.name, "points": points}, indent=1) + "\n")
+        if args.out:  # after each point (a curve spans sessions), beside the points already there
+            kept = json.loads(args.out.read_text())["points"] if args.out.exists() else []
+            points = sorted([p for p in kept if p["tokens"] != tokens] + [entry], key=lambda p: p["tokens"])
+            args.out.write_text(json.dumps({"model": model.name, "points": points}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
