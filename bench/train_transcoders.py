@@ -60,10 +60,9 @@ def run(args: argparse.Namespace) -> list[Row]:
                         speedup, ">= 3", speedup >= 3, f"{one_pass:.1f} s vs {separate:.1f} s"))
 
     # The floor: the block's shared forward, then each layer's steps alone, on the same rows.
-    source = Source(f"blocks.{layers[0]}.mlp.hook_in", f"blocks.{layers[0]}.hook_mlp_out", 128, 1024, buffer)
     sources = {L: Source(f"blocks.{L}.mlp.hook_in", f"blocks.{L}.hook_mlp_out", 128, 1024, buffer)
                for L in layers}
-    block = next(iter(plan_blocks(model.tokenizer, corpus, source)))
+    block = next(iter(plan_blocks(model.tokenizer, corpus, sources[layers[0]])))
     t = time.perf_counter()
     block_rows = block_rows_by_layer(model, block, sources)
     forward = time.perf_counter() - t
