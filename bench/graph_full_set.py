@@ -154,7 +154,7 @@ def markdown(kept: dict[str, dict], args: argparse.Namespace, ts) -> str:
         cpu = " / ".join(sorted({r.get("cpu", XEON) for r in (a, b) if r}))
         lines.append(f"| {n} tokens | {cpu} | {cell(a, '{seconds:.1f} s')} | "
                      f"{cell(b, '{seconds:.1f} s', note=True)} | {ratio} | "
-                     f"{cell(a, '{peak_gb:.2f} GB')} | {cell(b, '{peak_gb:.2f} GB')} | {features or '—'} | "
+                     f"{cell(a, '{peak_gb:.2f} GiB')} | {cell(b, '{peak_gb:.2f} GiB')} | {features or '—'} | "
                      f"{cell(a, '{replacement:.3f} / {completeness:.3f}')}; "
                      f"{cell(b, '{replacement:.3f} / {completeness:.3f}')} |")
     return "\n".join(lines) + "\n"
@@ -177,12 +177,13 @@ def cell(figures: dict | None, template: str, note: bool = False) -> str:
 
 
 def reset_peak() -> float:
-    """Reset this process's peak resident set (VmHWM) to its current one; return that, in GB."""
+    """Reset this process's peak resident set (VmHWM) to its current one; return that, in GiB."""
     Path("/proc/self/clear_refs").write_text("5")
     return _status_gb("VmRSS")
 
 
 def _status_gb(key: str) -> float:
+    """/proc/self/status's `key` in GiB (the kernel reports kB, 1024 bytes; `peak_gb` in the JSON is GiB too)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(key + ":"):
             return int(line.split()[1]) / 2**20

@@ -51,7 +51,8 @@ def replacement(name: str, model) -> object:
     return slmviz.load_transcoders(name, model=model)
 
 
-def graph_report(model, transcoders, max_feature_nodes: int | None, log: Path | None = None) -> dict:
+def graph_report(model, transcoders, max_feature_nodes: int | None, log: Path | None = None,
+                 memory_budget_gb: float = 16) -> dict:
     """Every prompt's graph scores and per-layer error share; with `log`, each prompt's row is appended to that jsonl
     as it finishes and a rerun skips the prompts already there (an unpruned graph over a full set takes minutes on a
     2-core CPU, so a run may span sessions)."""
@@ -66,7 +67,7 @@ def graph_report(model, transcoders, max_feature_nodes: int | None, log: Path | 
                 continue
             t = time.perf_counter()
             g = slmviz.attribution_graph(prompt, transcoders=transcoders, model=model, progress=False,
-                                         max_feature_nodes=max_feature_nodes, memory_budget_gb=16)
+                                         max_feature_nodes=max_feature_nodes, memory_budget_gb=memory_budget_gb)
             seconds = time.perf_counter() - t
             scores = g.scores()
             kinds = g.nodes["kind"].to_numpy()
