@@ -3,15 +3,14 @@ saved as JumpReLU, skip, the "mixed" corpus, seed 0) trained at several widths o
 end of its own learning-rate decay, then scored as bench/replacement_curve.py scores a point (the 20 prompts'
 unpruned graphs, held-out EV).
 
-    .venv/bin/python bench/replacement_width.py --widths 1024 4096 8192 --tokens 65536 \
+    .venv/bin/python bench/replacement_width.py --widths 1024 2048 4096 --tokens 65536 \
         --runs /work/widths --log bench/replacement_scores_runs --out bench/replacement_width.json
 
 Each width trains into RUNS/d{width}@{tokens} (train_transcoders checkpoints there, so a killed run resumes) and its
-finished prompts go to LOG/plt-d{width}@{tokens}-all.jsonl (a rerun skips them). `train_seconds` is the
-train_transcoders call's time (model loaded, corpus planned, nothing else running), or null where the run had
-finished before this call. Each point is written to --out as
-it finishes. The same k at every width keeps L0 fixed, so the points differ in dictionary size alone. Nothing is
-asserted.
+finished prompts go to LOG/plt-d{width}@{tokens}-all.jsonl (a rerun skips them); each point is written to --out as
+it finishes. `train_seconds` is the train_transcoders call's time (the corpus planned, every layer trained, the set
+saved; run with nothing else on the machine), or null where the run had finished before this call. The same k at
+every width keeps L0 fixed, so the points differ in dictionary size alone. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from slmviz.features.prepared import RECIPES
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--widths", nargs="+", type=int, default=[1024, 4096, 8192])
+    p.add_argument("--widths", nargs="+", type=int, default=[1024, 2048, 4096])
     p.add_argument("--tokens", type=int, default=65_536, help="training tokens a layer, the same at every width")
     p.add_argument("--runs", type=Path, required=True, help="a folder for the runs (each resumes there)")
     p.add_argument("--heldout-tokens", type=int, default=10_000, help="held-out tokens per corpus")
