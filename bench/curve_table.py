@@ -12,17 +12,11 @@ import json
 import statistics
 from pathlib import Path
 
-HERE = Path(__file__).parent
-
-
-def _range(point: dict, name: str) -> str:
-    low, high = point[f"range_{name}"]
-    return f"{point[f'median_{name}']:.3f} ({low:.3f}–{high:.3f})"
+from replacement_table import HERE, _range, _replaced
 
 
 def _heldout(point: dict, split: str) -> str:
-    h = point[f"heldout_{split}"]
-    return f"{h['median_ev']:.3f} / {h['replaced']['ce_loss_score']:.3f} / {h['replaced']['top1_agreement']:.3f}"
+    return f"{point[f'heldout_{split}']['median_ev']:.3f} / {_replaced(point, f'heldout_{split}')}"
 
 
 def _minutes(seconds: float | None) -> str:
@@ -37,7 +31,7 @@ def _largest_error_share(point: dict) -> str:
 
 def prepared_point(name: str) -> dict:
     """The prepared set `name` of bench/replacement_scores.json as the token curve's last point: its recipe's tokens
-    (prepared.RECIPES), and its held-out EV's median and worst layer as replacement_curve.py reports them."""
+    (prepared.RECIPES), and its held-out EV's median over layers as replacement_curve.py reports it."""
     from slmviz.features.prepared import RECIPES
 
     scores = json.loads((HERE / "replacement_scores.json").read_text())
@@ -46,8 +40,7 @@ def prepared_point(name: str) -> dict:
     entry["label"] = f"{entry['tokens'] / 1000:.0f}k (the prepared set)"
     for split in ("broad", "chat"):
         evs = [layer["explained_variance"] for layer in entry[f"heldout_{split}"]["layers"]]
-        entry[f"heldout_{split}"] = {**entry[f"heldout_{split}"], "median_ev": statistics.median(evs),
-                                     "min_ev": min(evs)}
+        entry[f"heldout_{split}"] = {**entry[f"heldout_{split}"], "median_ev": statistics.median(evs)}
     return entry
 
 
@@ -78,8 +71,8 @@ def main() -> None:
     args = p.parse_args()
     points = json.loads(args.curve.read_text())["points"]
     if args.prepared:
-        points = [pt for pt in points if pt["tokens"] != prepared_point(args.prepared)["tokens"]]
-        points.append(prepared_point(args.prepared))
+        last = prepared_point(args.prepared)
+        points = [pt for pt in points if pt["tokens"] != last["tokens"]] + [last]
     print(table(points), end="")
 
 
