@@ -8,8 +8,11 @@ width, k and tokens, in one run; both sets then scored by the same slmviz code o
   into rows of 128 (its chunk_and_tokenize concatenates documents the same way). 512 tokens a step for both.
 - Each trains as its authors recommend: slmviz BatchTopK with Adam (the prepared recipe's lr 2e-3), saved as
   JumpReLU; sparsify TopK with its default signum optimizer and width-scaled learning rate. Timed: the training
-  call alone (train_transcoders; sparsify's Trainer.fit), after each has loaded the model. Both run the model in
-  fp32 on the CPU with torch's default threads.
+  call alone (train_transcoders; sparsify's Trainer.fit), after each has loaded the model, with torch's default
+  threads. Dtypes: each side's own default on a CPU. sparsify keeps its coders and the model in fp32 there (its
+  bf16 autocast is enabled only where torch.cuda.is_bf16_supported()); slmviz's dtype=None picks bf16 matmuls
+  where they measure >= 1.5x faster than fp32 on this CPU (features.train.fastest_dtype), else fp32. `--dtype
+  float32` forces slmviz to fp32 for a like-for-like figure. The table names the dtype each side ran.
 - Quality: slmviz.evaluate_transcoders on the corpus's held-out split (every layer's EV, L0, dead fraction, and the
   model with every chosen MLP replaced at once), sparsify's coders converted to slmviz TopK skip transcoders
   (encoder.weight -> W_enc.T, W_dec, b_dec, W_skip as saved; sparsify adds no b_dec to a transcoder's input).
@@ -40,6 +43,7 @@ from train_transcoders import head_of
 
 import slmviz
 from slmviz.features.corpora import resolve_corpus
+from slmviz.features.train import fastest_dtype
 from slmviz.features.train_set import train_transcoders
 from slmviz.features.transcoder_set import TranscoderSet
 from slmviz.scans.batches import iter_windows
@@ -62,12 +66,14 @@ def run(args: argparse.Namespace) -> list[Row]:
             raise SystemExit(f"the corpus head has {len(stream)} tokens, fewer than {args.tokens}")
         np.asarray(stream[:n_rows * CTX], dtype=np.uint16).tofile(tmp / "tokens.u16")
 
+        ours_dtype = args.dtype or fastest_dtype("cpu")  # what dtype=None picks (measured once per process)
         t = time.perf_counter()
         ours = train_transcoders(model, layers=layers, corpus=corpus, d_sae=args.d_sae, k=args.k,
                                  tokens=args.tokens, architecture="batchtopk", skip=True, batch_tokens=512,
-                                 buffer_tokens=args.tokens, lr=2e-3, out=tmp / "slmviz", progress=False)
+                                 buffer_tokens=args.tokens, lr=2e-3, dtype=args.dtype, out=tmp / "slmviz",
+                                 progress=False)
         ours_s = time.perf_counter() - t
-        print(f"slmviz: {ours_s:.1f} s", flush=True)
+        print(f"slmviz: {ours_s:.1f} s ({ours_dtype})", flush=True)
 
         side = subprocess.run([args.sparsify_python, str(SIDE), str(model.path), str(tmp / "tokens.u16"), str(CTX),
                                ",".join(map(str, layers)), str(args.d_sae), str(args.k), str(tmp / "sparsify")],
@@ -89,7 +95,8 @@ def run(args: argparse.Namespace) -> list[Row]:
     shape = f"{len(layers)} layers x {args.tokens:,} tokens, d_sae {args.d_sae}, k {args.k}"
     rows = [Row(f"train_transcoders vs sparsify ({shape}), layer-tokens/s", f"{ours_rate:,.0f}",
                 f"{theirs_rate:,.0f}", ours_rate / theirs_rate, ">= 1.5", ours_rate / theirs_rate >= 1.5,
-                f"{ours_s:.1f} s vs {theirs['fit_s']:.1f} s")]
+                f"{ours_s:.1f} s vs {theirs['fit_s']:.1f} s; slmviz's matmuls in {ours_dtype}"
+                f"{' (measured: dtype=None)' if args.dtype is None else ''}, sparsify's in float32")]
     rows.append(Row(f"median per-layer EV on mixed held-out ({args.eval_tokens:,} tokens)",
                     f"{ev['slmviz'].median():.3f}", f"{ev['sparsify'].median():.3f}",
                     ev["slmviz"].median() - ev["sparsify"].median(), ">= 0 (difference)",
@@ -129,6 +136,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--d-sae", type=int, default=4096)
     parser.add_argument("--k", type=int, default=64)
     parser.add_argument("--eval-tokens", type=int, default=8192)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                        help="slmviz's training dtype (default: measured, as train_transcoders' dtype=None)")
 
 
 if __name__ == "__main__":

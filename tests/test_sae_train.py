@@ -19,6 +19,7 @@ from slmviz.features.activations import Source, batch_ids, block_rows, plan_bloc
 from slmviz.features.evaluate import Totals, evaluate_sae
 from slmviz.features.sae import SAE
 from slmviz.features.train import (
+    CUT_SAMPLE_STRIDE,
     CheckpointError,
     TrainConfig,
     Trainer,
@@ -437,10 +438,12 @@ def test_batch_top_k_keeps_the_k_b_largest_positive_entries_and_fills_ties_in_in
     rows, feats, values = batch_top_k(tied, 2)
     assert values.tolist() == [2.0] * 8 and rows.tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
     skewed = torch.rand(16, 50, generator=g)
-    skewed[3] += 10.0  # one row holds 50 of the 64 largest, more than its 4k = 16 candidates: the exact fallback
-    for a in (h.relu(), skewed):
+    skewed[3] += 10.0  # one row holds 50 of the 64 largest
+    hidden = torch.rand(16, 50, generator=g)
+    hidden.view(-1)[::CUT_SAMPLE_STRIDE] += 100.0  # the sample sees only the largest entries: every guess too high
+    for a in (h.relu(), skewed, hidden):
         want_cut = a.flatten().sort(descending=True).values[64]  # the 65th largest: the largest left out
-        assert batch_top_k_cut(a, 64, 4) == want_cut
+        assert batch_top_k_cut(a, 64) == want_cut
         assert torch.equal(batch_top_k(a, 4)[2].sort().values, a.flatten().topk(64).values.sort().values)
     few = torch.full((3, 10), -1.0)
     few[0, 4] = 0.5  # one positive entry where k*B = 6: only it is kept, no zeros
