@@ -6,6 +6,8 @@ width, k and tokens, in one run; both sets then scored by the same slmviz code o
 - Tokens: the first documents of the "mixed" corpus (the prepared sets' corpus), the same text for both. slmviz
   cuts it into windows of 128 tokens per document, as its trainer does; sparsify gets the same token stream cut
   into rows of 128 (its chunk_and_tokenize concatenates documents the same way). 512 tokens a step for both.
+  slmviz shuffles within blocks of train_transcoders' default 16,384 tokens (the prepared recipe's; its memory is
+  one block's rows, whatever the tokens), sparsify streams its batches.
 - Each trains as its authors recommend: slmviz BatchTopK with Adam (the prepared recipe's lr 2e-3), saved as
   JumpReLU; sparsify TopK with its default signum optimizer and width-scaled learning rate. Timed: the training
   call alone (train_transcoders; sparsify's Trainer.fit), after each has loaded the model, with torch's default
@@ -69,9 +71,8 @@ def run(args: argparse.Namespace) -> list[Row]:
         ours_dtype = args.dtype or fastest_dtype("cpu")  # what dtype=None picks (measured once per process)
         t = time.perf_counter()
         ours = train_transcoders(model, layers=layers, corpus=corpus, d_sae=args.d_sae, k=args.k,
-                                 tokens=args.tokens, architecture="batchtopk", skip=True, batch_tokens=512,
-                                 buffer_tokens=args.tokens, lr=2e-3, dtype=args.dtype, out=tmp / "slmviz",
-                                 progress=False)
+                                 tokens=args.tokens, architecture="batchtopk", skip=True, batch_tokens=512, lr=2e-3,
+                                 dtype=args.dtype, out=tmp / "slmviz", progress=False)
         ours_s = time.perf_counter() - t
         print(f"slmviz: {ours_s:.1f} s ({ours_dtype})", flush=True)
 

@@ -104,6 +104,22 @@ def test_a_run_killed_mid_block_resumes_to_the_same_weights(tiny, corpus, traine
                           skip=True, **{**SMALL, "d_sae": 32})
 
 
+def test_checkpoints_wait_for_checkpoint_every_not_each_block_end(tiny, corpus, tmp_path):
+    """A checkpoint is written once `checkpoint_every` seconds have passed, not at every block's end (a real set's is
+    1.8 GB): stopped in its second block, a run with an hour's interval has written none, and starts over."""
+    calls = []
+
+    def stop(stats):
+        calls.append(stats["tokens"])
+        if len(calls) == 4:  # block 1, layer 1 of 2: past block 0's end
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
+                          skip=True, **{**SMALL, "progress": stop, "checkpoint_every": 3600})
+    assert read_set_checkpoint(tmp_path / "cut") is None
+
+
 def test_a_run_killed_after_its_last_block_resumes_to_the_same_weights(tiny, corpus, trained, tmp_path,
                                                                       monkeypatch):
     """Killed after the last step and before the set is saved (in BatchTopK's threshold pass): the last block's end

@@ -20,8 +20,12 @@ whatever the number of tokens trained.
 Checkpoints: out/checkpoint.safetensors holds every layer's weights, Adam state and dead-feature counters (keys
 prefixed `L{layer}.`), and in its metadata each layer's configuration and cursor; written to a temporary name and
 renamed, so a run killed at any moment (`kill -9` included) resumes from the last checkpoint and ends with the same
-weights as a run never stopped. It is written at every block's end and every `checkpoint_every` seconds inside a
-block (600 by default: on SmolLM2's 30 layers a block ends every ~2.5 min anyway, and each write is 1.8 GB). The
+weights as a run never stopped. It is written once `checkpoint_every` seconds (600 by default) have passed since the
+last one, checked after each layer's steps on a block (after the last layer's, it is a block's end). A kill so loses
+at most that long of training, plus the forward of its block, which a resume runs again for the layers not yet past
+it. Not at every block's end: on SmolLM2's 30 layers each write is 1.8 GB (~12 s on a 2-core AMD EPYC's disk), and a
+block ends every ~70 s, so writing at each end took ~15 % of a run (38 of 377 s at 65k tokens a layer,
+bench/sparsify_compare.md). `checkpoint_every=0` writes after every layer's block (what the resume tests use). The
 finished set is saved in slmviz's layout (transcoder_set.save), and the checkpoint then keeps the configurations and
 cursors alone (SetRun.save_checkpoint).
 """
@@ -261,10 +265,7 @@ class SetRun:
                     del rows
                     release_freed_memory()
                     if all(t.cursor.tokens >= t.cfg.tokens for t in trainers.values()):
-                        break  # no checkpoint of 1.8 GB here: the finished one follows the threshold and the save,
-                        # and a kill before it resumes from the previous block's end, retraining this block alike
-                    self.save_checkpoint(out)  # always at a block's end: a resume there runs no forward twice
-                    last_save = time.monotonic()
+                        break  # the finished checkpoint follows the threshold and the save
                 if not any_block or not any(t.cursor.steps for t in trainers.values()):
                     raise CorpusError("the corpus gave no tokens to train on (empty, or only blank documents and "
                                       "single-token windows, whose one position is a window's first)")
