@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import build_tiny_model
 
 import slmviz
@@ -50,3 +51,33 @@ def test_interleave_keeps_each_order_and_spreads_the_smaller():
     merged = gc._interleave(a, b)
     assert [x for x in merged if x[0] == "a"] == a and [x for x in merged if x[0] == "b"] == b
     assert merged.index("b0") < merged.index("a5") < merged.index("b2")
+
+
+def test_seeds_decoded_at_once_on_one_thread_each_write_the_same_corpus(tiny, tmp_path):
+    """generation_workers' claim: two seeds at once, each on one thread, give the text one seed at a time gives."""
+    seeds = [("news", "w1 w2 w3"), ("fact", "w4 w5"), ("chat", "w6 w7 w8"), ("prose", "w9"), ("howto", "w2 w2")]
+    kw = dict(progress=False, samples=3, new_tokens=6, seeds=seeds)
+    threads = torch.get_num_threads()
+    one = gc.chat_corpus(tiny, folder=tmp_path / "one", workers=1, **kw)
+    two = gc.chat_corpus(tiny, folder=tmp_path / "two", workers=2, **kw)
+    assert [p.read_text() for p in one] == [p.read_text() for p in two]
+    assert torch.get_num_threads() == threads  # the workers' one thread is not left behind
+
+
+def test_a_progress_that_raises_stops_the_workers_and_keeps_the_parts(tiny, tmp_path):
+    seeds = [(k, f"w{i} w{i + 1}") for i, k in enumerate(["news", "fact", "prose", "howto", "news", "fact"])]
+    calls = []
+
+    def progress(done: int, total: int) -> None:
+        calls.append(done)
+        if done == 2:
+            raise KeyboardInterrupt  # what the app's cancelled job raises from its report
+
+    with pytest.raises(KeyboardInterrupt):
+        gc.chat_corpus(tiny, folder=tmp_path, progress=progress, samples=2, new_tokens=40, seeds=seeds, workers=2)
+    written = list((tmp_path / "parts").glob("*.jsonl"))
+    assert calls == [1, 2] and 2 <= len(written) < len(seeds) and not (tmp_path / "train.jsonl").exists()
+    assert not list((tmp_path / "parts").glob("*.tmp"))
+    resumed = gc.chat_corpus(tiny, folder=tmp_path, progress=False, samples=2, new_tokens=40, seeds=seeds, workers=1)
+    fresh = gc.chat_corpus(tiny, folder=tmp_path / "fresh", progress=False, samples=2, new_tokens=40, seeds=seeds)
+    assert [p.read_text() for p in resumed] == [p.read_text() for p in fresh]

@@ -16,13 +16,17 @@ generator seeded by (seed index, round), so the corpus is a pure function of the
 constants. Documents are seed + continuation; 5 % of seeds (by a hash of the seed text) are held out whole, so the
 held-out split never shares an opening with the training split. Each seed's batch is written to its own part file
 as it finishes, so an interrupted generation resumes at the next seed (measured time in docs/features.md).
+On a CPU, `generation_workers()` seeds are decoded at once, each on one thread (why: its docstring); the text is the
+same as one seed at a time on every thread.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +104,11 @@ def held_out(seed_text: str) -> bool:
 
 def chat_corpus(model: Any, folder: str | Path | None = None, progress: bool | Callable[[int, int], None] = True,
                 rounds: int = ROUNDS, samples: int = SAMPLES_PER_SEED, new_tokens: int = NEW_TOKENS,
-                seeds: list[tuple[str, str]] | None = None) -> tuple[Path, Path]:
+                seeds: list[tuple[str, str]] | None = None, workers: int | None = None) -> tuple[Path, Path]:
     """(train.jsonl, heldout.jsonl) of the model's own text (module docstring), generated once and reused. Each
-    line: {"text", "source": "generated", "kind", "seed"}."""
+    line: {"text", "source": "generated", "kind", "seed"}. `workers`: seeds decoded at once (default
+    generation_workers(model)). A `progress` callable may raise to stop: the seeds being decoded stop at their next
+    token, and the parts already written stay for the next call."""
     folder = Path(folder) if folder is not None else corpus_dir(model)
     train, heldout = folder / "train.jsonl", folder / "heldout.jsonl"
     if train.is_file() and heldout.is_file():
@@ -117,18 +123,14 @@ def chat_corpus(model: Any, folder: str | Path | None = None, progress: bool | C
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), unit="seed", desc=f"chat corpus ({model.name})")
-    for n, job in enumerate(todo):
-        r, i, kind, text = job
-        prompt = _chat_text(model, text) if kind == "chat" else text
-        lines = [json.dumps({"text": doc, "source": "generated", "kind": kind, "seed": text}, ensure_ascii=False)
-                 for doc in sample_continuations(model, prompt, samples, new_tokens, seed=1000 * r + i)]
-        tmp = _part(parts, job).with_suffix(".tmp")
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        tmp.replace(_part(parts, job))
+
+    def finished(n: int) -> None:
         if bar is not None:
             bar.update(1)
         elif callable(progress):
-            progress(len(jobs) - len(todo) + n + 1, len(jobs))
+            progress(len(jobs) - len(todo) + n, len(jobs))
+
+    _write_parts(model, parts, todo, samples, new_tokens, workers or generation_workers(model), finished)
     if bar is not None:
         bar.close()
     tmp = {p: p.with_suffix(".tmp") for p in (train, heldout)}
@@ -138,6 +140,70 @@ def chat_corpus(model: Any, folder: str | Path | None = None, progress: bool | C
     for final, t in tmp.items():
         t.replace(final)
     return train, heldout
+
+
+def generation_workers(model: Any) -> int:
+    """How many seeds chat_corpus decodes at once: one per CPU thread (torch's count), each on one thread; 1 off
+    the CPU.
+
+    Why: a step decodes 24 rows, and most of its ops are too small to gain from a second thread, while each split
+    still pays OpenMP's fork and join. Measured on this project's 2-core AMD EPYC with Gemma 3 270M: one seed on
+    two threads took ~80 s; two seeds at once on one thread each took 66-70 s together (34 s a seed). The text is
+    the same: each row's numbers are one thread's dot products either way (seed 0's part, byte for byte), and
+    each seed has its own generator. Pinned by tests/test_generated_corpus.py (workers 1 and 2 write the same
+    corpus)."""
+    if getattr(model, "device", torch.device("cpu")).type != "cpu":
+        return 1
+    return max(1, torch.get_num_threads())
+
+
+class _Stopped(Exception):
+    """Raised inside a worker's decoding once the caller has stopped (its progress callable raised)."""
+
+
+def _write_parts(model: Any, parts: Path, todo: list[tuple[int, int, str, str]], samples: int, new_tokens: int,
+                 workers: int, finished: Callable[[int], None]) -> None:
+    """Decode each job's seed and write its part file, `workers` at a time; `finished(n)` after the n-th part (in
+    this thread: it may raise, which stops the others at their next token and is raised here)."""
+    stop = threading.Event()
+
+    def one(job: tuple[int, int, str, str]) -> None:
+        r, i, kind, text = job
+        prompt = _chat_text(model, text) if kind == "chat" else text
+        docs = sample_continuations(model, prompt, samples, new_tokens, seed=1000 * r + i, stop=stop)
+        lines = [json.dumps({"text": doc, "source": "generated", "kind": kind, "seed": text}, ensure_ascii=False)
+                 for doc in docs]
+        tmp = _part(parts, job).with_suffix(f".{threading.get_ident()}.tmp")
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        tmp.replace(_part(parts, job))
+
+    if workers <= 1 or len(todo) <= 1:
+        for n, job in enumerate(todo, 1):
+            one(job)
+            finished(n)
+        return
+
+    def on_one_thread(job: tuple[int, int, str, str]) -> None:
+        torch.set_num_threads(1)  # this worker thread's OpenMP and MKL count (thread-local in ATen's OpenMP build)
+        one(job)
+
+    threads = torch.get_num_threads()
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="chat-corpus")
+    try:
+        pending = {pool.submit(on_one_thread, job) for job in todo}
+        n = 0
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                future.result()  # a worker's error is raised here
+                n += 1
+                finished(n)
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        torch.set_num_threads(threads)  # the process-wide default the workers' set_num_threads(1) also changed
 
 
 def _part(parts: Path, job: tuple[int, int, str, str]) -> Path:
@@ -189,10 +255,11 @@ def _chat_text(model: Any, user: str) -> str:
 
 
 @torch.inference_mode()
-def sample_continuations(model: Any, prompt: str, samples: int, new_tokens: int, seed: int) -> list[str]:
+def sample_continuations(model: Any, prompt: str, samples: int, new_tokens: int, seed: int,
+                         stop: threading.Event | None = None) -> list[str]:
     """`samples` sampled continuations of `prompt` decoded together: one [samples, pos] prefill and one
     [samples, 1] step per token through a batched KV cache. Each document is the prompt's text + its continuation,
-    cut at the model's end-of-sequence token."""
+    cut at the model's end-of-sequence token. `stop`, once set, ends the decoding at the next token (_Stopped)."""
     from ..hooks import build_context
     from ..tokens import decode, eos_id
     from ..variants import resolve_variant
@@ -208,6 +275,8 @@ def sample_continuations(model: Any, prompt: str, samples: int, new_tokens: int,
     done = torch.zeros(samples, dtype=torch.bool)
     step_in = ids[None].expand(samples, -1)
     for t in range(n):
+        if stop is not None and stop.is_set():
+            raise _Stopped(prompt)
         logits = model.decoder.forward(step_in, ctx, v, cache, last_only=True)[:, -1].float()  # [b, vocab]
         kth = logits.topk(TOP_K, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf")) / TEMPERATURE
