@@ -128,6 +128,22 @@ def test_a_clt_run_killed_mid_block_resumes_to_the_same_weights(tiny, corpus, tr
         train_transcoders(tiny, **args, **{**SMALL, "d_sae": 32})
 
 
+def test_clt_checkpoints_wait_for_checkpoint_every_not_each_block_end(tiny, corpus, tmp_path):
+    """As the PLT sets' trainer: no checkpoint at a block's end before `checkpoint_every` has passed (a real CLT's
+    is 1.75 GB): stopped in its second block, a run with an hour's interval has written none."""
+    calls = []
+
+    def stop(stats):
+        calls.append(stats["tokens"])
+        if len(calls) == 6:  # inside block 1: past block 0's end
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_transcoders(tiny, kind="clt", corpus=corpus, tokens=1200, out=tmp_path / "cut",
+                          architecture="batchtopk", skip=True, **{**SMALL, "progress": stop, "checkpoint_every": 3600})
+    assert read_clt_checkpoint(tmp_path / "cut") is None
+
+
 def test_a_prepared_clt_is_ready_only_once_its_run_says_finished(tiny, trained, tmp_path, monkeypatch):
     """transcoder_io.prepared_ready(model, "clt"), what the app offers by: the CLT's files and a finished
     checkpoint. A run killed while writing its files (files there, the checkpoint not finished) is not ready."""
