@@ -18,7 +18,8 @@ When the per-layer set is not there, the tab offers to build it: a long job in a
 progress in gr.Progress and the status line: the model's own chat and prose written first when the recipe's corpus
 is "mixed" (once per model, features.generated_corpus), then the tokens trained per layer with the layers' mean and
 worst explained variance, then the feature scan prepared with the set. Cancel stops it at the next training step,
-the checkpoint stays, and Build again resumes from it (train_transcoders' resume).
+the checkpoint stays, and Build again resumes from it (train_transcoders' resume; the status says from how many
+tokens per layer).
 
 The recipe is the model's fixed one (features.prepared.RECIPES); $SLMVIZ_SET_RECIPE (JSON, set by whoever starts the
 server) overrides it, and is what gives a model without a recipe its set (`d_sae`, `k`, `tokens`, and `corpus`: a
@@ -39,7 +40,8 @@ import gradio as gr
 from slmviz.features.dashboard import acts_hook
 from slmviz.features.generated_corpus import chat_corpus
 from slmviz.features.prepared import CORPUS, REQUIRED, load_set_scan, prepare_transcoders, recipe
-from slmviz.features.transcoder_io import load_transcoders, prepared_ready
+from slmviz.features.train_set import checkpoint_tokens
+from slmviz.features.transcoder_io import load_transcoders, prepared_dir, prepared_ready
 
 from .corpus_tab import SCANS, session
 from .handlers import Handlers, readable_errors
@@ -214,7 +216,9 @@ class TranscoderSets:
                 chat_corpus(model, progress=lambda done, total: report(
                     0.1 * done / max(total, 1), f"Writing the training corpus, the model's own chat and prose: "
                     f"{done} of {total} seed prompts (once per model; Cancel keeps what is written)"))
-            report(0.1, f"Training transcoders at all {n_layers} layers from one forward per batch")
+            resumed = checkpoint_tokens(prepared_dir(model, KIND))  # where Build resumes a cancelled build
+            since = f", resumed from its checkpoint at {resumed:,} tokens per layer" if resumed else ""
+            report(0.1, f"Training transcoders at all {n_layers} layers from one forward per batch{since}")
 
             def trained(stats: dict[str, Any]) -> None:  # raises JobCancelled once no one waits: training stops
                 done, total = stats["tokens"] // n_layers, stats["total"] // n_layers
@@ -229,7 +233,7 @@ class TranscoderSets:
             prepare_transcoders(model, KIND, progress=trained, scan_progress=scanned, **args)
             report(0.98, "Loading the set")
             ts, _ = self.load(model)
-            return repr(ts)
+            return repr(ts) + since
 
         job = RUNNER.join((BUILD_KIND, self._key(model)), work, who, kind=BUILD_KIND)
         said = ""

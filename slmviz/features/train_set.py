@@ -415,6 +415,18 @@ def read_set_checkpoint(out: Path) -> tuple[SetConfig, dict[int, TrainConfig], d
     return set_cfg, configs, tensors, meta
 
 
+def checkpoint_tokens(out: Path) -> int | None:
+    """The tokens per layer a run in `out` has trained (its checkpoint's cursors, mean over layers), or None when
+    it has no checkpoint: where a resumed run starts. Reads the metadata alone, not the tensors (a full set's
+    checkpoint is hundreds of MB)."""
+    path = Path(out) / CHECKPOINT
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        layers = json.loads((f.metadata() or {})["slmviz_train_set_state"])["layers"]
+    return sum(v["cursor"]["tokens"] for v in layers.values()) // max(len(layers), 1)
+
+
 def check_same_set(out: Path, saved_set: SetConfig, set_cfg: SetConfig, saved: dict[int, TrainConfig],
                    configs: dict[int, TrainConfig]) -> None:
     """Refuse a checkpoint of another run, naming what differs (train.py's rule for `tokens` does not apply: a
