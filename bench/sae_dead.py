@@ -48,7 +48,7 @@ def main() -> None:
     hooks = list(dict.fromkeys([sae.hook_name, sae.hook_name_out]))
     totals = Totals(sae.d_out, sae.d_sae)
     seen, start = 0, time.perf_counter()
-    docs = iter_documents(resolve_corpus(args.corpus))
+    docs = iter_documents(resolve_corpus(args.corpus, model))
     with torch.no_grad():
         for batch in plan_batches(iter_windows(model.tokenizer, docs, args.window), args.batch_tokens):
             ids, real = batch_ids(batch)

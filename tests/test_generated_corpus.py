@@ -4,6 +4,7 @@ random LLaMA. Independent reference: the model's own single-row greedy `generate
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,3 +82,23 @@ def test_a_progress_that_raises_stops_the_workers_and_keeps_the_parts(tiny, tmp_
     resumed = gc.chat_corpus(tiny, folder=tmp_path, progress=False, samples=2, new_tokens=40, seeds=seeds, workers=1)
     fresh = gc.chat_corpus(tiny, folder=tmp_path / "fresh", progress=False, samples=2, new_tokens=40, seeds=seeds)
     assert [p.read_text() for p in resumed] == [p.read_text() for p in fresh]
+
+
+def test_the_cli_names_each_corpus_and_split(tiny, tmp_path, monkeypatch):
+    """`--corpus` of train-sae / evaluate-sae / train-transcoders: broad, chat and mixed, each with its -heldout split
+    (chat and mixed are the model's own, from $SLMVIZ_CACHE); a path is taken as it is."""
+    from slmviz.features.bundled import broad_corpus
+    from slmviz.features.cli import resolve_corpus
+
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    chat = gc.corpus_dir(tiny)
+    chat.mkdir(parents=True)
+    for split in ("train", "heldout"):
+        (chat / f"{split}.jsonl").write_text(json.dumps({"text": f"w1 {split}"}) + "\n")
+    assert resolve_corpus("chat", tiny) == str(chat / "train.jsonl")
+    assert resolve_corpus("chat-heldout", tiny) == str(chat / "heldout.jsonl")
+    assert resolve_corpus("broad-heldout") == str(broad_corpus()[1])
+    mixed = resolve_corpus("mixed-heldout", tiny)
+    assert mixed == str(gc.corpus_dir(tiny, "mixed") / "heldout.jsonl")
+    assert json.dumps({"text": "w1 heldout"}) in Path(mixed).read_text(encoding="utf-8").splitlines()
+    assert resolve_corpus("bench/modern_prose.txt") == "bench/modern_prose.txt"

@@ -8,9 +8,11 @@ import shlex
 import sys
 from typing import Any
 
+# chat / mixed: the model's own text (features.generated_corpus), written once per model and cached
 CORPORA = {"broad": "the broad corpus's training split (features.bundled.broad_corpus)",
-           "broad-heldout": "its held-out split", "bible": "the bundled King James Bible"}
-SET_CORPORA = (*CORPORA, "chat", "mixed")  # chat / mixed: the model's own text (features.generated_corpus)
+           "chat": "the model's own chat and prose", "mixed": "broad and chat interleaved",
+           "broad-heldout": "broad's held-out split", "chat-heldout": "chat's held-out split",
+           "mixed-heldout": "mixed's held-out split", "bible": "the bundled King James Bible"}
 
 
 def add_parsers(sub: Any) -> None:
@@ -42,7 +44,7 @@ def add_parsers(sub: Any) -> None:
                        "(resumable)")
     s.add_argument("--model", default=None, help="bundled model name, folder or hub id (default: SmolLM2-135M)")
     s.add_argument("--layers", default="all", help="'all' or comma-separated layer indices")
-    s.add_argument("--corpus", required=True, help=f"a .txt/.jsonl/.parquet path, or one of {', '.join(SET_CORPORA)}")
+    s.add_argument("--corpus", required=True, help=f"a .txt/.jsonl/.parquet path, or one of {', '.join(CORPORA)}")
     s.add_argument("--d-sae", type=int, required=True)
     s.add_argument("--k", type=int, required=True)
     s.add_argument("--tokens", type=int, required=True, help="tokens (activation rows) per layer")
@@ -71,12 +73,13 @@ def add_parsers(sub: Any) -> None:
     e.add_argument("--no-progress", action="store_true")
 
 
-def resolve_corpus(name: str) -> Any:
-    """A named corpus (CORPORA) as a path, or the argument itself (a path)."""
-    if name in ("broad", "broad-heldout"):
-        from .bundled import broad_corpus
+def resolve_corpus(name: str, model: Any = None) -> Any:
+    """A named corpus (CORPORA) as a path (chat and mixed are `model`'s own), or the argument itself (a path)."""
+    base, _, split = name.partition("-")
+    if base in ("broad", "chat", "mixed") and split in ("", "heldout"):
+        from .corpora import resolve_corpus as named
 
-        return str(broad_corpus()[0 if name == "broad" else 1])
+        return str(named(base, model, split or "train"))
     if name == "bible":
         from ..scans.corpus import bundled_corpus_path
 
@@ -89,12 +92,11 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
     model = slmviz.load(args.model)
     if args.command == "train-transcoders":
-        from .corpora import resolve_corpus as named_corpus
         from .train_set import train_transcoders
 
         argv = sys.argv[1:] if argv is None else argv
         layers = "all" if args.layers == "all" else [int(x) for x in args.layers.split(",")]
-        corpus = named_corpus(args.corpus, model) if args.corpus in ("chat", "mixed") else resolve_corpus(args.corpus)
+        corpus = resolve_corpus(args.corpus, model)
         ts = train_transcoders(
             model, layers=layers, corpus=corpus, d_sae=args.d_sae, k=args.k, tokens=args.tokens, out=args.out,
             kind=args.kind, skip=not args.no_skip, architecture=args.architecture, lr=args.lr,
@@ -110,8 +112,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
         argv = sys.argv[1:] if argv is None else argv
         sae = train_sae(
-            model, hook=args.hook, corpus=resolve_corpus(args.corpus), d_sae=args.d_sae, k=args.k, tokens=args.tokens,
-            out=args.out, hook_out=args.hook_out, architecture=args.architecture, lr=args.lr,
+            model, hook=args.hook, corpus=resolve_corpus(args.corpus, model), d_sae=args.d_sae, k=args.k,
+            tokens=args.tokens, out=args.out, hook_out=args.hook_out, architecture=args.architecture, lr=args.lr,
             batch_tokens=args.batch_tokens, seed=args.seed, device=args.device, dtype=args.dtype,
             progress=not args.no_progress, window=args.window, forward_tokens=args.forward_tokens,
             buffer_tokens=args.buffer_tokens, dead_window=args.dead_window, lr_decay=args.lr_decay,
@@ -125,7 +127,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from .io import load_sae
 
     sae = load_sae(bundled_sae_folder(args.sae, model) or args.sae, model=model)
-    metrics = evaluate_sae(sae, resolve_corpus(args.corpus), model=model, tokens=args.tokens or None,
+    metrics = evaluate_sae(sae, resolve_corpus(args.corpus, model), model=model, tokens=args.tokens or None,
                            window=args.window, batch_tokens=args.batch_tokens, progress=not args.no_progress)
     text = json.dumps(metrics, indent=1)
     print(text)
