@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODERN_PROSE = REPO / "bench" / "modern_prose.txt"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -58,9 +57,9 @@ def main() -> None:
     evaluations = {}
     for name, corpus, tokens in (("broad-heldout", "broad-heldout", args.tokens),
                                  ("chat-heldout", "chat-heldout", args.chat_tokens),
-                                 ("modern-prose", str(MODERN_PROSE.relative_to(REPO)), 0)):
+                                 ("modern-prose", "bench/modern_prose.txt", 0)):
         start = time.perf_counter()
-        text = str(REPO / corpus) if name == "modern-prose" else resolve_corpus(corpus, model)
+        text = resolve_corpus(corpus, model) if name != "modern-prose" else str(REPO / corpus)  # a path from here
         metrics = slmviz.evaluate_sae(shipped, text, model=model, tokens=tokens or None)
         metrics["seconds"] = round(time.perf_counter() - start, 1)
         metrics["corpus"] = name

@@ -397,33 +397,32 @@ def threshold_rows_by_layer(model: Any, corpus: Any, sources: dict[int, Source],
     return {L: torch.cat(p)[:rows] for L, p in parts.items()}
 
 
-def read_set_checkpoint(out: Path) -> tuple[SetConfig, dict[int, TrainConfig], dict[str, torch.Tensor],
-                                            dict[str, Any]] | None:
-    """(set config, {layer: config}, tensors, metadata) of out/checkpoint.safetensors, or None when there is none."""
+def read_set_checkpoint(out: Path, tensors: bool = True) -> tuple[SetConfig, dict[int, TrainConfig],
+                                                                  dict[str, torch.Tensor], dict[str, Any]] | None:
+    """(set config, {layer: config}, tensors, metadata) of out/checkpoint.safetensors, or None when there is none.
+    `tensors=False`: the metadata alone, tensors {} (a full set's checkpoint is hundreds of MB)."""
     path = Path(out) / CHECKPOINT
     if not path.is_file():
         return None
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = json.loads((f.metadata() or {})["slmviz_train_set_state"])
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+            found = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}  # noqa: SIM118 (not a dict)
         set_cfg = SetConfig(**{**meta["set"], "layers": tuple(meta["set"]["layers"])})
         configs = {int(L): TrainConfig(**v["config"]) for L, v in meta["layers"].items()}
     except Exception as e:
         raise CheckpointError(f"{path} is not a train_transcoders checkpoint this version reads ({e}); train into "
                               "another out= folder") from e
-    return set_cfg, configs, tensors, meta
+    return set_cfg, configs, found, meta
 
 
 def checkpoint_tokens(out: Path) -> int | None:
     """The tokens per layer a run in `out` has trained (its checkpoint's cursors, mean over layers), or None when
-    it has no checkpoint: where a resumed run starts. Reads the metadata alone, not the tensors (a full set's
-    checkpoint is hundreds of MB)."""
-    path = Path(out) / CHECKPOINT
-    if not path.is_file():
+    it has no checkpoint: where a resumed run starts. Reads the checkpoint's metadata, not its tensors."""
+    saved = read_set_checkpoint(out, tensors=False)
+    if saved is None:
         return None
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        layers = json.loads((f.metadata() or {})["slmviz_train_set_state"])["layers"]
+    layers = saved[3]["layers"]
     return sum(v["cursor"]["tokens"] for v in layers.values()) // max(len(layers), 1)
 
 
