@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import BENCH_DIR, Row, main, spread
+from common import BENCH_DIR, Row, frame_table, main, spread
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPTED = "When Mary and John went to the store, Tom gave a drink to"
@@ -149,24 +149,14 @@ def findings(pairs: int, out: Path) -> None:
             into_logits = c.edges[c.edges.target == "logits"].head(8)
             lines += [f"\n### {model.name}: {task.name} ({len(task)} pairs)\n",
                       f"{c}; EAP-IG {scored:.0f} s, faithfulness + smallest-80% search {timed:.0f} s\n",
-                      "Top edges:\n", markdown(c.top(12)), "\nInto the logits:\n", markdown(into_logits),
-                      "\nFaithfulness:\n", markdown(curve), f"\nsmallest circuit reaching 0.8: {smallest} edges"]
+                      "Top edges:\n", frame_table(c.top(12)), "\nInto the logits:\n", frame_table(into_logits),
+                      "\nFaithfulness:\n", frame_table(curve), f"\nsmallest circuit reaching 0.8: {smallest} edges"]
             if task.name == "ioi":
                 lines += ["\nAttention from the last position of the heads above (mean over the clean prompts):\n",
                           ioi_attention(model, task, into_logits)]
             print(lines[-1], flush=True)
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {out}")
-
-
-def markdown(frame) -> str:
-    """A DataFrame as a Markdown table (floats to 3 significant digits), without the tabulate package."""
-    def cell(x):  # node names in code spans: "<q>" would otherwise read as an HTML tag
-        return f"{x:.3g}" if isinstance(x, float) else f"`{x}`" if isinstance(x, str) else str(x)
-
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + " --- |" * len(frame.columns)]
-    lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(lines)
 
 
 def ioi_attention(model, task, into_logits) -> str:

@@ -16,7 +16,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -184,6 +184,35 @@ def machine() -> dict[str, str]:
 
 def fmt_ratio(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}"
+
+
+def markdown_table(header: list[str], rows: Iterable[Iterable[object]]) -> str:
+    """A Markdown table: one line a row, every cell str()-ed, a "|" inside a cell escaped (it would end the cell)."""
+    def line(cells: Iterable[object]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(header), line("---" for _ in header), *map(line, rows)])
+
+
+def verdict(r: Row) -> str:
+    return "—" if r.met is None else ("✅ met" if r.met else "❌ not met")
+
+
+def results_table(rows: list[Row], reference: str = "transformers / bound",
+                  ratio: Callable[[float | None], str] = fmt_ratio) -> str:
+    """The results files' table of Rows (bench/results.md, bench/gpu_results.md)."""
+    return markdown_table(["what", "slmviz", reference, "ratio", "target", "result", "notes"],
+                          ([r.what, r.slmviz, r.reference, ratio(r.ratio), r.target, verdict(r), r.note]
+                           for r in rows))
+
+
+def frame_table(frame) -> str:
+    """A DataFrame as a Markdown table: floats to 3 significant digits, strings in code spans (node names such as
+    "<q>" would otherwise read as HTML tags)."""
+    def cell(x: object) -> str:
+        return f"{x:.3g}" if isinstance(x, float) else f"`{x}`" if isinstance(x, str) else str(x)
+
+    return markdown_table(list(frame.columns), ([cell(x) for x in row] for row in frame.itertuples(index=False)))
 
 
 def print_rows(rows: list[Row]) -> None:

@@ -12,6 +12,7 @@ import json
 import statistics
 from pathlib import Path
 
+from common import markdown_table
 from replacement_table import HERE, _range, _replaced
 
 
@@ -53,15 +54,15 @@ def table(points: list[dict]) -> str:
     head += ["replacement, median (range)", "completeness, median (range)", "path length",
              "broad: median EV / CE-loss score / top-1", "chat: median EV / CE-loss score / top-1",
              "largest error share"]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    rows = []
     for p in points:
         row = [p.get("label") or (f"{p['d_sae']:,}" if by_width else f"{p['tokens'] / 1000:.0f}k")]
         if by_width:
             row += [f"{p['tokens']:,}", _minutes(p.get("train_seconds")), f"{p['median_seconds']:.1f} s"]
         row += [_range(p, "replacement"), _range(p, "completeness"), f"{p['median_path_length']:.2f}",
                 _heldout(p, "broad"), _heldout(p, "chat"), _largest_error_share(p)]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(row)
+    return markdown_table(head, rows) + "\n"
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import load_average, machine
+from common import frame_table, load_average, machine
 
 import slmviz
 
@@ -55,20 +55,10 @@ def main() -> None:
             top = top.assign(exact=top["exact"] - r.target_metric)
             lines += [f"\n*direction={direction!r}*: {len(frame):,} cells ({per_sae}); over the {len(ran)} cells "
                       f"run exactly, Pearson r of estimate and exact change {r_exact:.3f}, same sign {signs} of "
-                      f"{len(ran)}; the call took {elapsed:.1f} s.\n", markdown(top)]
+                      f"{len(ran)}; the call took {elapsed:.1f} s.\n", frame_table(top)]
             print("\n".join(lines[-2:]), flush=True)
     args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")
-
-
-def markdown(frame) -> str:
-    """A DataFrame as a Markdown table (floats to 3 significant digits, strings in code spans)."""
-    def cell(x):
-        return f"{x:.3g}" if isinstance(x, float) else f"`{x!s}`" if isinstance(x, str) else str(x)
-
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + " --- |" * len(frame.columns)]
-    lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

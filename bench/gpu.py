@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import BENCH_DIR, GENERATE_PROMPT, Row, interleaved, median, prompt_ids, spread
+from common import BENCH_DIR, GENERATE_PROMPT, Row, interleaved, median, prompt_ids, results_table, spread
 
 PAIR = ("When Mary and John went out, John gave a drink to", "When Mary and John went out, Mary gave a drink to")
 ANSWER, WRONG = " Mary", " John"
@@ -190,14 +190,7 @@ def run_all(device: torch.device, quick: bool) -> list[Row]:
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| what | slmviz | transformers / reference | ratio | target | result | notes |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        ratio = "—" if r.ratio is None else f"{r.ratio:.3g}"
-        result = "—" if r.met is None else ("✅ met" if r.met else "❌ not met")
-        cells = [r.what, r.slmviz, r.reference, ratio, r.target, result, r.note]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines)
+    return results_table(rows, "transformers / reference", lambda x: "—" if x is None else f"{x:.3g}")
 
 
 def main() -> None:

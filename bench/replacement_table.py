@@ -14,6 +14,8 @@ import json
 import statistics
 from pathlib import Path
 
+from common import markdown_table
+
 HERE = Path(__file__).parent
 
 
@@ -65,10 +67,8 @@ def render(scores: dict, names: list[str]) -> str:
     missing = [name for name in names if name not in scores["sets"]]
     if missing:
         raise SystemExit(f"not in the scores file: {missing}; it holds {sorted(scores['sets'])}")
-    lines = ["| figure | " + " | ".join(headings) + " |", "| --- |" + " --- |" * len(names)]
-    for label, cell in ROWS:
-        lines.append(f"| {label} | " + " | ".join(cell(scores["sets"][name]) for name in names) + " |")
-    return "\n".join(lines)
+    return markdown_table(["figure", *headings],
+                          ([label, *(cell(scores["sets"][name]) for name in names)] for label, cell in ROWS))
 
 
 def main() -> None:

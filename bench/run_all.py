@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import BENCH_DIR, Row, fmt_ratio, load_average, machine
+from common import BENCH_DIR, Row, load_average, machine, results_table
 
 SCRIPTS = ["forward", "generate", "compare_presets", "memory", "app", "op_profile", "scan", "patching", "gemma",
            "sae_splice", "circuits", "dtype", "tl_compare"]
@@ -115,19 +115,6 @@ def run_script(name: str) -> tuple[list[Row], float]:
         return [Row(**r) for r in json.loads(out.read_text())], seconds
 
 
-def verdict(r: Row) -> str:
-    return "—" if r.met is None else ("✅ met" if r.met else "❌ not met")
-
-
-def table(rows: list[Row]) -> str:
-    lines = ["| what | slmviz | transformers / bound | ratio | target | result | notes |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        cells = [r.what, r.slmviz, r.reference, fmt_ratio(r.ratio), r.target, verdict(r), r.note]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", default=",".join(SCRIPTS), help="comma-separated subset of " + ",".join(SCRIPTS))
@@ -147,7 +134,7 @@ def main() -> None:
     header = (f"Measured {started:%Y-%m-%d %H:%M %Z} on {info['nproc']} cores ({info['cpu']}), "
               f"torch {info['torch']} ({info['threads']} threads), transformers {info['transformers']}, "
               f"Python {info['python']}. Load average (1, 5, 15 min) before: {load_before}; after: {load_after}.")
-    body = table(rows)
+    body = results_table(rows)
     bounds = [f"- **{r.what}**: {text}" for r in rows if r.met is False
               for key, text in BOUNDS.items() if r.what.startswith(key)]
     if bounds:
