@@ -19,7 +19,8 @@ Which SAEs the picker offers for the session's model:
 A picker value is only ever looked up among these: a client cannot make the server read another path.
 
 Training (the "Train an SAE" panel): slmviz.train_sae on a hook of the session's model (a transcoder when a second
-hook is given) over the bundled corpus or the broad one, at most MAX_TRAIN_TOKENS tokens. It runs as a long job in
+hook is given) over the bundled corpus, the broad one or "balanced" (half broad, half the model's own chat and prose,
+which the job writes first when this model has none yet), at most MAX_TRAIN_TOKENS tokens. It runs as a long job in
 app/scan_jobs.py's RUNNER worker, so other sessions' requests are served while it trains; gr.Progress and the
 status line show its loss, explained variance, L0 and dead fraction after every step, and Cancel stops it at its
 next step (the request's wait is closed, or, over the API, /sae_train_cancel leaves the job).
@@ -51,6 +52,7 @@ import gradio as gr
 
 from slmviz.features.bundled import bundled_saes
 from slmviz.features.dashboard import acts_hook, feature_card, search_features, top_features
+from slmviz.features.generated_corpus import chat_corpus
 from slmviz.features.io import load_sae
 from slmviz.features.prepared import load_sae_scan
 from slmviz.features.sae import CFG_FILENAME, SAE, check_feature
@@ -82,7 +84,9 @@ MAX_TRAINED_SAES = 3  # per session: SAEs it trained, kept in memory
 MAX_TRAIN_TOKENS = 500_000  # what the app trains on: minutes on 2 cores (the bundled SAEs took CPU-hours)
 MAX_TRAIN_WIDTH = 16_384
 TRAIN_CORPORA = {"bible": "the bundled corpus (King James Bible)",
-                 "broad": "broad: Python stdlib, pydoc, package READMEs and licences, the Bible"}
+                 "broad": "broad: Python stdlib, pydoc, package READMEs and licences, the Bible",
+                 "balanced": "balanced: half broad, half the model's own chat (the bundled SAEs' corpus; its first "
+                             "use writes the chat, ~40 min)"}
 NO_SAE = "No SAE for this model yet: load one in the Model tab (a hub id, or a folder with --allow-local-models)."
 
 
@@ -419,8 +423,13 @@ class FeatureHandlers:
 
             out = Path(tempfile.mkdtemp(prefix="slmviz-train-"))
             try:
+                if corpus == "balanced":  # the model's own text, written once per model (Cancel keeps what is written)
+                    chat_corpus(model, progress=lambda done, total: report(
+                        0.0, f"Writing the model's own chat and prose: {done} of {total} seed prompts (once per "
+                        "model; Cancel keeps what is written)"))
                 report(0.0, f"Reading {TRAIN_CORPORA[corpus]}")
-                return train_sae(model, hook=hook, corpus=train_corpus(corpus), d_sae=d_sae, k=k, tokens=n, out=out,
+                return train_sae(model, hook=hook, corpus=train_corpus(corpus, model), d_sae=d_sae, k=k, tokens=n,
+                                 out=out,
                                  progress=lambda st: report(st["tokens"] / st["total"], train_line(st), st),
                                  checkpoint_every=float("inf"), **kw)
             finally:
@@ -496,15 +505,16 @@ def token_features_html(found: dict[str, Any], pos: int) -> str:
             + feature_list_html([(f, f"{a:.3g}") for f, a in items]))
 
 
-def train_corpus(name: str) -> Any:
-    """The texts a training run of the app reads: the bundled verses, or the broad corpus's training split."""
+def train_corpus(name: str, model: Any = None) -> Any:
+    """The texts a training run of the app reads: the bundled verses, or a named corpus's training split (broad;
+    balanced is `model`'s own, features.corpora)."""
     if name == "bible":
         from slmviz.scans.corpus import bundled_corpus_path
 
         return str(bundled_corpus_path())
-    from slmviz.features.bundled import broad_corpus
+    from slmviz.features.corpora import resolve_corpus
 
-    return str(broad_corpus()[0])
+    return str(resolve_corpus(name, model))
 
 
 def train_line(stats: dict[str, Any]) -> str:

@@ -54,6 +54,37 @@ def test_interleave_keeps_each_order_and_spreads_the_smaller():
     assert merged.index("b0") < merged.index("a5") < merged.index("b2")
 
 
+def test_balanced_corpus_is_half_chat_and_keeps_every_kind_of_broad_text(tiny, tmp_path, monkeypatch):
+    """"balanced": the broad corpus thinned evenly to the chat corpus's characters, then interleaved with it."""
+    from slmviz.features.bundled import broad_corpus
+
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    chat = gc.corpus_dir(tiny)
+    chat.mkdir(parents=True)
+    chat_lines = {split: [json.dumps({"text": f"w{i} {split} " * 20}) for i in range(40)] for split in
+                  ("train", "heldout")}
+    for split, lines in chat_lines.items():
+        (chat / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    train, heldout = gc.balanced_corpus(tiny)
+    for path, broad, split in ((train, broad_corpus()[0], "train"), (heldout, broad_corpus()[1], "heldout")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        broad_lines = broad.read_text(encoding="utf-8").splitlines()
+        kept = [x for x in lines if x not in chat_lines[split]]
+        assert [x for x in lines if x in chat_lines[split]] == chat_lines[split]
+        stride = round(sum(map(len, broad_lines)) / sum(map(len, chat_lines[split])))
+        assert stride > 1 and kept == broad_lines[::stride]  # evenly thinned, in order
+        share = sum(map(len, chat_lines[split])) / sum(map(len, lines))
+        assert 0.3 < share < 0.7, share
+    from app.features_tab import train_corpus  # the app's "Train an SAE" panel reads the same file
+
+    assert train_corpus("balanced", tiny) == str(train) and train_corpus("broad") == str(broad_corpus()[0])
+
+
+def test_thin_keeps_every_nth_line():
+    assert gc._thin([f"{i:02d}" for i in range(10)], 6) == ["00", "03", "06", "09"]
+    assert gc._thin(["a", "b"], 100) == ["a", "b"]
+
+
 def test_seeds_decoded_at_once_on_one_thread_each_write_the_same_corpus(tiny, tmp_path):
     """generation_workers' claim: two seeds at once, each on one thread, give the text one seed at a time gives."""
     seeds = [("news", "w1 w2 w3"), ("fact", "w4 w5"), ("chat", "w6 w7 w8"), ("prose", "w9"), ("howto", "w2 w2")]
@@ -101,4 +132,5 @@ def test_the_cli_names_each_corpus_and_split(tiny, tmp_path, monkeypatch):
     mixed = resolve_corpus("mixed-heldout", tiny)
     assert mixed == str(gc.corpus_dir(tiny, "mixed") / "heldout.jsonl")
     assert json.dumps({"text": "w1 heldout"}) in Path(mixed).read_text(encoding="utf-8").splitlines()
+    assert resolve_corpus("balanced", tiny) == str(gc.corpus_dir(tiny, "balanced") / "train.jsonl")
     assert resolve_corpus("bench/modern_prose.txt") == "bench/modern_prose.txt"

@@ -372,10 +372,10 @@ def test_command_line_trains_and_evaluates(tiny, corpus, tmp_path, capsys):
 
 
 def test_bundled_saes_are_listed_and_carry_their_command():
-    """Every bundled SAE folder reads as an SAE whose cfg.json records the command that trained it (on "mixed", the
-    corpus the full sets train on: broad text and the model's own chat) and its evaluations on the three held-out
-    texts bench/bundle_sae.py measures (broad, chat, hand-written modern prose). The real-model checks (hooks exist,
-    widths match) are in the slow test below."""
+    """Every bundled SAE folder reads as an SAE whose cfg.json records the command that trained it (on "mixed" or
+    "balanced": broad text and the model's own chat, named in the command and in corpus_name) and its evaluations on
+    the three held-out texts bench/bundle_sae.py measures (broad, chat, hand-written modern prose). The real-model
+    checks (hooks exist, widths match) are in the slow test below."""
     from slmviz.features.bundled import BUNDLED_DIR, bundled_sae_folder, bundled_saes
 
     models = [p.name for p in BUNDLED_DIR.iterdir() if p.is_dir()] if BUNDLED_DIR.is_dir() else []
@@ -383,7 +383,8 @@ def test_bundled_saes_are_listed_and_carry_their_command():
         for sae_name in bundled_saes(name):
             sae = SAE.load(bundled_sae_folder(sae_name, name))
             assert sae.metadata["training_command"].startswith("slmviz train-sae")
-            assert "--corpus mixed" in sae.metadata["training_command"]
+            corpus = sae.metadata["corpus_name"]
+            assert corpus in ("mixed", "balanced") and f"--corpus {corpus} " in sae.metadata["training_command"]
             assert 0 < sae.metadata["evaluation"]["explained_variance"] <= 1
             evaluations = sae.metadata["evaluations"]
             assert set(evaluations) == {"broad-heldout", "chat-heldout", "modern-prose"}

@@ -8,11 +8,12 @@ import shlex
 import sys
 from typing import Any
 
-# chat / mixed: the model's own text (features.generated_corpus), written once per model and cached
+# chat / mixed / balanced: the model's own text (features.generated_corpus), written once per model and cached
 CORPORA = {"broad": "the broad corpus's training split (features.bundled.broad_corpus)",
            "chat": "the model's own chat and prose", "mixed": "broad and chat interleaved",
            "broad-heldout": "broad's held-out split", "chat-heldout": "chat's held-out split",
-           "mixed-heldout": "mixed's held-out split", "bible": "the bundled King James Bible"}
+           "balanced": "half broad (thinned), half chat", "mixed-heldout": "mixed's held-out split",
+           "balanced-heldout": "balanced's held-out split", "bible": "the bundled King James Bible"}
 
 
 def add_parsers(sub: Any) -> None:
@@ -74,11 +75,12 @@ def add_parsers(sub: Any) -> None:
 
 
 def resolve_corpus(name: str, model: Any = None) -> Any:
-    """A named corpus (CORPORA) as a path (chat and mixed are `model`'s own), or the argument itself (a path)."""
-    base, _, split = name.partition("-")
-    if base in ("broad", "chat", "mixed") and split in ("", "heldout"):
-        from .corpora import resolve_corpus as named
+    """A named corpus (CORPORA) as a path (chat, mixed and balanced are `model`'s own), or the argument itself."""
+    from .corpora import NAMES
+    from .corpora import resolve_corpus as named
 
+    base, _, split = name.partition("-")
+    if base in NAMES and split in ("", "heldout"):
         return str(named(base, model, split or "train"))
     if name == "bible":
         from ..scans.corpus import bundled_corpus_path

@@ -5,7 +5,8 @@
 - "chat": text the model itself writes, in batches, from varied seeds of the kind people type (news, facts,
   dialogue, questions, chat turns) (features.generated_corpus), its training split. SmolLM2 is an instruct model and
   the broad corpus has no modern prose and no chat turns; coders trained on it explain the prompts users type worse.
-- "mixed": both, interleaved (what the prepared full sets train on).
+- "mixed": both, interleaved (what the prepared full sets train on; chat is ~10 % of it).
+- "balanced": half broad (thinned evenly), half chat, interleaved (what the bundled SAEs train on).
 A path or a list of strings is returned as it is.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-NAMES = ("broad", "chat", "mixed")
+NAMES = ("broad", "chat", "mixed", "balanced")
 
 
 def resolve_corpus(corpus: Any, model: Any = None, split: str = "train") -> Any:
@@ -27,10 +28,10 @@ def resolve_corpus(corpus: Any, model: Any = None, split: str = "train") -> Any:
 
         train, heldout = broad_corpus()
         return train if split == "train" else heldout
-    from .generated_corpus import chat_corpus, mixed_corpus
+    from .generated_corpus import balanced_corpus, chat_corpus, mixed_corpus
 
     if model is None:
         raise ValueError(f"corpus={corpus!r} is text a model writes: pass the model (it is generated once per model "
                          "and cached)")
-    paths = chat_corpus(model) if corpus == "chat" else mixed_corpus(model)
+    paths = {"chat": chat_corpus, "mixed": mixed_corpus, "balanced": balanced_corpus}[corpus](model)
     return paths[0] if split == "train" else paths[1]
