@@ -6,8 +6,10 @@
   bench/bundle_sae.py on the files as shipped): EV, L0, CE-loss score and dead fraction on the broad corpus's held-out
   split, the chat corpus's held-out split (the model's own chat and prose from seeds never trained on) and
   bench/modern_prose.txt (32 hand-written modern texts);
-- the second: the same SAEs' explained variance before and after they were retrained on "mixed", the "before" from
-  bench/bundled_broad_trained.json (the broad-trained files, measured on the same texts before they were replaced).
+- the second: the same SAEs' explained variance through their retrainings, oldest first: trained on the broad corpus
+  (bench/bundled_broad_trained.json), on "mixed" (bench/bundled_mixed_trained.json), as shipped; each record holds
+  the files measured on the same texts before they were replaced, and a record of the SAE that still ships is
+  shown once.
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ import json
 import sys
 from pathlib import Path
 
+from common import markdown_table
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 TEXTS = ("broad-heldout", "chat-heldout", "modern-prose")
-BEFORE = REPO / "bench" / "bundled_broad_trained.json"
+# the earlier bundles, oldest first: trained on the broad corpus, then on "mixed"
+BEFORE = (("broad", REPO / "bench" / "bundled_broad_trained.json"),
+          ("mixed", REPO / "bench" / "bundled_mixed_trained.json"))
 
 
 def shipped() -> dict[tuple[str, str], dict]:
@@ -32,11 +38,6 @@ def shipped() -> dict[tuple[str, str], dict]:
     for cfg in sorted(BUNDLED_DIR.glob("*/*/cfg.json")):
         found[(cfg.parent.parent.name, cfg.parent.name)] = json.loads(cfg.read_text())["metadata"]
     return found
-
-
-def table(rows: list[list[str]], header: list[str]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
 
 
 def three(evals: dict, key: str, fmt: str = "{:.3f}") -> str:
@@ -52,19 +53,26 @@ def main() -> None:
                      f"{meta['corpus_name']}", three(e, "explained_variance"), three(e, "l0", "{:.1f}"),
                      three(e, "ce_loss_score"), three(e, "frac_dead", "{:.1%}"),
                      " / ".join(f"{e[t]['targets']:,}" for t in TEXTS)])
-    print(table(rows, ["model", "SAE", "width, k", "trained on", "EV (broad / chat / prose)", "L0",
-                       "CE-loss score", "dead", "rows evaluated"]))
+    print(markdown_table(["model", "SAE", "width, k", "trained on", "EV (broad / chat / prose)", "L0",
+                       "CE-loss score", "dead", "rows evaluated"], rows))
     print()
-    before = json.loads(BEFORE.read_text())["saes"]
+    earlier = [(corpus, json.loads(path.read_text())["saes"]) for corpus, path in BEFORE]
     rows = []
     for (model, name), meta in saes.items():
-        old, new = before.get(model, {}).get(name), meta["evaluations"]
-        if old is None:
-            continue
-        ev = {t: (old[t]["explained_variance"], new[t]["explained_variance"]) for t in TEXTS}
-        rows.append([model, f"`{name}`", *(f"{a:.3f} → **{b:.3f}**" for a, b in ev.values())])
-    print(table(rows, ["model", "SAE", "EV broad held-out", "EV chat held-out", "EV modern prose"]))
+        steps = [(corpus, e[model][name]) for corpus, e in earlier if name in e.get(model, {})]
+        if steps and steps[-1][1].get("training_command") == meta["training_command"]:
+            steps = steps[:-1]  # still the SAE that record measured: shown once, as shipped
+        steps.append((meta["corpus_name"], meta["evaluations"]))
+        if len(steps) > 1:
+            rows.append([model, f"`{name}`", " → ".join(c for c, _ in steps), *(trail(steps, t) for t in TEXTS)])
+    print(markdown_table(["model", "SAE", "trained on", "EV broad held-out", "EV chat held-out", "EV modern prose"],
+                         rows))
 
+
+def trail(steps: list[tuple[str, dict]], text: str) -> str:
+    """One text's EV through the retrainings, the shipped one in bold."""
+    evs = [f"{e[text]['explained_variance']:.3f}" for _, e in steps]
+    return " → ".join([*evs[:-1], f"**{evs[-1]}**"])
 
 if __name__ == "__main__":
     main()
