@@ -213,23 +213,7 @@ def _part(parts: Path, job: tuple[int, int, str, str]) -> Path:
 def mixed_corpus(model: Any) -> tuple[Path, Path]:
     """The broad corpus and the chat corpus interleaved line by line (train and held-out splits apart): what the
     prepared full sets train on, so the coders see code, prose and chat in every block."""
-    from .bundled import broad_corpus
-
-    folder = corpus_dir(model, "mixed")
-    train, heldout = folder / "train.jsonl", folder / "heldout.jsonl"
-    if train.is_file() and heldout.is_file():
-        return train, heldout
-    chat = chat_corpus(model)
-    broad = broad_corpus()
-    folder.mkdir(parents=True, exist_ok=True)
-    for out, a, b in ((train, broad[0], chat[0]), (heldout, broad[1], chat[1])):
-        la = a.read_text(encoding="utf-8").splitlines()
-        lb = b.read_text(encoding="utf-8").splitlines()
-        merged = _interleave(la, lb)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text("\n".join(merged) + "\n", encoding="utf-8")
-        tmp.replace(out)
-    return train, heldout
+    return _mix(model, "mixed", _interleave)
 
 
 def balanced_corpus(model: Any) -> tuple[Path, Path]:
@@ -242,9 +226,15 @@ def balanced_corpus(model: Any) -> tuple[Path, Path]:
     hand-written modern prose trained on chat alone, 0.401 on mixed; docs/features.md, "Bundled SAEs"). The bundled
     SAEs, one layer each, can afford the chat-heavy mix; the prepared full sets keep "mixed" (their recorded figures
     and cached scans name its fingerprint)."""
+    return _mix(model, "balanced", lambda broad, chat: _interleave(_thin(broad, sum(map(len, chat))), chat))
+
+
+def _mix(model: Any, kind: str, merge: Callable[[list[str], list[str]], list[str]]) -> tuple[Path, Path]:
+    """corpus_dir(model, kind)/{train,heldout}.jsonl: merge(broad lines, chat lines) of each split, written once (each
+    file beside, then renamed: a half-written corpus is never read)."""
     from .bundled import broad_corpus
 
-    folder = corpus_dir(model, "balanced")
+    folder = corpus_dir(model, kind)
     train, heldout = folder / "train.jsonl", folder / "heldout.jsonl"
     if train.is_file() and heldout.is_file():
         return train, heldout
@@ -252,9 +242,7 @@ def balanced_corpus(model: Any) -> tuple[Path, Path]:
     broad = broad_corpus()
     folder.mkdir(parents=True, exist_ok=True)
     for out, a, b in ((train, broad[0], chat[0]), (heldout, broad[1], chat[1])):
-        la = a.read_text(encoding="utf-8").splitlines()
-        lb = b.read_text(encoding="utf-8").splitlines()
-        merged = _interleave(_thin(la, sum(map(len, lb))), lb)
+        merged = merge(a.read_text(encoding="utf-8").splitlines(), b.read_text(encoding="utf-8").splitlines())
         tmp = out.with_suffix(".tmp")
         tmp.write_text("\n".join(merged) + "\n", encoding="utf-8")
         tmp.replace(out)
