@@ -51,6 +51,7 @@ from typing import Any
 import gradio as gr
 
 from slmviz.features.bundled import bundled_saes
+from slmviz.features.corpora import MODEL_WRITTEN
 from slmviz.features.dashboard import acts_hook, feature_card, search_features, top_features
 from slmviz.features.generated_corpus import chat_corpus
 from slmviz.features.io import load_sae
@@ -423,14 +424,13 @@ class FeatureHandlers:
 
             out = Path(tempfile.mkdtemp(prefix="slmviz-train-"))
             try:
-                if corpus == "balanced":  # the model's own text, written once per model (Cancel keeps what is written)
+                if corpus in MODEL_WRITTEN:  # the model's own text, written once per model
                     chat_corpus(model, progress=lambda done, total: report(
                         0.0, f"Writing the model's own chat and prose: {done} of {total} seed prompts (once per "
                         "model; Cancel keeps what is written)"))
                 report(0.0, f"Reading {TRAIN_CORPORA[corpus]}")
                 return train_sae(model, hook=hook, corpus=train_corpus(corpus, model), d_sae=d_sae, k=k, tokens=n,
-                                 out=out,
-                                 progress=lambda st: report(st["tokens"] / st["total"], train_line(st), st),
+                                 out=out, progress=lambda st: report(st["tokens"] / st["total"], train_line(st), st),
                                  checkpoint_every=float("inf"), **kw)
             finally:
                 shutil.rmtree(out, ignore_errors=True)  # the SAE is kept in memory for this session

@@ -37,6 +37,7 @@ from typing import Any
 
 import gradio as gr
 
+from slmviz.features.corpora import MODEL_WRITTEN
 from slmviz.features.dashboard import acts_hook
 from slmviz.features.generated_corpus import chat_corpus
 from slmviz.features.prepared import CORPUS, REQUIRED, load_set_scan, prepare_transcoders, recipe
@@ -212,7 +213,7 @@ class TranscoderSets:
         n_layers = model.cfg.n_layers
 
         def work(report: Callable[..., None]) -> str:
-            if args.get("corpus", CORPUS) in ("mixed", "chat"):  # the model's own text, written once per model
+            if args.get("corpus", CORPUS) in MODEL_WRITTEN:  # the model's own text, written once per model
                 chat_corpus(model, progress=lambda done, total: report(
                     0.1 * done / max(total, 1), f"Writing the training corpus, the model's own chat and prose: "
                     f"{done} of {total} seed prompts (once per model; Cancel keeps what is written)"))

@@ -54,7 +54,7 @@ def main() -> None:
                      three(e, "ce_loss_score"), three(e, "frac_dead", "{:.1%}"),
                      " / ".join(f"{e[t]['targets']:,}" for t in TEXTS)])
     print(markdown_table(["model", "SAE", "width, k", "trained on", "EV (broad / chat / prose)", "L0",
-                       "CE-loss score", "dead", "rows evaluated"], rows))
+                          "CE-loss score", "dead", "rows evaluated"], rows))
     print()
     earlier = [(corpus, json.loads(path.read_text())["saes"]) for corpus, path in BEFORE]
     rows = []
@@ -73,6 +73,7 @@ def trail(steps: list[tuple[str, dict]], text: str) -> str:
     """One text's EV through the retrainings, the shipped one in bold."""
     evs = [f"{e[text]['explained_variance']:.3f}" for _, e in steps]
     return " → ".join([*evs[:-1], f"**{evs[-1]}**"])
+
 
 if __name__ == "__main__":
     main()

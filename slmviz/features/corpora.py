@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 NAMES = ("broad", "chat", "mixed", "balanced")
+MODEL_WRITTEN = ("chat", "mixed", "balanced")  # need the model's chat corpus (generated_corpus.chat_corpus) first
 
 
 def resolve_corpus(corpus: Any, model: Any = None, split: str = "train") -> Any:
