@@ -23,6 +23,8 @@ from slmviz.features.train import (
     CheckpointError,
     TrainConfig,
     Trainer,
+    _linear_fit,
+    _unit_scale,
     batch_threshold,
     batch_top_k,
     batch_top_k_cut,
@@ -195,6 +197,30 @@ def _trained(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, steps: int) -> 
         trainer.step(x[rows] * trainer.scale_in, y[rows] * trainer.scale_out)
         trainer.cursor.tokens += 256
     return trainer
+
+
+def test_the_skip_init_is_the_float64_least_squares_fit():
+    """_linear_fit runs its row products in fp32 and only the solve in float64: on anisotropic rows (scales spread
+    over three decades, an offset, noise) it equals the ridge-regularised normal equations solved in float64 to
+    fp32 rounding, and with the ridge near 0 it recovers a planted map; _unit_scale is SAELens's factor."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4000, 48, generator=g) * torch.logspace(-1, 2, 48) + 3.0
+    W_true = torch.randn(32, 48, generator=g) / 8
+    y = x @ W_true.T + 0.5 + 0.01 * torch.randn(4000, 32, generator=g)
+    W, b = _linear_fit(x, y)
+    xd, yd = x.double(), y.double()
+    xc = xd - xd.mean(0)
+    cov = xc.T @ xc
+    cov += 1e-3 * cov.diagonal().mean() * torch.eye(48, dtype=torch.float64)
+    W_ref = torch.linalg.solve(cov, xc.T @ (yd - yd.mean(0))).T
+    assert W.dtype == torch.float64
+    assert (W - W_ref).norm() / W_ref.norm() < 1e-4
+    assert torch.allclose(b, yd.mean(0) - xd.mean(0) @ W_ref.T, rtol=1e-4, atol=1e-4)
+    W0, b0 = _linear_fit(x, y, ridge=1e-9)
+    assert torch.allclose(W0, W_true.double(), atol=1e-2)
+    assert float((xd @ W0.T + b0 - yd).pow(2).mean().sqrt()) < 0.0105  # the planted noise's 0.01, no more
+    s = _unit_scale(x)
+    assert math.isclose(float((s * xd).pow(2).sum(-1).mean()), 48, rel_tol=1e-9)
 
 
 def test_a_skip_transcoder_beats_the_plain_one_on_planted_data():

@@ -275,7 +275,7 @@ class CLTTrainer:
             self.b_dec.copy_((y.double() * s_out[None]).mean(0).float())  # [N, n, d] * [1, n, 1] -> [n, d]
             if self.W_skip is not None:
                 for L in range(n):
-                    W, b = _linear_fit(x[:, L].double() * float(s_in[L]), y[:, L].double() * float(s_out[L]))
+                    W, b = _linear_fit(x[:, L] * float(s_in[L]), y[:, L] * float(s_out[L]))
                     self.W_skip[L].copy_(W.float())
                     self.b_dec[L].copy_(b.float())
 
