@@ -1,0 +1,101 @@
+"""What bounds the bundled transcoder_l6 on modern prose: its explained variance against training tokens and against
+width, each point trained with the shipped recipe on "balanced" (k 54, skip, BatchTopK) and evaluated on the three
+texts bench/bundle_sae.py uses.
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/transcoder_l6_curve.py [--points 6144x300000 12288x300000 ...]
+
+Each point is a `slmviz.train_sae` run in $SLMVIZ_CACHE/sae_runs/probe_l6_w{width}_{tokens} (the shipped 6144 x 3M
+point reads the run the bundled SAE came from): a finished run is read back, a missing one is trained (resumable;
+~8 min a million tokens at 2 threads, about the same at 6144 and 12288 wide, where the model's forward dominates).
+The evaluation is encoding-only (no CE forwards, so ~1 min a point): explained variance and L0 of the coder as
+trained (fp32, not the fp16 of the bundled file) on bench/modern_prose.txt (all of it), and on the first 60
+documents of the chat and broad held-out splits. On the shipped run it gives the figures bundle_sae.py records
+(prose 0.682, chat 0.677) to three digits; broad's 60 documents differ from its 64k tokens (0.817 / 0.810).
+Writes bench/transcoder_l6_curve.json and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+from common import markdown_table
+
+import slmviz
+from slmviz.features.activations import sae_rows
+from slmviz.features.cli import resolve_corpus
+from slmviz.loading.bundled import cache_dir
+from slmviz.scans.corpus import iter_documents
+
+REPO = Path(__file__).resolve().parents[1]
+TEXTS = {"modern prose": str(REPO / "bench" / "modern_prose.txt"), "chat held-out": "chat-heldout",
+         "broad held-out": "broad-heldout"}
+DOCS = 60  # documents of each held-out split (prose: all 32)
+SHIPPED = "smollm2_skip_transcoder_l6_k54_balanced"  # the run transcoder_l6 ships from: 6144 wide, 3M tokens
+POINTS = ("6144x300000", "12288x300000", "6144x1000000", "12288x1000000", "6144x3000000")
+
+
+def run_folder(width: int, tokens: int) -> Path:
+    runs = cache_dir() / "sae_runs"
+    return runs / (SHIPPED if (width, tokens) == (6144, 3_000_000) else f"probe_l6_w{width}_{tokens}")
+
+
+def train(model, width: int, tokens: int) -> object:
+    """The shipped recipe (docs/features.md, "Bundled SAEs") at this width and length."""
+    return slmviz.train_sae(model, "blocks.6.mlp.hook_in", resolve_corpus("balanced", model),
+                            hook_out="blocks.6.hook_mlp_out",
+                            architecture="batchtopk", skip=True, d_sae=width, k=54, tokens=tokens, lr=2e-3,
+                            batch_tokens=512, dead_window=100_000, dtype="bfloat16", out=run_folder(width, tokens),
+                            progress=False)
+
+
+@torch.no_grad()
+def encoding_metrics(model, sae, corpus: str) -> dict[str, float]:
+    """EV and L0 over the rows evaluate_sae keeps (activations.sae_rows), one document per forward."""
+    path = corpus if corpus.endswith(".txt") else resolve_corpus(corpus, model)
+    ys, y_hats, l0 = [], [], []
+    for doc in itertools.islice(iter_documents(path), DOCS):
+        t = model.trace(doc[:2000], names=[sae.hook_name, sae.hook_name_out])
+        x = t[sae.hook_name].reshape(-1, sae.d_in).float()
+        y = t[sae.hook_name_out].reshape(-1, sae.d_out).float()
+        first = torch.zeros(x.shape[0], dtype=torch.bool)
+        first[0] = True
+        keep = sae_rows(x, first, y)
+        f = sae.encode(x[keep])
+        y_hats.append(sae.decode(f, x[keep]))
+        ys.append(y[keep])
+        l0.append((f > 0).sum(-1).float())
+    y, y_hat = torch.cat(ys), torch.cat(y_hats)
+    ev = 1 - (y - y_hat).pow(2).sum() / (y - y.mean(0)).pow(2).sum()
+    return {"explained_variance": round(float(ev), 4), "l0": round(float(torch.cat(l0).mean()), 1),
+            "rows": int(y.shape[0])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", nargs="+", default=list(POINTS), help="WIDTHxTOKENS")
+    args = parser.parse_args()
+    model = slmviz.load("SmolLM2-135M-Instruct")
+    results = []
+    for point in args.points:
+        width, tokens = (int(v) for v in point.split("x"))
+        sae = train(model, width, tokens)
+        sae = slmviz.load_sae(run_folder(width, tokens), model=model)
+        row = {"d_sae": width, "tokens": tokens, "run": run_folder(width, tokens).name,
+               **{name: encoding_metrics(model, sae, text) for name, text in TEXTS.items()}}
+        print(json.dumps(row), flush=True)
+        results.append(row)
+    out = REPO / "bench" / "transcoder_l6_curve.json"
+    out.write_text(json.dumps({"what": __doc__.splitlines()[0], "points": results}, indent=1) + "\n")
+    header = ["d_sae", "tokens"] + [f"EV {name} (L0)" for name in TEXTS]
+    body = [[f"{r['d_sae']:,}", f"{r['tokens']:,}"] + [f"{r[n]['explained_variance']:.3f} ({r[n]['l0']:.0f})"
+                                                       for n in TEXTS] for r in results]
+    print(markdown_table(header, body))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
