@@ -30,6 +30,7 @@ from common import markdown_table
 import slmviz
 from slmviz.features.activations import sae_rows
 from slmviz.features.cli import resolve_corpus
+from slmviz.features.evaluate import Totals
 from slmviz.loading.bundled import cache_dir
 from slmviz.scans.corpus import iter_documents
 
@@ -60,9 +61,10 @@ def train(model, width: int, tokens: int, k: int = K) -> object:
 
 @torch.no_grad()
 def encoding_metrics(model, sae, corpus: str) -> dict[str, float]:
-    """EV and L0 over the rows evaluate_sae keeps (activations.sae_rows), one document per forward."""
+    """EV and L0 (evaluate.Totals, evaluate_sae's formulas) over the rows evaluate_sae keeps (activations.sae_rows),
+    one document per forward."""
     path = corpus if corpus.endswith(".txt") else resolve_corpus(corpus, model)
-    ys, y_hats, l0 = [], [], []
+    totals = Totals(sae.d_out, sae.d_sae)
     for doc in itertools.islice(iter_documents(path), DOCS):
         t = model.trace(doc[:2000], names=[sae.hook_name, sae.hook_name_out])
         x = t[sae.hook_name].reshape(-1, sae.d_in).float()
@@ -71,13 +73,9 @@ def encoding_metrics(model, sae, corpus: str) -> dict[str, float]:
         first[0] = True
         keep = sae_rows(x, first, y)
         f = sae.encode(x[keep])
-        y_hats.append(sae.decode(f, x[keep]))
-        ys.append(y[keep])
-        l0.append((f > 0).sum(-1).float())
-    y, y_hat = torch.cat(ys), torch.cat(y_hats)
-    ev = 1 - (y - y_hat).pow(2).sum() / (y - y.mean(0)).pow(2).sum()
-    return {"explained_variance": round(float(ev), 4), "l0": round(float(torch.cat(l0).mean()), 1),
-            "rows": int(y.shape[0])}
+        totals.add_rows(y[keep], sae.decode(f, x[keep]), f)
+    m = totals.metrics()
+    return {"explained_variance": round(m["explained_variance"], 4), "l0": round(m["l0"], 1), "rows": m["tokens"]}
 
 
 def main() -> None:
