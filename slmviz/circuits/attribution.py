@@ -380,6 +380,7 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
 
     unembed = model.decoder.params.unembed
     logit_idx, logit_p, logit_vecs = salient_logits(state.logits[-1], unembed, max_n_logits, desired_logit_prob)
+    logit_p = logit_p.cpu()  # the graph's own tensors live on the CPU, whatever device the model runs on
     n_logits = len(logit_idx)
     err_off = n_feat
     tok_off = err_off + n_layers * n_pos
@@ -475,9 +476,10 @@ class Writes:
         """The writes of `features` (sorted feature node indices), renumbered 0..len(features)-1; the table is
         shared."""
         size = max(int(self.node.max()) if len(self.node) else -1, int(features.max()) if len(features) else -1) + 1
-        new = torch.full((size,), -1, dtype=torch.long)
-        new[features] = torch.arange(len(features))
-        keep = new[self.node] >= 0 if len(self.node) else torch.zeros(0, dtype=torch.bool)
+        dev = self.node.device
+        new = torch.full((size,), -1, dtype=torch.long, device=dev)
+        new[features.to(dev)] = torch.arange(len(features), device=dev)
+        keep = new[self.node] >= 0 if len(self.node) else torch.zeros(0, dtype=torch.bool, device=dev)
         return Writes(new[self.node[keep]], self.layer[keep], self.scale[keep], self.row[keep], self.table)
 
 
@@ -604,7 +606,7 @@ def active_features(ts: Any, state: PromptState, n_layers: int, zero_bos: bool
     feature, as (layer, position, feature, activation, encoder rows [n, d_model], writes, errors [n_layers, pos,
     d_model]). A layer's error is its MLP output minus the set's prediction there (the whole output where nothing
     writes). `zero_bos` drops position 0's features and errors."""
-    n_pos, d_model = len(state.ids), state.embed.shape[-1]
+    n_pos, d_model, dev = len(state.ids), state.embed.shape[-1], state.embed.device
     acts_by_layer: dict[int, torch.Tensor] = {}
     layers, positions, feats, values, enc = [], [], [], [], []
     for layer in ts.layers:
@@ -624,15 +626,16 @@ def active_features(ts: Any, state: PromptState, n_layers: int, zero_bos: bool
     def cat(xs: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
         return torch.cat(xs) if xs else empty
 
-    long0 = torch.zeros(0, dtype=torch.long)
+    long0, float0 = torch.zeros(0, dtype=torch.long, device=dev), torch.zeros(0, device=dev)
     f_layer, f_pos, f_idx = cat(layers, long0), cat(positions, long0), cat(feats, long0)
-    f_act, f_enc = cat(values, torch.zeros(0)), cat(enc, torch.zeros(0, d_model))
+    f_act, f_enc = cat(values, float0), cat(enc, torch.zeros(0, d_model, device=dev))
     nodes, targets, scales, rows, table = [], [], [], [], []
     start = n_rows = 0
     for layer, idx, act in zip(ts.layers, feats, values, strict=True):
-        node = torch.arange(start, start + len(idx))
+        node = torch.arange(start, start + len(idx), device=dev)
         distinct, which = idx.unique(return_inverse=True)  # a feature's rows once, however many positions it fires at
-        for target, v in ts.writes(layer, distinct, torch.ones(len(distinct))):  # the unit-activation vectors
+        unit = torch.ones(len(distinct), device=dev)
+        for target, v in ts.writes(layer, distinct, unit):  # the unit-activation vectors
             nodes.append(node)
             targets.append(torch.full_like(node, target))
             scales.append(act.float())
@@ -640,9 +643,9 @@ def active_features(ts: Any, state: PromptState, n_layers: int, zero_bos: bool
             table.append(v)
             n_rows += len(distinct)
         start += len(idx)
-    writes = Writes(cat(nodes, long0), cat(targets, long0), cat(scales, torch.zeros(0)), cat(rows, long0),
-                    cat(table, torch.zeros(0, d_model)))
-    errors = torch.zeros(n_layers, n_pos, d_model)
+    writes = Writes(cat(nodes, long0), cat(targets, long0), cat(scales, float0), cat(rows, long0),
+                    cat(table, torch.zeros(0, d_model, device=dev)))
+    errors = torch.zeros(n_layers, n_pos, d_model, device=dev)
     inputs = {L: state.mlp_in[L] for L in ts.layers}
     written = {int(L) for L in writes.layer.unique()} | set(ts.layers)
     for layer in range(n_layers):
@@ -700,13 +703,14 @@ def _attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple
     A feature's edge into a target is the sum over the MLP outputs it writes of (gradient there) · (its vector
     there): the gradient at layer j's output is the same for every source writing j, so each layer's writes are one
     matrix product."""
-    cfg, dtype = model.cfg, model.dtype
+    cfg, dtype, dev = model.cfg, model.dtype, state.embed.device
     n_layers, n_pos, n_nodes = cfg.n_layers, len(state.ids), adjacency.shape[1]
     top = max(t[0] for t in targets)
     rows = min(batch_size, len(targets))
     copies = 1 if one_row else rows
     embed_leaf = state.embed[None].expand(copies, -1, -1).clone().requires_grad_(True)  # [c, pos, d_model]
-    deltas = [torch.zeros(copies, n_pos, cfg.d_model, dtype=dtype, requires_grad=True) for _ in range(n_layers)]
+    deltas = [torch.zeros(copies, n_pos, cfg.d_model, dtype=dtype, device=dev, requires_grad=True)
+              for _ in range(n_layers)]
     mlp_in, normed = ts.frozen_forward(model, state, embed_leaf, deltas, grad=True,
                                        last_layer=None if top == n_layers else top)
     reads = [*mlp_in, normed]  # what a target at layer L reads (n_layers: the logits)
@@ -721,7 +725,7 @@ def _attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple
         batch = targets[start:start + rows]
         inject: dict[int, torch.Tensor] = {}
         for b, (layer, pos, vec, _) in enumerate(batch):
-            g = inject.setdefault(layer, torch.zeros(rows, n_pos, cfg.d_model, dtype=dtype))
+            g = inject.setdefault(layer, torch.zeros(rows, n_pos, cfg.d_model, dtype=dtype, device=dev))
             g[b, pos] = vec.to(dtype)
         deepest = max(inject)
         shape = (rows, 1, n_pos, cfg.d_model) if one_row else (rows, n_pos, cfg.d_model)
@@ -735,8 +739,8 @@ def _attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple
         for i, g in enumerate(grads):
             grads[i] = None if g is None else g.reshape(rows, n_pos, cfg.d_model).float()
         g_embed, g_layers = grads[0], grads[1:]  # sources above the deepest target (None) get nothing
-        block = torch.zeros(rows, n_nodes)
-        feature_edges = torch.zeros(rows, n_feat)
+        block = torch.zeros(rows, n_nodes, device=dev)  # computed where the model runs, kept in `adjacency`
+        feature_edges = torch.zeros(rows, n_feat, device=dev)
         for layer, p, idx in groups:
             if layer < deepest and g_layers[layer] is not None:
                 m = (g_layers[layer][:, p] @ writes.table[writes.row[idx]].T) * writes.scale[idx]  # [b, n]
@@ -748,6 +752,7 @@ def _attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple
                 block[:, at:at + n_pos] = torch.einsum("bpd,pd->bp", g, errors[layer])
         block[:, tok_off:logit_off] = torch.einsum("bpd,pd->bp", g_embed, token_vecs)
         del grads, g_embed, g_layers
+        block = block.to(adjacency.device)
         for b, (_, _, _, node) in enumerate(batch):
             adjacency[node] = block[b]
         yield start + len(batch)
@@ -811,14 +816,14 @@ def replacement_constant(model: Any, state: PromptState, ts: Any, f_layer: torch
         idx = slice(start, start + WRITE_CHUNK)
         deltas.index_put_((writes.layer[idx], f_pos[writes.node[idx]]), -writes.vec(idx), accumulate=True)
     deltas = [d[None].to(model.dtype) for d in deltas]
-    zero = torch.zeros(1, n_pos, cfg.d_model, dtype=model.dtype)
+    zero = torch.zeros(1, n_pos, cfg.d_model, dtype=model.dtype, device=state.embed.device)
     mlp_in, normed = ts.frozen_forward(model, state, zero, deltas)
-    out = torch.zeros(n_nodes)
+    out = torch.zeros(n_nodes, device=state.embed.device)
     n_feat = len(f_layer)
     for i in range(n_feat):
         out[i] = mlp_in[int(f_layer[i])][0, int(f_pos[i])].float() @ f_enc[i]
     out[logit_off:] = logit_vecs @ normed[0, -1].float()
-    return out
+    return out.cpu()
 
 
 def node_table(model: Any, ids: torch.Tensor, f_layer: torch.Tensor, f_pos: torch.Tensor, f_idx: torch.Tensor,

@@ -53,7 +53,7 @@ def sae_rows(x: torch.Tensor, first: torch.Tensor, *others: torch.Tensor,
     own, so the rule needs no state and a single prompt (a dashboard) applies it to itself.
     Pinned by tests/test_sae_train.py::test_massive_rows_are_dropped.
     """
-    keep = ~first
+    keep = ~first.to(x.device)  # the batch's layout is built on the CPU, its rows live on the model's device
     for t in (x, *others):
         norms = t.float().norm(dim=-1)  # [n]
         ordinary = norms[keep]

@@ -222,7 +222,7 @@ def clt_block_rows(model: Any, block: Any, sources: dict[int, Source]) -> Rows:
         first[:, 0] = True
         x = torch.stack([values[s.hook][real].float() for s in sources.values()], dim=1)  # [n, n_layers, d]
         y = torch.stack([values[s.hook_out][real].float() for s in sources.values()], dim=1)
-        keep = torch.ones(x.shape[0], dtype=torch.bool)
+        keep = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
         for i in range(x.shape[1]):
             keep &= sae_rows(x[:, i], first[real], y[:, i])
         xs.append(x[keep])
@@ -272,7 +272,7 @@ class CLTTrainer:
                 self.W_dec[L].copy_(w.view(cfg.d_sae, n - L, d))
                 e = w.view(cfg.d_sae, n - L, d)[:, 0]
                 self.W_enc[L].copy_((e / e.norm(dim=-1, keepdim=True) * INIT_DECODER_NORM).T)
-            self.b_dec.copy_((y.double() * s_out[None]).mean(0).float())  # [N, n, d] * [1, n, 1] -> [n, d]
+            self.b_dec.copy_((y.double() * s_out.to(y.device)[None]).mean(0).float())  # [N, n, d] * [1, n, 1]
             if self.W_skip is not None:
                 for L in range(n):
                     W, b = _linear_fit(x[:, L] * float(s_in[L]), y[:, L] * float(s_out[L]))

@@ -280,6 +280,8 @@ class SetRun:
         ts = self.finish(model, corpus)
         ts.save(out)
         self.save_checkpoint(out, finished=True)
+        for sae in ts:  # where the model runs, as load_transcoders(out, model=model) and a trained CLT return it
+            sae.to(getattr(model, "device", "cpu"))
         return ts
 
     @classmethod

@@ -180,7 +180,7 @@ def feature_sweep(model: Any, saes: Sequence[Any], clean_ids: torch.Tensor, corr
         positions, features = ((src != 0) | (tgt != 0)).nonzero(as_tuple=True)
         grad_f = feature_gradient(sae, grad_at, tgt)
         delta = src - tgt
-        estimate.append((delta * grad_f)[positions, features])
+        estimate.append((delta * grad_f)[positions, features].cpu())  # the sweep's table lives on the CPU
         rows += [{"hook": sae.hook_name_out, "layer": _layer(sae.hook_name_out), "feature": f, "position": p,
                   "source_act": float(src[p, f]), "target_act": float(tgt[p, f])}
                  for p, f in zip(positions.tolist(), features.tolist(), strict=True)]
