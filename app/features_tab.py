@@ -51,9 +51,7 @@ from typing import Any
 import gradio as gr
 
 from slmviz.features.bundled import bundled_saes
-from slmviz.features.corpora import MODEL_WRITTEN
 from slmviz.features.dashboard import acts_hook, feature_card, search_features, top_features
-from slmviz.features.generated_corpus import chat_corpus
 from slmviz.features.io import load_sae
 from slmviz.features.prepared import load_sae_scan
 from slmviz.features.sae import CFG_FILENAME, SAE, check_feature
@@ -63,7 +61,7 @@ from slmviz.plots.features import FEATURE_LINK, feature_list_html
 from slmviz.plots.trace import show_token
 
 from .corpus_tab import SCANS, corpus_size, session
-from .handlers import Handlers, readable_errors
+from .handlers import Handlers, readable_errors, write_model_corpus
 from .scan_jobs import RUNNER, JobCancelled, wait
 
 log = logging.getLogger("slmviz.app")
@@ -424,10 +422,7 @@ class FeatureHandlers:
 
             out = Path(tempfile.mkdtemp(prefix="slmviz-train-"))
             try:
-                if corpus in MODEL_WRITTEN:  # the model's own text, written once per model
-                    chat_corpus(model, progress=lambda done, total: report(
-                        0.0, f"Writing the model's own chat and prose: {done} of {total} seed prompts (once per "
-                        "model; Cancel keeps what is written)"))
+                write_model_corpus(model, corpus, report)
                 report(0.0, f"Reading {TRAIN_CORPORA[corpus]}")
                 return train_sae(model, hook=hook, corpus=train_corpus(corpus, model), d_sae=d_sae, k=k, tokens=n,
                                  out=out, progress=lambda st: report(st["tokens"] / st["total"], train_line(st), st),

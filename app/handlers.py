@@ -30,6 +30,8 @@ from gradio.components.plot import PlotData
 
 import slmviz
 from slmviz import plots
+from slmviz.features.corpora import MODEL_WRITTEN
+from slmviz.features.generated_corpus import chat_corpus
 from slmviz.hooks import LAYER_HOOKS
 from slmviz.interventions.compare import compare as compare_variants
 from slmviz.loading.bundled import DEFAULT_MODEL_NAME, bundled_models, is_prepared, model_dir
@@ -146,6 +148,17 @@ READABLE_ERRORS = (
     slmviz.PromptError, slmviz.UnsupportedModelError, slmviz.WeightsError, slmviz.TraceFormatError,
     ValueError, TypeError, KeyError, FileNotFoundError, FloatingPointError, IndexError,
 )
+
+
+def write_model_corpus(model: Model, corpus: str, report: Callable[..., None], share: float = 0.0) -> None:
+    """In a long job, first write the model's own chat and prose when `corpus` is made of it
+    (corpora.MODEL_WRITTEN; once per model, kept on disk): `report(fraction, line)` after each batch of seed
+    prompts, up to `share` of the job. A Cancel stops it between batches and keeps what is written."""
+    if corpus not in MODEL_WRITTEN:
+        return
+    chat_corpus(model, progress=lambda done, total: report(
+        share * done / max(total, 1), f"Writing the model's own chat and prose: {done} of {total} seed prompts "
+        "(once per model; Cancel keeps what is written)"))
 
 
 def readable_message(e: BaseException) -> str:

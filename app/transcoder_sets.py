@@ -37,15 +37,13 @@ from typing import Any
 
 import gradio as gr
 
-from slmviz.features.corpora import MODEL_WRITTEN
 from slmviz.features.dashboard import acts_hook
-from slmviz.features.generated_corpus import chat_corpus
 from slmviz.features.prepared import CORPUS, REQUIRED, load_set_scan, prepare_transcoders, recipe
 from slmviz.features.train_set import checkpoint_tokens
 from slmviz.features.transcoder_io import load_transcoders, prepared_dir, prepared_ready
 
 from .corpus_tab import SCANS, session
-from .handlers import Handlers, readable_errors
+from .handlers import Handlers, readable_errors, write_model_corpus
 from .scan_jobs import RUNNER, JobCancelled, wait
 
 KIND = "plt"  # the prepared set the tab builds (and ticks first)
@@ -213,10 +211,7 @@ class TranscoderSets:
         n_layers = model.cfg.n_layers
 
         def work(report: Callable[..., None]) -> str:
-            if args.get("corpus", CORPUS) in MODEL_WRITTEN:  # the model's own text, written once per model
-                chat_corpus(model, progress=lambda done, total: report(
-                    0.1 * done / max(total, 1), f"Writing the training corpus, the model's own chat and prose: "
-                    f"{done} of {total} seed prompts (once per model; Cancel keeps what is written)"))
+            write_model_corpus(model, args.get("corpus", CORPUS), report, share=0.1)
             resumed = checkpoint_tokens(prepared_dir(model, KIND))  # where Build resumes a cancelled build
             since = f", resumed from its checkpoint at {resumed:,} tokens per layer" if resumed else ""
             report(0.1, f"Training transcoders at all {n_layers} layers from one forward per batch{since}")
