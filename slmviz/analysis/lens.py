@@ -58,9 +58,9 @@ def logit_lens(trace: Trace, k: int = 5, start: int = 0) -> pd.DataFrame:
         values.append(torch.exp(top.values - lse).masked_fill(~ok[:, None], float("nan")))
         indices.append(top.indices.masked_fill(~ok[:, None], -1))
         finite.append(ok)
-    probs = torch.cat(values).numpy()  # [L * pos, k]
-    ids = torch.cat(indices).numpy()
-    ok = torch.cat(finite).numpy()
+    probs = torch.cat(values).cpu().numpy()  # [L * pos, k]
+    ids = torch.cat(indices).cpu().numpy()
+    ok = torch.cat(finite).cpu().numpy()
     n_pos = len(trace.tokens) - start
     strings = {int(i): trace.token_string(int(i)) for i in np.unique(ids) if i >= 0}
     strings[-1] = ""

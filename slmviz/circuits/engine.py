@@ -153,10 +153,11 @@ def capture(model: Any, graph: ComponentGraph, ids: torch.Tensor, reads: str = "
     n_layers = cfg.n_layers
     b, n_pos = ids.shape
     d = cfg.d_model
-    sources = torch.empty(b, graph.n_src, n_pos, d, dtype=model.dtype)
-    resid_pre = torch.empty(b, n_layers, n_pos, d, dtype=model.dtype)
+    z = dict(dtype=model.dtype, device=model.decoder.device)  # the writes stay where the model runs
+    sources = torch.empty(b, graph.n_src, n_pos, d, **z)
+    resid_pre = torch.empty(b, n_layers, n_pos, d, **z)
     resid_mid = torch.empty_like(resid_pre)
-    keys = torch.empty(b, n_layers, cfg.n_kv_heads, n_pos, cfg.d_head, dtype=model.dtype)
+    keys = torch.empty(b, n_layers, cfg.n_kv_heads, n_pos, cfg.d_head, **z)
     values = torch.empty_like(keys)
     stash: dict[str, torch.Tensor] = {}
     hooks: dict[str, Callable] = {"hook_embed": _put(sources, 0)}
@@ -220,7 +221,7 @@ def answer_logit_diff(model: Any, pairs: Sequence[PairRun], resid: torch.Tensor)
     value = logit([r.answer for r in pairs]).double()
     wrong = [r.wrong for r in pairs]
     if any(w is not None for w in wrong):
-        has = torch.tensor([w is not None for w in wrong])
+        has = torch.tensor([w is not None for w in wrong], device=value.device)
         value = value - torch.where(has, logit([w or 0 for w in wrong]).double(), 0.0)
     return value
 
@@ -319,7 +320,7 @@ def _patched_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], m
     first = run_from(pairs)
     at = slice(first, None)
     b = len(rows)
-    m = torch.stack([masks[s] & real for _, s, _ in rows])  # [b, n_src, n_dst]
+    m = torch.stack([masks[s] & real for _, s, _ in rows]).to(model.decoder.device)  # [b, n_src, n_dst]
     corrupted = _rows(pairs, lambda r: r.corrupted.sources[:, at])  # [b, n_src, pos', d], read only
     # a_u^corrupted - a_u of this run: the clean writes' difference until a patch moves a source, then updated as
     # the source writes again (_Sources)
@@ -457,13 +458,14 @@ def row_metrics(pairs: Sequence[PairRun], logits: torch.Tensor) -> torch.Tensor:
         value = last[rows, answer]
         wrong = [r.wrong for r in pairs]
         if any(w is not None for w in wrong):
-            has = torch.tensor([w is not None for w in wrong])
+            has = torch.tensor([w is not None for w in wrong], device=last.device)
             value = value - torch.where(has, last[rows, torch.tensor([w or 0 for w in wrong])], 0.0)
         return value
     values = []
     for r, row in zip(pairs, logits, strict=True):
         v = r.metric(row)
-        values.append(v.reshape(()).double() if isinstance(v, torch.Tensor) else torch.tensor(as_float(v)).double())
+        values.append(v.reshape(()).double().to(logits.device) if isinstance(v, torch.Tensor)
+                      else torch.tensor(as_float(v), dtype=torch.float64, device=logits.device))
     return torch.stack(values)
 
 
@@ -506,7 +508,7 @@ def _gradient_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], 
     at = slice(first, None)
     clean_e = torch.stack([r.embeds[0][at] for r in pairs])  # [b, pos', d]
     corrupted_e = torch.stack([r.embeds[1][at] for r in pairs])
-    alpha = torch.tensor([a for _, a in rows], dtype=clean_e.dtype)[:, None, None]
+    alpha = torch.tensor([a for _, a in rows], dtype=clean_e.dtype, device=clean_e.device)[:, None, None]
     # alpha 1 is the clean run itself (c + 1 * (e - c) rounds away from e); alpha 0 gives c exactly.
     embeds = torch.where(alpha == 1, clean_e, corrupted_e + alpha * (clean_e - corrupted_e))  # [b, pos', d]
     inputs: dict[str, torch.Tensor] = {}
@@ -545,7 +547,8 @@ def _gradient_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], 
     diff = torch.stack([runs[p].difference[:, at] for p in pair_ids])  # [P, n_src, pos', d]
     diff = diff.float()
     diff = diff.transpose(0, 1).reshape(graph.n_src, -1)  # [n_src, P * pos * d]
-    columns = torch.zeros(diff.shape[1], graph.n_dst)  # [P * pos * d, n_dst]: each destination's summed gradient
+    # [P * pos * d, n_dst]: each destination's summed gradient
+    columns = torch.zeros(diff.shape[1], graph.n_dst, device=diff.device)
     for name, grad in zip(names, grads, strict=True):
         if grad is None:
             continue
@@ -561,4 +564,4 @@ def _gradient_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], 
         columns[:, targets] = per_pair.transpose(2, 3).reshape(-1, per_pair.shape[2])  # [P * pos * d, k]
     # One GEMM for every (source, destination) pair, summed over pairs, positions and d_model; the sources a
     # destination does not read (later in the forward pass) are dropped.
-    scores += (diff @ columns).double() * graph.real()
+    scores += (diff @ columns).double().cpu() * graph.real()  # the scores table lives on the CPU

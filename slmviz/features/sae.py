@@ -286,7 +286,8 @@ class SAE(torch.nn.Module):
             if model is None:
                 raise SAEError("an attn.hook_z SAE's residual direction needs the model's W_O: pass model=")
             layer = int(self.hook_name_out.split(".")[1])
-            return model.decoder.params.layers[layer].w_o.float() @ row  # [d_model, h*d_head] @ [h*d_head]
+            w_o = model.decoder.params.layers[layer].w_o
+            return w_o.float() @ row.to(w_o.device)  # [d_model, h*d_head] @ [h*d_head]
         if model is not None and row.numel() != model.cfg.d_model:
             raise SAEError(f"{self!r} writes {self.hook_name_out!r}, which is not the residual stream's width "
                            f"({model.cfg.d_model}); logit effects need a residual-width (or attn.hook_z) SAE")

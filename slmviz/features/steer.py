@@ -28,7 +28,7 @@ def steer(sae: SAE, strengths: Mapping[int, float]) -> dict[str, Any]:
     merging dicts; splicing the SAE as well (saes=[sae]) lets it see the steered activation."""
     if not isinstance(strengths, Mapping) or not strengths:
         raise SAEError("steer() takes {feature: strength}, e.g. {123: 8.0}")
-    vector = torch.zeros(sae.d_out, dtype=sae.dtype)
+    vector = torch.zeros(sae.d_out, dtype=sae.dtype, device=sae.W_dec.device)
     for feature, strength in strengths.items():
         f = check_feature(sae, feature)
         if isinstance(strength, bool) or not isinstance(strength, int | float) or not math.isfinite(strength):

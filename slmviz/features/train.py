@@ -199,8 +199,9 @@ def train_sae(
     if saved is not None:
         trainer.restore(saved[1], saved[2])
         if trainer.cursor.finished:
-            return SAE.load(out)
-    return trainer.run(model, corpus, source, out, progress, checkpoint_every)
+            return SAE.load(out).to(model.decoder.device)
+    # where the model runs (the splice refuses an SAE elsewhere), as train_transcoders and a trained CLT return theirs
+    return trainer.run(model, corpus, source, out, progress, checkpoint_every).to(model.decoder.device)
 
 
 def check_run(architecture: str, d_sae: int, k: int, tokens: int, batch_tokens: int, window: int,

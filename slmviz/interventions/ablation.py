@@ -91,9 +91,9 @@ def _ablate(name: str, units: list[tuple[str, int | None]], kind: str, source: t
         out = x.clone()
         if kind == "resample":  # one reference position per position of this value
             picks = torch.randint(source.shape[0], x.shape[:-_unit_dims(name)], generator=generator)
-            replacement = source[picks].to(x.dtype)  # [..., pos, *unit shape]
-        elif kind == "mean":
-            replacement = source.to(x.dtype).expand_as(x)
+            replacement = source[picks.to(source.device)].to(x.device, x.dtype)  # [..., pos, *unit shape]
+        elif kind == "mean":  # a scan's mean lives on the CPU, the run's values on the model's device
+            replacement = source.to(x.device, x.dtype).expand_as(x)
         else:
             replacement = torch.zeros_like(x)
         for what, index in units:
