@@ -37,7 +37,7 @@ app: model
 
 test: model
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25  # the slowest tests, so a CI log shows where its minutes go
 
 lint: setup
 	$(PY) -m ruff check .
