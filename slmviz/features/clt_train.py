@@ -272,12 +272,13 @@ class CLTTrainer:
                 self.W_dec[L].copy_(w.view(cfg.d_sae, n - L, d))
                 e = w.view(cfg.d_sae, n - L, d)[:, 0]
                 self.W_enc[L].copy_((e / e.norm(dim=-1, keepdim=True) * INIT_DECODER_NORM).T)
-            self.b_dec.copy_((y.double() * s_out.to(y.device)[None]).mean(0).float())  # [N, n, d] * [1, n, 1]
-            if self.W_skip is not None:
+            if self.W_skip is not None:  # the fit sets every layer's b_dec too
                 for L in range(n):
                     W, b = _linear_fit(x[:, L] * float(s_in[L]), y[:, L] * float(s_out[L]))
                     self.W_skip[L].copy_(W.float())
                     self.b_dec[L].copy_(b.float())
+            else:
+                self.b_dec.copy_((y.double() * s_out.to(y.device)[None]).mean(0).float())  # [N, n, d] * [1, n, 1]
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         t = {"W_enc": self.W_enc, "b_enc": self.b_enc, "b_dec": self.b_dec, "since_fired": self.since_fired,
