@@ -18,6 +18,7 @@ Nothing is asserted; the figures go to --out.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -35,6 +36,8 @@ def main() -> None:
     import sys
 
     sys.path.insert(0, str(BENCH_DIR.parent))
+    from common import cpu_model
+
     import slmviz
     from slmviz.features.activations import forward_hooks
 
@@ -61,7 +64,8 @@ def main() -> None:
     order = err.argsort(descending=True)
     lines = ["# What bounds `transcoder_l6` on modern prose", "",
              f"Made by `bench/transcoder_l6_rows.py`: the shipped coder on `bench/modern_prose.txt` ({len(texts)} "
-             f"texts, {len(y)} rows), {time.strftime('%Y-%m-%d')}.", "",
+             f"texts, {len(y)} rows), {time.strftime('%Y-%m-%d')}, on {os.cpu_count()} cores of {cpu_model()} "
+             f"({torch.get_num_threads()} threads).", "",
              f"EV over every row: **{explained(pred, y):.3f}**.", "",
              "| worst rows | share of the squared error | EV without them |", "| --- | --- | --- |"]
     for q in (1, 5, 10, 20, 50):
