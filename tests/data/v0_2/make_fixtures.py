@@ -100,7 +100,8 @@ def main() -> None:
         workbench(g)
         g.save_json(HERE / path)
     model.trace(PROMPT).save(HERE / "trace.safetensors")
-    slmviz.scan(corpus()[:6], hooks=["blocks.1.hook_resid_post"], top_k=4, model=model, progress=False).save(HERE / "scan")
+    scan = slmviz.scan(corpus()[:6], hooks=["blocks.1.hook_resid_post"], top_k=4, model=model, progress=False)
+    scan.save(HERE / "scan")
     (HERE / "VERSION").write_text(f"slmviz {slmviz.__version__}, torch {torch.__version__}\n")
 
 
