@@ -34,9 +34,9 @@ from gradio.context import Context
 
 import slmviz
 from slmviz.circuits import tasks
-from slmviz.circuits.attribution import DEFAULT_MEMORY_BUDGET_GB
 from slmviz.circuits.circuit import Circuit
 from slmviz.circuits.graph import ComponentGraph
+from slmviz.graphs.attribution import DEFAULT_MEMORY_BUDGET_GB
 from slmviz.interventions.patching import suggest_answers
 
 from .corpus_tab import SCANS, session

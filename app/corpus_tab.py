@@ -1,6 +1,6 @@
 """The Corpus tab: what a neuron or head responds to across the bundled corpus.
 
-The tab shows a scan of the bundled corpus (verses of the King James Bible, slmviz.scans.corpus) by the session's
+The tab shows a scan of the bundled corpus (verses of the King James Bible, slmviz.corpora.reading) by the session's
 model. Each model's scan is computed once per server, by a background job the first visitor starts (others
 wait for the same job, with its progress bar; Cancel leaves it, and it stops once no one waits), saved
 under $SLMVIZ_SCAN_CACHE (default $SLMVIZ_CACHE/scans), and from then on read from disk or memory, never
@@ -26,9 +26,9 @@ from typing import Any
 
 import gradio as gr
 
+from slmviz.corpora.verses import bundled_corpus
 from slmviz.loading.bundled import cache_dir
 from slmviz.plots.scan import STRIP_CLASS, examples_html, histogram
-from slmviz.scans.corpus import bundled_corpus
 from slmviz.scans.scan import FORMAT_VERSION, Scan, scan
 
 from .fast_mode import SCAN_COST, dtype_for, fast_checkbox

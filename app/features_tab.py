@@ -52,13 +52,13 @@ import gradio as gr
 
 from slmviz.features.bundled import bundled_saes
 from slmviz.features.dashboard import acts_hook, feature_card, search_features, top_features
-from slmviz.features.io import load_sae
-from slmviz.features.prepared import load_sae_scan
 from slmviz.features.sae import CFG_FILENAME, SAE, check_feature
 from slmviz.features.steer import steer
+from slmviz.formats.sae_io import load_sae
 from slmviz.model_api import HUB_ID_PATTERN
 from slmviz.plots.features import FEATURE_LINK, feature_list_html
 from slmviz.plots.trace import show_token
+from slmviz.training.prepare import load_sae_scan
 
 from .corpus_tab import SCANS, corpus_size, session
 from .handlers import Handlers, readable_errors, write_model_corpus
@@ -418,7 +418,7 @@ class FeatureHandlers:
                   buffer_tokens=min(65_536, max(batch, n)), dead_window=max(batch, min(100_000, n // 4)))
 
         def work(report: Callable[..., None]) -> SAE:
-            from slmviz.features.train import train_sae
+            from slmviz.training.train_sae import train_sae
 
             out = Path(tempfile.mkdtemp(prefix="slmviz-train-"))
             try:
@@ -504,10 +504,10 @@ def train_corpus(name: str, model: Any = None) -> Any:
     """The texts a training run of the app reads: the bundled verses, or a named corpus's training split (broad;
     balanced is `model`'s own, features.corpora)."""
     if name == "bible":
-        from slmviz.scans.corpus import bundled_corpus_path
+        from slmviz.corpora.verses import bundled_corpus_path
 
         return str(bundled_corpus_path())
-    from slmviz.features.corpora import resolve_corpus
+    from slmviz.corpora.named import resolve_corpus
 
     return str(resolve_corpus(name, model))
 

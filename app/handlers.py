@@ -30,8 +30,8 @@ from gradio.components.plot import PlotData
 
 import slmviz
 from slmviz import plots
-from slmviz.features.corpora import MODEL_WRITTEN
-from slmviz.features.generated_corpus import chat_corpus
+from slmviz.corpora.generated import chat_corpus
+from slmviz.corpora.named import MODEL_WRITTEN
 from slmviz.hooks import LAYER_HOOKS
 from slmviz.interventions.compare import compare as compare_variants
 from slmviz.loading.bundled import DEFAULT_MODEL_NAME, bundled_models, is_prepared, model_dir

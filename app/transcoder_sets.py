@@ -1,6 +1,6 @@
 """A model's full transcoder sets in the Circuits tab: each offered as one choice of the attribution graph, or built.
 
-The set is the one `slmviz prepare --transcoders plt` makes (slmviz.features.prepared): a per-layer transcoder at
+The set is the one `slmviz prepare --transcoders plt` makes (slmviz.training.prepare): a per-layer transcoder at
 every layer, kept in $SLMVIZ_CACHE/transcoders/{model}/plt. When it is there, the tab's transcoder picker offers it
 as one choice ("full set: 30 per-layer transcoders"), picked alone (every layer already has its transcoder, so a
 single transcoder beside it would be a second one for its layer). It is loaded once per model and kept in memory
@@ -38,9 +38,10 @@ from typing import Any
 import gradio as gr
 
 from slmviz.features.dashboard import acts_hook
-from slmviz.features.prepared import CORPUS, REQUIRED, load_set_scan, prepare_transcoders, recipe
-from slmviz.features.train_set import checkpoint_tokens
-from slmviz.features.transcoder_io import load_transcoders, prepared_dir, prepared_ready
+from slmviz.replacement.load import load_transcoders
+from slmviz.replacement.prepared import prepared_dir, prepared_ready
+from slmviz.training.prepare import CORPUS, REQUIRED, load_set_scan, prepare_transcoders, recipe
+from slmviz.training.train_set import checkpoint_tokens
 
 from .corpus_tab import SCANS, session
 from .handlers import Handlers, readable_errors, write_model_corpus
@@ -57,7 +58,7 @@ MAX_FEATURE_NODES = 4096
 
 
 def set_ready(model: Any, kind: str = KIND) -> bool:
-    """Whether the model's prepared `kind` set is there (a finished run: transcoder_io.prepared_ready)."""
+    """Whether the model's prepared `kind` set is there (a finished run: replacement.prepared.prepared_ready)."""
     return prepared_ready(model, kind)
 
 

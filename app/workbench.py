@@ -2,7 +2,7 @@
 viewer lets people (node cards, pins and the subgraph with its scores, supernodes, labels) and test the story by
 setting features and rerunning the model, offline.
 
-Layout and handlers only: every number comes from slmviz.circuits.workbench / slmviz.circuits.intervene (the
+Layout and handlers only: every number comes from slmviz.graphs.workbench / slmviz.graphs.intervene (the
 library a notebook uses: g.pin, g.subgraph(), g.supernode, g.label, g.intervene, g.load_json) and every figure from
 slmviz.plots.subgraph. The workbench's state (pins, supernodes, edited labels) lives on the session's graph, the one
 the Circuits tab built (its gr.State `found`); a handler checks its input before it changes anything, so bad input
@@ -30,9 +30,9 @@ import gradio as gr
 import pandas as pd
 import torch
 
-from slmviz.circuits.intervene import intervene
-from slmviz.circuits.workbench import WorkbenchError, feature_labels, node_index
 from slmviz.features.dashboard import acts_hook, top_contexts
+from slmviz.graphs.intervene import intervene
+from slmviz.graphs.workbench import WorkbenchError, feature_labels, node_index
 from slmviz.plots.subgraph import subgraph_figure, workbench_figure
 
 from .corpus_tab import SCANS, session
@@ -279,7 +279,7 @@ class WorkbenchHandlers:
             amount = number
         if mode not in ("constrained", "free"):
             raise ValueError(f"Pick a mode: constrained or free (got {mode!r})")
-        from slmviz.circuits.intervene import resolve
+        from slmviz.graphs.intervene import resolve
 
         resolve(graph, {t: amount for t in targets})  # every check now, a readable error before the job
 

@@ -38,7 +38,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import slmviz
-    from slmviz.circuits.attribution import estimate_memory_bytes
+    from slmviz.graphs.attribution import estimate_memory_bytes
 
     load_before = os.getloadavg()
     m = slmviz.load()

@@ -41,8 +41,8 @@ def main() -> None:
 
     import slmviz
     from slmviz.features.bundled import BUNDLED_DIR
-    from slmviz.features.cli import resolve_corpus
     from slmviz.features.sae import CFG_FILENAME, SAE, WEIGHTS_FILENAME
+    from slmviz.training.cli import resolve_corpus
 
     model = slmviz.load(args.model)
     sae = SAE.load(args.run)

@@ -33,9 +33,9 @@ def one(kind: str, tokens: int, k: int, d_sae: int) -> dict:
     import torch
 
     import slmviz
-    from slmviz.features.clt import CrossLayerTranscoder
     from slmviz.features.sae import SAE
-    from slmviz.features.transcoder_set import TranscoderSet
+    from slmviz.replacement.clt import CrossLayerTranscoder
+    from slmviz.replacement.transcoder_set import TranscoderSet
 
     m = slmviz.load()
     n, d = m.cfg.n_layers, m.cfg.d_model

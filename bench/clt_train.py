@@ -30,8 +30,8 @@ def one(kind: str, d_sae: int, k: int, tokens: int) -> dict:
     import torch
 
     import slmviz
-    from slmviz.features.bundled import broad_corpus
-    from slmviz.features.train_set import train_transcoders
+    from slmviz.corpora.broad import broad_corpus
+    from slmviz.training.train_set import train_transcoders
 
     torch.manual_seed(0)
     model = slmviz.load()

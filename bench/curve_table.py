@@ -33,7 +33,7 @@ def _largest_error_share(point: dict) -> str:
 def prepared_point(name: str) -> dict:
     """The prepared set `name` of bench/replacement_scores.json as the token curve's last point: its recipe's tokens
     (prepared.RECIPES), and its held-out EV's median over layers as replacement_curve.py reports it."""
-    from slmviz.features.prepared import RECIPES
+    from slmviz.training.prepare import RECIPES
 
     scores = json.loads((HERE / "replacement_scores.json").read_text())
     entry = dict(scores["sets"][name])

@@ -141,7 +141,7 @@ def patch_row(m32, m16, cells_sampled: int) -> Row:
 
 
 def corpus_path() -> Path:
-    from slmviz.scans.corpus import bundled_corpus_path
+    from slmviz.corpora.verses import bundled_corpus_path
 
     return CORPUS or bundled_corpus_path()
 

@@ -64,9 +64,9 @@ def one_run(kind: str, d_sae: int, k: int, tokens: int, model_dir: Path, device:
 
     sys.path.insert(0, str(REPO))
     import slmviz
-    from slmviz.features.bundled import broad_corpus
-    from slmviz.features.train import fastest_dtype
-    from slmviz.features.train_set import train_transcoders
+    from slmviz.corpora.broad import broad_corpus
+    from slmviz.training.train_sae import fastest_dtype
+    from slmviz.training.train_set import train_transcoders
 
     cuda = device == "cuda"
     model = slmviz.load(model_dir, device=device)

@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> None:
 
     sys.path.insert(0, str(REPO))
     import slmviz
-    from slmviz.circuits.attribution import prepend_special
-    from slmviz.features.transcoder_io import prepared_dir
+    from slmviz.graphs.attribution import prepend_special
+    from slmviz.replacement.prepared import prepared_dir
 
     model = slmviz.load()
     ts = slmviz.load_transcoders(args.kind, model=model)

@@ -1,5 +1,5 @@
 """The longest prompt an attribution graph over SmolLM2's full prepared PLT set (or, with `--kind clt`, its CLT)
-admits: by the memory budget's own estimate (slmviz.circuits.attribution.graph_memory_bytes), for the default budget
+admits: by the memory budget's own estimate (slmviz.graphs.attribution.graph_memory_bytes), for the default budget
 and for 24 GB, and checked by a run at the default budget.
 
 What grows with a prompt's length: every position activates about L0 features at each of the 30 layers, and while
@@ -31,10 +31,10 @@ from common import cpu_model
 from graph_full_set import _status_gb, reset_peak
 
 import slmviz
-from slmviz.circuits.attribution import DEFAULT_MEMORY_BUDGET_GB, graph_memory_bytes, prepend_special, writes_values
-from slmviz.features.clt import CrossLayerTranscoder
-from slmviz.features.corpora import resolve_corpus
-from slmviz.scans.corpus import iter_documents
+from slmviz.corpora.named import resolve_corpus
+from slmviz.corpora.reading import iter_documents
+from slmviz.graphs.attribution import DEFAULT_MEMORY_BUDGET_GB, graph_memory_bytes, prepend_special, writes_values
+from slmviz.replacement.clt import CrossLayerTranscoder
 
 GB = 2**30
 

@@ -16,8 +16,8 @@ import json
 import torch
 
 import slmviz
-from slmviz.features.corpora import resolve_corpus
-from slmviz.scans.corpus import iter_documents
+from slmviz.corpora.named import resolve_corpus
+from slmviz.corpora.reading import iter_documents
 
 
 @torch.no_grad()

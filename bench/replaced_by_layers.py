@@ -15,8 +15,8 @@ import json
 import time
 
 import slmviz
-from slmviz.features.corpora import resolve_corpus
-from slmviz.features.transcoder_set import TranscoderSet
+from slmviz.corpora.named import resolve_corpus
+from slmviz.replacement.transcoder_set import TranscoderSet
 
 
 def main() -> None:

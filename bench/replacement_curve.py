@@ -27,9 +27,9 @@ from pathlib import Path
 from replacement_scores import graph_report
 
 import slmviz
-from slmviz.features.corpora import resolve_corpus
-from slmviz.features.train_set import CHECKPOINT, SetRun
-from slmviz.features.transcoder_set import TranscoderSet
+from slmviz.corpora.named import resolve_corpus
+from slmviz.replacement.transcoder_set import TranscoderSet
+from slmviz.training.train_set import CHECKPOINT, SetRun
 
 
 def finished_set(model, snapshot: Path, corpus) -> tuple[TranscoderSet, int]:

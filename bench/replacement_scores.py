@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import slmviz
-from slmviz.circuits.attribution_prune import compute_influence, normalize_matrix
+from slmviz.graphs.prune import compute_influence, normalize_matrix
 
 PROMPTS = {
     "factual": ["The capital of France is", "The Eiffel Tower is in the city of", "Water is made of hydrogen and",
@@ -121,7 +121,7 @@ def main() -> None:
             log = args.log / f"{Path(name).name}-{args.max_feature_nodes or 'all'}.jsonl"
         entry = graph_report(model, tcs, args.max_feature_nodes, log)
         if args.evaluate and name != "bundled":
-            from slmviz.features.corpora import resolve_corpus
+            from slmviz.corpora.named import resolve_corpus
 
             for corpus in ("broad", "chat"):
                 r = slmviz.evaluate_transcoders(tcs, resolve_corpus(corpus, model, split="heldout"), model=model,

@@ -23,8 +23,8 @@ from pathlib import Path
 from replacement_curve import score_point, write_point
 
 import slmviz
-from slmviz.features.corpora import resolve_corpus
-from slmviz.features.prepared import RECIPES
+from slmviz.corpora.named import resolve_corpus
+from slmviz.training.prepare import RECIPES
 
 
 def main() -> None:

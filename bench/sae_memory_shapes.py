@@ -40,7 +40,7 @@ def main() -> None:
 
     import slmviz
     import slmviz.features.activations as acts
-    from slmviz.features.bundled import broad_corpus
+    from slmviz.corpora.broad import broad_corpus
 
     model = slmviz.load()
     shapes: set[tuple[int, ...]] = set()

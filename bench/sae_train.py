@@ -42,7 +42,7 @@ CHILD = r"""
 import json, sys, time
 sys.path.insert(0, {repo!r})
 import slmviz
-from slmviz.features.train import train_sae
+from slmviz.training.train_sae import train_sae
 model = slmviz.load()
 t = time.perf_counter()
 sae = train_sae(model, {hook!r}, {corpus!r}, d_sae=4608, k=32, tokens={tokens}, out={out!r}, dtype={dtype!r},
@@ -56,7 +56,7 @@ MEMORY_CHILD = r"""
 import json, sys
 sys.path.insert(0, {repo!r})
 import slmviz
-from slmviz.features.train import train_sae
+from slmviz.training.train_sae import train_sae
 def status_gb(field):
     for line in open("/proc/self/status"):
         if line.startswith(field + ":"):
@@ -104,7 +104,7 @@ def run_saelens(corpus: str, tokens: int, scratch: Path) -> dict:
 
 def quality(folder: str, heldout: str, tokens: int) -> dict:
     import slmviz
-    from slmviz.features.io import load_folder
+    from slmviz.formats.sae_io import load_folder
 
     model = slmviz.load()
     sae = load_folder(folder)
@@ -114,7 +114,7 @@ def quality(folder: str, heldout: str, tokens: int) -> dict:
 
 
 def throughput_rows(args: argparse.Namespace) -> list[Row]:
-    from slmviz.features.bundled import broad_corpus
+    from slmviz.corpora.broad import broad_corpus
 
     train, heldout = (str(p) for p in broad_corpus())
     scratch = Path(tempfile.mkdtemp(prefix="sae_train_bench_"))
@@ -149,7 +149,7 @@ def throughput_rows(args: argparse.Namespace) -> list[Row]:
 
 
 def memory_rows(args: argparse.Namespace) -> list[Row]:
-    from slmviz.features.bundled import broad_corpus
+    from slmviz.corpora.broad import broad_corpus
 
     train = str(broad_corpus()[0])
     results = []

@@ -29,7 +29,7 @@ LAST_LAYER_HOOKS = ("mlp.hook_post", "attn.hook_z", "attn.hook_pattern")
 
 
 def sample_verses(n: int) -> list[str]:
-    from slmviz.scans.corpus import bundled_corpus
+    from slmviz.corpora.verses import bundled_corpus
 
     verses = bundled_corpus()
     return verses[:: max(1, len(verses) // n)][:n]

@@ -44,12 +44,12 @@ from safetensors.torch import load_file
 from train_transcoders import head_of
 
 import slmviz
-from slmviz.features.corpora import resolve_corpus
-from slmviz.features.train import fastest_dtype
-from slmviz.features.train_set import train_transcoders
-from slmviz.features.transcoder_set import TranscoderSet
+from slmviz.corpora.named import resolve_corpus
+from slmviz.corpora.reading import iter_documents
+from slmviz.replacement.transcoder_set import TranscoderSet
 from slmviz.scans.batches import iter_windows
-from slmviz.scans.corpus import iter_documents
+from slmviz.training.train_sae import fastest_dtype
+from slmviz.training.train_set import train_transcoders
 
 CTX = 128
 SIDE = Path(__file__).with_name("sparsify_side.py")

@@ -23,8 +23,9 @@ from common import Row, main
 from train_transcoders import head_of
 
 import slmviz
-from slmviz.features import train, train_set
-from slmviz.features.corpora import resolve_corpus
+from slmviz.corpora.named import resolve_corpus
+from slmviz.training import train_sae as train
+from slmviz.training import train_set
 
 # (module or class, function name, phase): what each timer wraps
 PHASES = (

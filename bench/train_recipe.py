@@ -19,8 +19,8 @@ import time
 from common import cpu_model, load_average
 
 import slmviz
-from slmviz.features.corpora import resolve_corpus
-from slmviz.features.prepared import CORPUS, recipe
+from slmviz.corpora.named import resolve_corpus
+from slmviz.training.prepare import CORPUS, recipe
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import statistics
 import torch
 from common import Row, interleaved, main
 
-from slmviz.features.train import TrainConfig, Trainer, batch_top_k_cut, fastest_dtype
+from slmviz.training.train_sae import TrainConfig, Trainer, batch_top_k_cut, fastest_dtype
 
 ROWS, D_MODEL, D_SAE, K = 512, 576, 4096, 64
 

@@ -29,10 +29,10 @@ import torch
 from common import Row, main
 
 import slmviz
+from slmviz.corpora.broad import broad_corpus
 from slmviz.features.activations import Source, plan_blocks
-from slmviz.features.bundled import broad_corpus
-from slmviz.features.train import TrainConfig, Trainer, _autocast, fastest_dtype, training_batches
-from slmviz.features.train_set import block_rows_by_layer, train_transcoders
+from slmviz.training.train_sae import TrainConfig, Trainer, _autocast, fastest_dtype, training_batches
+from slmviz.training.train_set import block_rows_by_layer, train_transcoders
 
 
 def run(args: argparse.Namespace) -> list[Row]:

@@ -28,11 +28,11 @@ import torch
 from common import markdown_table
 
 import slmviz
+from slmviz.corpora.reading import iter_documents
 from slmviz.features.activations import sae_rows
-from slmviz.features.cli import resolve_corpus
 from slmviz.features.evaluate import Totals
 from slmviz.loading.bundled import cache_dir
-from slmviz.scans.corpus import iter_documents
+from slmviz.training.cli import resolve_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = {"modern prose": str(REPO / "bench" / "modern_prose.txt"), "chat held-out": "chat-heldout",

@@ -12,22 +12,15 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _moved
-from .circuits.attribution import AttributionGraph, AttributionGraphError, attribution_graph
 from .circuits.circuit import Circuit, circuit, patch_edges
 from .circuits.graph import graph_edges
 from .config import ArchConfig, UnsupportedModelError
 from .features.bundled import bundled_saes
-from .features.clt import CLTError, CrossLayerTranscoder
 from .features.evaluate import evaluate_sae
-from .features.evaluate_set import evaluate_transcoders
-from .features.io import load_sae
 from .features.sae import SAE, SAEError
 from .features.steer import steer
-from .features.train import train_sae
-from .features.train_set import train_transcoders
-from .features.transcoder_io import load_transcoders
-from .features.transcoder_set import TranscoderSet, TranscoderSetError
+from .formats.sae_io import load_sae
+from .graphs.attribution import AttributionGraph, AttributionGraphError, attribution_graph
 from .hooks import HookError, HookNameError, hook_names
 from .interventions.ablation import ablation
 from .interventions.compare import compare
@@ -36,13 +29,18 @@ from .interventions.result import PatchResult
 from .loading.bundled import bundled_models
 from .loading.weights import WeightsError
 from .model_api import GenerationStep, Model, load
+from .replacement.clt import CLTError, CrossLayerTranscoder
+from .replacement.evaluate import evaluate_transcoders
+from .replacement.load import load_transcoders
+from .replacement.transcoder_set import TranscoderSet, TranscoderSetError
 from .scans.scan import Scan, scan
 from .tokens import PromptError
 from .trace import Trace, TraceFormatError
+from .training.train_sae import train_sae
+from .training.train_set import train_transcoders
 from .variants import PRESETS, Variant, describe, resolve_variant, variants
 
 __version__ = "0.2.0"
-_moved.install()
 
 __all__ = [
     "__version__",

@@ -155,15 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     from .scans import cli as scan_cli
 
     scan_cli.add_parser(sub)
-    from .features import cli as features_cli
+    from .training import cli as training_cli
 
-    features_cli.add_parsers(sub)
+    training_cli.add_parsers(sub)
     args = parser.parse_args(argv)
     try:
         if args.command == "scan":
             return scan_cli.run(args)
         if args.command in ("train-sae", "evaluate-sae", "train-transcoders"):
-            return features_cli.run(args, argv)
+            return training_cli.run(args, argv)
         if args.command == "check":
             return 0 if check(args.model, args.prompt or CHECK_PROMPTS, dtype=args.dtype) else 1
         if args.command == "trace":
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.transcoders:
                 import slmviz
 
-                from .features.prepared import prepare_transcoders
+                from .training.prepare import prepare_transcoders
 
                 for name in args.model or [slmviz.bundled_models()[0]]:
                     ts = prepare_transcoders(slmviz.load(name), args.transcoders)

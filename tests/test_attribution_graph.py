@@ -18,16 +18,16 @@ import pytest
 import torch
 
 import slmviz
-from slmviz.circuits.attribution import AttributionGraphError, attribution_graph, partial_influences
-from slmviz.circuits.attribution_prune import (
+from slmviz.features.sae import SAE
+from slmviz.graphs.attribution import AttributionGraphError, attribution_graph, partial_influences
+from slmviz.graphs.frozen import frozen_forward, prompt_state
+from slmviz.graphs.prune import (
     compute_influence,
     find_threshold,
     graph_scores,
     mean_path_length,
     normalize_matrix,
 )
-from slmviz.circuits.replacement import frozen_forward, prompt_state
-from slmviz.features.sae import SAE
 
 PROMPT = "w3 w5 w7 w9 w11 w4"
 

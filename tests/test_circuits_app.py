@@ -9,7 +9,7 @@ The bundled SmolLM2 server covers the IOI and greater-than generators, the size 
 EAP-IG job that another session's Run overtakes (checked by order of completion, never by time).
 
 Does not cover: the page itself (tests/test_circuits_browser.py clicks through it), nor the attribution graph's
-numbers (tests of slmviz.circuits.attribution).
+numbers (tests of slmviz.graphs.attribution).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import slmviz
 from app.circuits_tab import EXACT_MAX_EDGES, REFINE_SIZES, TASK_CHOICES, feature_table
 from slmviz import SAE
 from slmviz.circuits.tasks import induction_task
-from slmviz.features.io import load_sae
+from slmviz.formats.sae_io import load_sae
 from slmviz.model_api import load_folder
 
 pytestmark = pytest.mark.app

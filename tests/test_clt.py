@@ -1,4 +1,4 @@
-"""Cross-layer transcoders (slmviz.features.clt): the formula, splicing, and exact attribution graphs.
+"""Cross-layer transcoders (slmviz.replacement.clt): the formula, splicing, and exact attribution graphs.
 
 Checked against references that do not share the CLT's own code paths: the formula written out by hand from the
 CLT's tensors on a plain trace's inputs, the model's own logits, generate's KV-cache decoding against full traces,
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import slmviz
-from slmviz.circuits.attribution import AttributionGraphError, active_features, attribution_graph
-from slmviz.circuits.replacement import prompt_state
-from slmviz.features.clt import CLTError, CrossLayerTranscoder
+from slmviz.graphs.attribution import AttributionGraphError, active_features, attribution_graph
+from slmviz.graphs.frozen import prompt_state
+from slmviz.replacement.clt import CLTError, CrossLayerTranscoder
 
 PROMPT = "w3 w5 w7 w9 w11 w4"
 ARCHS = ("llama_gqa", "llama_bias", "gemma3", "qwen3", "olmo2")
@@ -375,7 +375,7 @@ def test_a_clt_that_writes_only_its_own_layer_is_the_plt_set_it_copies(models):
     """A CLT built from per-layer JumpReLU skip transcoders (W_dec[L][:, 0] = W_dec, every later slot 0) gives the
     PLT set's reconstructions, attribution graph and evaluate_transcoders figures."""
     from slmviz.features.sae import SAE
-    from slmviz.features.transcoder_set import TranscoderSet
+    from slmviz.replacement.transcoder_set import TranscoderSet
 
     m = models["gemma3"]
     n, d = m.cfg.n_layers, m.cfg.d_model

@@ -1,4 +1,4 @@
-"""Cross-layer transcoder files (slmviz.features.clt_io): circuit-tracer's W_enc_{L} / W_dec_{L} layout and Gemma
+"""Cross-layer transcoder files (slmviz.formats.clt_io): circuit-tracer's W_enc_{L} / W_dec_{L} layout and Gemma
 Scope 2's clt/ folders, on synthetic folders for tiny models.
 
 Checked against: the formula written out by hand from the saved files' own tensors (read with safetensors, not
@@ -16,9 +16,9 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 import slmviz
-from slmviz.circuits.attribution import attribution_graph
-from slmviz.features.clt import CLTError, CrossLayerTranscoder
-from slmviz.features.clt_io import is_clt_folder, load_clt
+from slmviz.formats.clt_io import is_clt_folder, load_clt
+from slmviz.graphs.attribution import attribution_graph
+from slmviz.replacement.clt import CLTError, CrossLayerTranscoder
 
 PROMPT = "w3 w5 w7 w9 w11 w4"
 
@@ -197,7 +197,7 @@ def test_formats_that_cannot_hold_a_clt_say_why(models, tmp_path):
 
 @pytest.mark.parametrize("fmt", ["circuit-tracer", "gemma-scope-2"])
 def test_load_transcoders_takes_a_clt_folder_in_either_layout(models, tmp_path, fmt):
-    from slmviz.features.transcoder_io import load_transcoders
+    from slmviz.replacement.load import load_transcoders
 
     m = models["llama_gqa"]
     clt = random_clt(m, seed=8)

@@ -13,14 +13,14 @@ import torch
 from conftest import build_tiny_model
 
 import slmviz
-from slmviz.circuits.attribution import attribution_graph
+from slmviz.corpora.named import resolve_corpus
 from slmviz.features.activations import Source, checked_corpus, plan_blocks
-from slmviz.features.clt import CrossLayerTranscoder
-from slmviz.features.clt_io import load_clt
-from slmviz.features.clt_train import CLTTrainer, clt_block_rows, read_clt_checkpoint
-from slmviz.features.corpora import resolve_corpus
-from slmviz.features.train import CheckpointError
-from slmviz.features.train_set import train_transcoders
+from slmviz.formats.clt_io import load_clt
+from slmviz.graphs.attribution import attribution_graph
+from slmviz.replacement.clt import CrossLayerTranscoder
+from slmviz.training.clt_train import CLTTrainer, clt_block_rows, read_clt_checkpoint
+from slmviz.training.train_sae import CheckpointError
+from slmviz.training.train_set import train_transcoders
 
 SMALL = dict(d_sae=48, k=4, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512, progress=False,
              dtype="float32", checkpoint_every=0)
@@ -145,23 +145,23 @@ def test_clt_checkpoints_wait_for_checkpoint_every_not_each_block_end(tiny, corp
 
 
 def test_a_prepared_clt_is_ready_only_once_its_run_says_finished(tiny, trained, tmp_path, monkeypatch):
-    """transcoder_io.prepared_ready(model, "clt"), what the app offers by: the CLT's files and a finished
+    """replacement.prepared.prepared_ready(model, "clt"), what the app offers by: the CLT's files and a finished
     checkpoint. A run killed while writing its files (files there, the checkpoint not finished) is not ready."""
     import shutil
 
-    from slmviz.features.clt_train import clt_run_finished
-    from slmviz.features.transcoder_io import prepared_dir, prepared_ready
+    from slmviz.formats.checkpoint import run_finished
+    from slmviz.replacement.prepared import prepared_dir, prepared_ready
 
     monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
     folder = prepared_dir(tiny, "clt")
-    assert not prepared_ready(tiny, "clt") and clt_run_finished(folder) is None
+    assert not prepared_ready(tiny, "clt") and run_finished(folder) is None
     shutil.copytree(trained[1], folder)
-    assert prepared_ready(tiny, "clt") and clt_run_finished(folder) is True
+    assert prepared_ready(tiny, "clt") and run_finished(folder) is True
     cfg, _, meta = read_clt_checkpoint(folder)
     trainer = CLTTrainer(cfg, torch.device("cpu"), {})
     trainer.scale_in, trainer.scale_out = meta["scale_in"], meta["scale_out"]
     trainer.save_checkpoint(folder)  # an unfinished cursor: as if killed between the files and the last checkpoint
-    assert clt_run_finished(folder) is False and not prepared_ready(tiny, "clt")
+    assert run_finished(folder) is False and not prepared_ready(tiny, "clt")
 
 
 def test_what_a_clt_cannot_be_trained_as_is_refused(tiny, corpus, tmp_path):
@@ -192,7 +192,7 @@ def test_the_pre_activation_loss_is_anthropics_and_keeps_k_features_per_token(ti
     Σ_f relu(-(x_L W_enc[L] + b_enc[L]))_f |W_dec[L][f]| (the decoder norm over every layer f writes); and what it
     is for: features pushed below zero on every row get no gradient from the reconstruction and stay there, while
     with the loss they come back above zero and BatchTopK keeps k again (clt_train.pre_act_loss's docstring)."""
-    from slmviz.features.clt_train import pre_act_loss
+    from slmviz.training.clt_train import pre_act_loss
 
     torch.manual_seed(0)
     n, d, f = 3, 8, 24
@@ -232,7 +232,7 @@ def test_a_clt_checkpoint_from_before_the_pre_activation_loss_resumes_as_without
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from slmviz.features.clt_train import STATE_KEY
+    from slmviz.training.clt_train import STATE_KEY
 
     folder = tmp_path / "old"
     shutil.copytree(trained[1], folder)

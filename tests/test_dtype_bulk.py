@@ -31,9 +31,9 @@ import pytest
 import torch
 
 import slmviz
+from slmviz.corpora.verses import bundled_corpus_path, iter_documents
 from slmviz.interventions.sites import SITES
 from slmviz.model import params
-from slmviz.scans.corpus import bundled_corpus_path, iter_documents
 from slmviz.scans.reduce import token_key
 from slmviz.scans.units import feature_of
 

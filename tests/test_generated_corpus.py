@@ -11,7 +11,7 @@ import torch
 from conftest import build_tiny_model
 
 import slmviz
-from slmviz.features import generated_corpus as gc
+from slmviz.corpora import generated as gc
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_interleave_keeps_each_order_and_spreads_the_smaller():
 
 def test_balanced_corpus_is_half_chat_and_keeps_every_kind_of_broad_text(tiny, tmp_path, monkeypatch):
     """"balanced": the broad corpus thinned evenly to the chat corpus's characters, then interleaved with it."""
-    from slmviz.features.bundled import broad_corpus
+    from slmviz.corpora.broad import broad_corpus
 
     monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
     chat = gc.corpus_dir(tiny)
@@ -118,8 +118,8 @@ def test_a_progress_that_raises_stops_the_workers_and_keeps_the_parts(tiny, tmp_
 def test_the_cli_names_each_corpus_and_split(tiny, tmp_path, monkeypatch):
     """`--corpus` of train-sae / evaluate-sae / train-transcoders: broad, chat and mixed, each with its -heldout split
     (chat and mixed are the model's own, from $SLMVIZ_CACHE); a path is taken as it is."""
-    from slmviz.features.bundled import broad_corpus
-    from slmviz.features.cli import resolve_corpus
+    from slmviz.corpora.broad import broad_corpus
+    from slmviz.training.cli import resolve_corpus
 
     monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
     chat = gc.corpus_dir(tiny)

@@ -15,7 +15,9 @@ from conftest import build_tiny_model
 import slmviz
 from slmviz import SAE
 from slmviz.features.dashboard import acts_hook
-from slmviz.features.prepared import (
+from slmviz.formats.transcoder_io import SET_FILE
+from slmviz.replacement.prepared import prepared_dir
+from slmviz.training.prepare import (
     RECIPES,
     SCAN_CHARS,
     SCAN_TOP_K,
@@ -27,8 +29,7 @@ from slmviz.features.prepared import (
     sae_scan_dir,
     scan_docs,
 )
-from slmviz.features.train import CheckpointError
-from slmviz.features.transcoder_io import SET_FILE, prepared_dir
+from slmviz.training.train_sae import CheckpointError
 
 CORPUS = [" ".join(f"w{(i * 7 + j * 3) % 120}" for j in range(20 + i % 13)) for i in range(40)]
 TINY = dict(d_sae=32, k=4, tokens=1500, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512,

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 import slmviz
-from slmviz.features import io
 from slmviz.features.sae import SAE, SAEError
+from slmviz.formats import sae_io as io
 
 # Gemma Scope 2's hook points, as its config.json writes them (hf_hook_point_in / _out).
 HF_POINTS = {

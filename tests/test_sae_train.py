@@ -1,4 +1,4 @@
-"""train_sae, evaluate_sae and the rows an SAE sees (slmviz.features.train / evaluate / activations).
+"""train_sae, evaluate_sae and the rows an SAE sees (slmviz.training.train_sae / evaluate / activations).
 
 On a tiny random LLaMA (built once for this module) and on synthetic activations; no real model is loaded here.
 Not covered: the bundled SAEs' quality (bench/results.md "Features" records evaluate_sae on held-out text) and
@@ -15,10 +15,11 @@ import torch
 from conftest import build_tiny_model
 
 import slmviz
+from slmviz.corpora.reading import CorpusError
 from slmviz.features.activations import Source, batch_ids, block_rows, plan_blocks, sae_batch_shape, sae_rows
 from slmviz.features.evaluate import Totals, evaluate_sae
 from slmviz.features.sae import SAE
-from slmviz.features.train import (
+from slmviz.training.train_sae import (
     CUT_SAMPLE_STRIDE,
     CheckpointError,
     TrainConfig,
@@ -35,7 +36,6 @@ from slmviz.features.train import (
     train_sae,
     training_batches,
 )
-from slmviz.scans.corpus import CorpusError
 
 HOOK = "blocks.1.hook_resid_post"
 SMALL = dict(d_sae=64, k=4, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512, progress=False,
@@ -434,7 +434,7 @@ def test_bundled_saes_load_on_their_model(name):
 def test_the_default_dtype_is_measured():
     """fastest_dtype times bf16 and fp32 matmuls here; which one wins depends on the CPU (AMX / avx512_bf16 or not),
     so the test pins only the contract, not the answer."""
-    from slmviz.features.train import fastest_dtype
+    from slmviz.training.train_sae import fastest_dtype
 
     assert fastest_dtype("cpu") in ("float32", "bfloat16")
 

@@ -17,8 +17,9 @@ import torch
 
 import slmviz
 from slmviz.analysis.diff import kl_per_position
+from slmviz.corpora.reading import CorpusError, count_documents, iter_documents
+from slmviz.corpora.verses import bundled_corpus_path
 from slmviz.scans.batches import Batch, ScanSpec, Window, _forward, iter_windows, plan_batches
-from slmviz.scans.corpus import CorpusError, bundled_corpus_path, count_documents, iter_documents
 
 MLP = "blocks.1.mlp.hook_post"
 Z = "blocks.0.attn.hook_z"
@@ -304,7 +305,7 @@ def test_a_shard_read_from_its_source_is_what_a_local_scan_reads(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from slmviz.scans.corpus import read_shard, shard_sources
+    from slmviz.corpora.reading import read_shard, shard_sources
     from slmviz.scans.shards import iter_shards
 
     texts = [f"line {i} é" if i % 4 else "" for i in range(23)]
@@ -332,7 +333,7 @@ def test_a_shard_read_from_its_source_is_what_a_local_scan_reads(tmp_path):
 def test_shard_size_changes_no_top_example_and_no_mean_beyond_rounding(tiny_model, docs, small_scan, monkeypatch):
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("slmviz.scan"), "SHARD_DOCS", 7)  # 30 documents: 5 shards
+    monkeypatch.setattr(importlib.import_module("slmviz.scans.scan"), "SHARD_DOCS", 7)  # 30 documents: 5 shards
     sharded = slmviz.scan(docs, hooks=[MLP, Z, PATTERN], top_k=5, model=tiny_model, batch_tokens=200, progress=False)
     assert sharded.info["documents"] == small_scan.info["documents"] and sharded.info["tokens"] == small_scan.info[
         "tokens"]

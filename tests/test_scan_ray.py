@@ -37,7 +37,7 @@ def test_ray_engine_equals_the_local_engine_exactly(ray_node, tiny_model, tmp_pa
 
     from test_scan import random_docs
 
-    monkeypatch.setattr(importlib.import_module("slmviz.scan"), "SHARD_DOCS", 6)
+    monkeypatch.setattr(importlib.import_module("slmviz.scans.scan"), "SHARD_DOCS", 6)
     docs = random_docs(40, 50, seed=5)
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
@@ -78,7 +78,7 @@ def test_ray_engine_with_saes_equals_the_local_engine_exactly(ray_node, tiny_mod
 
     from test_scan import random_docs
 
-    monkeypatch.setattr(importlib.import_module("slmviz.scan"), "SHARD_DOCS", 6)
+    monkeypatch.setattr(importlib.import_module("slmviz.scans.scan"), "SHARD_DOCS", 6)
 
     from slmviz.features.dashboard import acts_hook
 

@@ -17,10 +17,10 @@ from safetensors.torch import load_file, save_file
 
 import slmviz
 from slmviz.features.sae import SAE
-from slmviz.features.train import CheckpointError, train_sae
-from slmviz.features.train_set import read_set_checkpoint, train_transcoders
-from slmviz.features.transcoder_io import load_transcoders
-from slmviz.features.transcoder_set import TranscoderSet, TranscoderSetError
+from slmviz.replacement.load import load_transcoders
+from slmviz.replacement.transcoder_set import TranscoderSet, TranscoderSetError
+from slmviz.training.train_sae import CheckpointError, train_sae
+from slmviz.training.train_set import read_set_checkpoint, train_transcoders
 
 SMALL = dict(d_sae=48, k=4, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512, progress=False,
              dtype="float32", checkpoint_every=0)
@@ -124,7 +124,7 @@ def test_a_run_killed_after_its_last_block_resumes_to_the_same_weights(tiny, cor
                                                                       monkeypatch):
     """Killed after the last step and before the set is saved (in BatchTopK's threshold pass): the last block's end
     writes no checkpoint, so the resume retrains that block from the one before and ends with the same weights."""
-    from slmviz.features import train_set
+    from slmviz.training import train_set
 
     real = train_set.threshold_rows_by_layer
 
@@ -276,7 +276,7 @@ def test_bad_sets_are_clear_errors_naming_the_file(tiny, tmp_path):
 def test_set_evaluation_matches_evaluate_sae_layer_by_layer(tiny, corpus, trained):
     """evaluate_transcoders' per-layer figures are evaluate_sae's for each coder, from one forward; a one-layer set
     replaced alone gives evaluate_sae's CE-loss and KL scores exactly."""
-    from slmviz.features.evaluate_set import evaluate_transcoders
+    from slmviz.replacement.evaluate import evaluate_transcoders
 
     r = evaluate_transcoders(trained, corpus, model=tiny, tokens=600, window=16, batch_tokens=128, progress=False)
     for L in trained.layers:

@@ -27,11 +27,12 @@ import slmviz
 from app.circuits_tab import feature_table
 from app.transcoder_sets import MAX_FEATURE_NODES
 from slmviz import SAE
-from slmviz.features.prepared import load_set_scan
-from slmviz.features.train_set import read_set_checkpoint
-from slmviz.features.transcoder_io import SET_FILE, load_transcoders
+from slmviz.formats.transcoder_io import SET_FILE
 from slmviz.loading.bundled import cache_dir
 from slmviz.model_api import load_folder
+from slmviz.replacement.load import load_transcoders
+from slmviz.training.prepare import load_set_scan
+from slmviz.training.train_set import read_set_checkpoint
 
 pytestmark = pytest.mark.app
 
@@ -190,7 +191,7 @@ CLT_LABEL = "cross-layer transcoder: 2 layers"
 def clt_server(tiny_folder, tiny, server, tmp_path_factory):
     """The app on the tiny model whose CLT `prepare --transcoders clt` has made (here in-process, into a cache of
     its own, with no per-layer set), and the CLT's folder. After `server`: its single transcoder's folder."""
-    from slmviz.features.prepared import prepare_transcoders
+    from slmviz.training.prepare import prepare_transcoders
 
     cache = tmp_path_factory.mktemp("clt-cache")
     with pytest.MonkeyPatch.context() as mp:
@@ -254,8 +255,8 @@ def test_a_bundled_saes_card_reads_the_scan_prepared_with_the_set(tmp_path):
     """prepare_transcoders also prepares the bundled SAEs' scans over the set's corpus (here: six modern sentences,
     into a temporary cache that links the bundled model); the Features tab's card of transcoder_l6 reads it at once
     (its documents are those six), never scanning King James verses first."""
-    from slmviz.features.io import load_sae
-    from slmviz.features.prepared import prepare_sae_scans
+    from slmviz.formats.sae_io import load_sae
+    from slmviz.training.prepare import prepare_sae_scans
 
     (tmp_path / SMOL).symlink_to(SMOL_FOLDER)
     with pytest.MonkeyPatch.context() as mp:

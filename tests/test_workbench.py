@@ -1,4 +1,4 @@
-"""The attribution-graph workbench (slmviz.circuits.workbench and slmviz.circuits.intervene): interventions, pins,
+"""The attribution-graph workbench (slmviz.graphs.workbench and slmviz.graphs.intervene): interventions, pins,
 the subgraph and its scores, supernodes, labels, and the JSON's qParams / clerp.
 
 Checked against references that share no code with what they check: the graph's own adjacency (an intervention in
@@ -20,11 +20,11 @@ import pytest
 import torch
 
 import slmviz
-from slmviz.circuits.attribution import AttributionGraph, attribution_graph
-from slmviz.circuits.intervene import InterventionError, ThresholdCrossed, intervene
-from slmviz.circuits.workbench import WorkbenchError, merged_adjacency, subgraph_scores
 from slmviz.features.labels import AUTO
 from slmviz.features.sae import SAE
+from slmviz.graphs.attribution import AttributionGraph, attribution_graph
+from slmviz.graphs.intervene import InterventionError, ThresholdCrossed, intervene
+from slmviz.graphs.workbench import WorkbenchError, merged_adjacency, subgraph_scores
 
 PROMPT = "w3 w5 w7 w9 w11 w4"
 FAMILIES = ["llama_gqa", "llama_bias", "gemma3", "qwen3", "olmo2"]
@@ -413,7 +413,7 @@ def fresh_labels(g):
 
 def test_a_large_graph_draws_its_most_influential_nodes_first(graphs):
     """Over max_nodes kept nodes, the figure draws the most influential ones, plus every embedding, logit and pin."""
-    from slmviz.circuits.workbench import node_influence
+    from slmviz.graphs.workbench import node_influence
     from slmviz.plots.subgraph import drawn_mask, workbench_figure
 
     g = fresh(graphs["llama_gqa"])

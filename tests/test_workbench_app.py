@@ -19,8 +19,8 @@ from gradio_client.exceptions import AppError
 
 import slmviz
 from slmviz import SAE
-from slmviz.circuits.intervene import intervene
-from slmviz.features.io import load_sae
+from slmviz.formats.sae_io import load_sae
+from slmviz.graphs.intervene import intervene
 from slmviz.model_api import load_folder
 
 pytestmark = pytest.mark.app
@@ -87,7 +87,7 @@ def test_the_workbench_endpoints_are_named(tiny_server):
 
 def test_cards_pins_subgraph_supernode_and_labels_match_the_library(tiny_server, graph):
     client = built(tiny_server)
-    from slmviz.circuits.workbench import top_features
+    from slmviz.graphs.workbench import top_features
 
     top = top_features(graph, 3)
     # a feature's card: kind, position, activation, label, logit effects, its edges
@@ -129,7 +129,7 @@ def test_cards_pins_subgraph_supernode_and_labels_match_the_library(tiny_server,
 
 def test_interventions_show_the_new_top_logits_beside_the_old(tiny_server, graph):
     client = built(tiny_server)
-    from slmviz.circuits.workbench import top_features
+    from slmviz.graphs.workbench import top_features
 
     (node,) = top_features(graph, 1)
     result = client.predict("", node, "0", 0, "constrained", api_name="/workbench_intervene")
@@ -144,7 +144,7 @@ def test_interventions_show_the_new_top_logits_beside_the_old(tiny_server, graph
 
 def test_bad_input_is_a_readable_error_and_keeps_the_state(tiny_server, graph, tmp_path):
     client = built(tiny_server)
-    from slmviz.circuits.workbench import top_features
+    from slmviz.graphs.workbench import top_features
 
     top = top_features(graph, 2)
     state = views(client, client.predict(top[0], 0.95, 0.98, api_name="/workbench_pin"))

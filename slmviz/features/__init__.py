@@ -1,1 +1,2 @@
-"""Features: sparse autoencoders and transcoders (DESIGN.md "Features"): load, save, splice, steer."""
+"""Features: one sparse coder (SAE, transcoder, skip transcoder): encode, decode, splice, steer, labels, dashboards,
+evaluation, and the bundled SAEs."""

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
+from ..corpora.reading import CorpusError, iter_documents
 from ..hooks import build_context, check_names, layer_of
 from ..scans.batches import PAD_ID, Batch, Window, iter_windows
-from ..scans.corpus import CorpusError, iter_documents
 from ..variants import resolve_variant
 
 # A row is massive when its norm exceeds this many times the median norm of its batch's other rows. Measured on

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
+from ..corpora.reading import CorpusError, iter_documents
 from ..hooks import build_context, layer_hook_name, layer_of
 from ..scans.batches import iter_windows, plan_batches
-from ..scans.corpus import CorpusError, iter_documents
 from ..variants import resolve_variant
 from .activations import batch_ids, sae_rows
 
@@ -104,7 +104,7 @@ def evaluate_sae(
     model = model if model is not None else getattr(sae, "model", None)
     if model is None:
         raise ValueError("evaluate_sae needs the model the SAE reads: evaluate_sae(sae, corpus, model=m)")
-    from .io import check_against_model
+    from ..formats.sae_io import check_against_model
 
     check_against_model(sae, model)
     docs = iter_documents(corpus)

@@ -1,4 +1,4 @@
-"""Plotly figure of an attribution graph (slmviz.circuits.attribution): nodes by position (x) and layer (y).
+"""Plotly figure of an attribution graph (slmviz.graphs.attribution): nodes by position (x) and layer (y).
 
 Rows bottom to top: the token embeddings, each layer's features and error nodes, the logits on top. Nodes of one
 (layer, position) cell are spread side by side inside the cell. An edge runs from its source to its target, width

@@ -1,4 +1,4 @@
-"""Plotly figures of the attribution-graph workbench (slmviz.circuits.workbench): the graph with its pinned nodes
+"""Plotly figures of the attribution-graph workbench (slmviz.graphs.workbench): the graph with its pinned nodes
 ringed and labels in the hover text, and the subgraph of the pinned nodes (supernodes as one node each).
 
 Edges are drawn as a few traces (one per sign and width band, segments separated by None), not one trace per edge,
@@ -57,7 +57,7 @@ def drawn_mask(graph: Any, max_nodes: int = MAX_DRAWN) -> np.ndarray:
     kept = graph.node_mask.numpy().copy()
     if kept.sum() <= max_nodes:
         return kept
-    from ..circuits.workbench import node_index, node_influence
+    from ..graphs.workbench import node_index, node_influence
 
     # a pruned graph's cumulative influence orders its nodes as their influence does (smallest first = most
     # influential), without another pass over the adjacency
@@ -83,7 +83,7 @@ def figure(traces: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
 
 def _top_links(graph: Any, drawn: np.ndarray, max_links: int) -> pd.DataFrame:
     """source, target, weight of the `max_links` largest kept edges among the drawn nodes."""
-    from ..circuits.workbench import kept_adjacency
+    from ..graphs.workbench import kept_adjacency
 
     rows = torch.from_numpy(np.nonzero(drawn)[0])
     a = kept_adjacency(graph)[rows][:, rows]

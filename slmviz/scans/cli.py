@@ -28,7 +28,7 @@ def run(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout  # resolved per call: a test's capture replaces sys.stdout after import
     import slmviz
 
-    from .corpus import bundled_corpus_path
+    from ..corpora.verses import bundled_corpus_path
     from .scan import DEFAULT_WINDOW
 
     corpus = bundled_corpus_path() if args.corpus == "bundled" else args.corpus

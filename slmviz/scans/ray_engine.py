@@ -37,8 +37,8 @@ from urllib.parse import urlsplit
 import numpy as np
 import torch
 
+from ..corpora.reading import read_shard
 from .batches import ScanSpec
-from .corpus import read_shard
 from .shards import Shard, ShardResult, run_shard
 
 CONNECT_TIMEOUT_S = 10.0

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
+from ..corpora.reading import Corpus, count_documents, iter_documents, shard_sources
 from ..hooks import checked_saes
 from ..variants import VariantLike, resolve_variant
 from .batches import ScanSpec, row_rules
-from .corpus import Corpus, count_documents, iter_documents, shard_sources
 from .reduce import EDGES, EMPTY_KEY, POSITION_BITS, DamageTotals, HookPartial, key_doc, key_position
 from .shards import SHARD_DOCS, Shard, ShardResult, empty_partials, iter_shards, run_shard
 from .units import feature_of

@@ -32,10 +32,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # tests/, for conftest.build_tiny_model
 
 from conftest import build_tiny_model  # noqa: E402
-
-import slmviz  # noqa: E402
 from slmviz.features.train import train_sae  # noqa: E402
 from slmviz.features.train_set import train_transcoders  # noqa: E402
+
+import slmviz  # noqa: E402
 
 SMALL = dict(d_sae=48, k=4, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512, progress=False,
              dtype="float32", checkpoint_every=0)

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .transcoder_io import prepared_dir
+from ..replacement.prepared import prepared_dir
 
 # One recipe per (model, kind). Chosen for a 2-core CPU; docs/features.md records what each costs and scores.
 RECIPES: dict[tuple[str, str], dict[str, Any]] = {
@@ -77,8 +77,8 @@ def prepare_transcoders(model: Any, kind: str = "plt", progress: Any = True, sca
     `overrides`: train_transcoders arguments over the recipe (`corpus=` replaces CORPUS: a corpus name, a file or a
     list of texts); they are what makes a set for a model without a recipe (recipe()). `scan_progress`: the scan's
     fn(docs done, total) (default: a bar when `progress` is True, else none)."""
-    from .corpora import resolve_corpus
-    from .train import CheckpointError
+    from ..corpora.named import resolve_corpus
+    from .train_sae import CheckpointError
     from .train_set import train_transcoders
 
     args = recipe(model, kind, overrides)
@@ -105,8 +105,8 @@ def prepare_transcoders(model: Any, kind: str = "plt", progress: Any = True, sca
 def scan_docs(model: Any, corpus: Any = CORPUS, n: int = SCAN_DOCS, chars: int = SCAN_CHARS) -> list[str]:
     """The documents a set's feature scan reads: the first `n` of the corpus's held-out split (a corpus name), or of
     the file or list given, each cut to its first `chars` characters."""
-    from ..scans.corpus import iter_documents
-    from .corpora import resolve_corpus
+    from ..corpora.named import resolve_corpus
+    from ..corpora.reading import iter_documents
 
     return [doc[:chars] for doc in iter_documents(resolve_corpus(corpus, model, split="heldout"), limit=n)]
 
@@ -116,8 +116,8 @@ def prepare_set_scan(model: Any, ts: Any, kind: str = "plt", corpus: Any = CORPU
     """The feature scan of every coder of the prepared set `ts` (slmviz.scan, the set spliced), kept beside it in
     $SLMVIZ_CACHE/transcoders/{model}/{kind}/scan with the documents it read; computed once, then read.
     Returns (Scan, docs): what a feature card takes (features.dashboard.feature_card(scan=, docs=))."""
+    from ..features.dashboard import acts_hook
     from ..scans.scan import scan
-    from .dashboard import acts_hook
 
     found = load_set_scan(model, kind)
     if found is not None:
@@ -156,10 +156,10 @@ def prepare_sae_scans(model: Any, saes: dict[str, Any] | None = None, corpus: An
     """The feature scan of each SAE in `saes` ({name: SAE}; default: the model's bundled ones) over the same
     documents as a set's scan (scan_docs), kept in sae_scan_dir with its weights' digest; computed once per
     weights. Returns {name: folder}."""
+    from ..features.bundled import bundled_saes
+    from ..features.dashboard import acts_hook
+    from ..formats.sae_io import load_sae
     from ..scans.scan import scan
-    from .bundled import bundled_saes
-    from .dashboard import acts_hook
-    from .io import load_sae
 
     if saes is None:
         saes = {name: load_sae(name, model=model) for name in bundled_saes(model)}

@@ -36,8 +36,8 @@ import pandas as pd
 import torch
 
 from ..features.labels import auto_labels, is_automatic
-from .attribution_prune import compute_influence, graph_scores, normalize_matrix
-from .replacement import AttributionGraphError
+from .frozen import AttributionGraphError
+from .prune import compute_influence, graph_scores, normalize_matrix
 
 
 class WorkbenchError(AttributionGraphError):

@@ -36,9 +36,9 @@ import pandas as pd
 import torch
 
 from ..tokens import PromptError
-from .attribution_json import graph_json
-from .attribution_prune import graph_scores, mean_path_length, prune_masks
-from .replacement import AttributionGraphError, PromptState, checked_transcoders, prompt_state
+from .frozen import AttributionGraphError, PromptState, checked_transcoders, prompt_state
+from .graph_json import graph_json
+from .prune import graph_scores, mean_path_length, prune_masks
 
 DEFAULT_MEMORY_BUDGET_GB = 4.0
 WRITE_CHUNK = 65_536  # writes materialised at once where every vector is needed (replacement_constant): 151 MB

@@ -46,8 +46,8 @@ from typing import Any
 
 import torch
 
-from ..scans.corpus import CorpusError
-from .activations import (
+from ..corpora.reading import CorpusError
+from ..features.activations import (
     MASSIVE_FACTOR,
     Rows,
     Source,
@@ -60,8 +60,8 @@ from .activations import (
     sae_batch_shape,
     sae_rows,
 )
-from .clt import CrossLayerTranscoder, input_hook_local
-from .train import (
+from ..replacement.clt import CrossLayerTranscoder, input_hook_local
+from .train_sae import (
     CHECKPOINT,
     CLIP_GRAD_NORM,
     INIT_DECODER_NORM,
@@ -134,8 +134,8 @@ def train_clt(model: Any, corpus: Any = "broad", d_sae: int = 1024, k: int = 16,
     own arguments. Returns the CLT, also saved in `out`; a finished run there is loaded, an interrupted one
     resumed. `k`: features active per token *per layer* (TopK), or on average (BatchTopK). `pre_act_coefficient`:
     the weight of the pre-activation loss (pre_act_loss), which keeps k features per token active; 0 leaves it out."""
-    from .clt_io import load_clt
-    from .corpora import resolve_corpus
+    from ..corpora.named import resolve_corpus
+    from ..formats.clt_io import load_clt
 
     out = Path(out)
     check_run(architecture, d_sae, k, tokens, batch_tokens, window, forward_tokens, buffer_tokens, "a CLT layer")
@@ -177,14 +177,6 @@ def train_clt(model: Any, corpus: Any = "broad", d_sae: int = 1024, k: int = 16,
     if saved is not None:
         trainer.restore(saved[1], saved[2])
     return trainer.run(model, corpus, sources, out, progress, checkpoint_every)
-
-
-def clt_run_finished(out: str | os.PathLike) -> bool | None:
-    """Whether the CLT run in `out` is finished (its CLT saved), from the checkpoint's header alone; None without a
-    checkpoint. The CLT's files are written before the finished checkpoint, so a run killed while saving them is
-    not taken for a CLT."""
-    saved = read_clt_checkpoint(Path(out), tensors=False)
-    return None if saved is None else bool(saved[2]["cursor"]["finished"])
 
 
 def read_clt_checkpoint(out: Path, tensors: bool = True

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from ..features.transcoder_set import TranscoderSet, TranscoderSetError, as_transcoder_set
 from ..hooks import build_context
+from ..replacement.transcoder_set import TranscoderSet, TranscoderSetError, as_transcoder_set
 from ..variants import resolve_variant
 
 

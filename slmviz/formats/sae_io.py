@@ -34,8 +34,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .bundled import bundled_sae_folder
-from .sae import (
+from ..features.bundled import bundled_sae_folder
+from ..features.sae import (
     CFG_FILENAME,
     PICKLE_SUFFIXES,
     SAE,

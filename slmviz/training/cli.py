@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 # chat / mixed / balanced: the model's own text (features.generated_corpus), written once per model and cached
-CORPORA = {"broad": "the broad corpus's training split (features.bundled.broad_corpus)",
+CORPORA = {"broad": "the broad corpus's training split (corpora.broad.broad_corpus)",
            "chat": "the model's own chat and prose", "mixed": "broad and chat interleaved",
            "broad-heldout": "broad's held-out split", "chat-heldout": "chat's held-out split",
            "balanced": "half broad (thinned), half chat", "mixed-heldout": "mixed's held-out split",
@@ -76,14 +76,14 @@ def add_parsers(sub: Any) -> None:
 
 def resolve_corpus(name: str, model: Any = None) -> Any:
     """A named corpus (CORPORA) as a path (chat, mixed and balanced are `model`'s own), or the argument itself."""
-    from .corpora import NAMES
-    from .corpora import resolve_corpus as named
+    from ..corpora.named import NAMES
+    from ..corpora.named import resolve_corpus as named
 
     base, _, split = name.partition("-")
     if base in NAMES and split in ("", "heldout"):
         return str(named(base, model, split or "train"))
     if name == "bible":
-        from ..scans.corpus import bundled_corpus_path
+        from ..corpora.verses import bundled_corpus_path
 
         return str(bundled_corpus_path())
     return name
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         print(f"saved {ts!r} to {args.out}")
         return 0
     if args.command == "train-sae":
-        from .train import train_sae
+        from .train_sae import train_sae
 
         argv = sys.argv[1:] if argv is None else argv
         sae = train_sae(
@@ -124,9 +124,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         )
         print(f"saved {sae!r} to {args.out}")
         return 0
-    from .bundled import bundled_sae_folder
-    from .evaluate import evaluate_sae
-    from .io import load_sae
+    from ..features.bundled import bundled_sae_folder
+    from ..features.evaluate import evaluate_sae
+    from ..formats.sae_io import load_sae
 
     sae = load_sae(bundled_sae_folder(args.sae, model) or args.sae, model=model)
     metrics = evaluate_sae(sae, resolve_corpus(args.corpus, model), model=model, tokens=args.tokens or None,

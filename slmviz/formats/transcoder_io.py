@@ -36,58 +36,26 @@ from typing import Any
 
 from safetensors.torch import save_file
 
+from ..features.sae import SAE, SAEError, read_safetensors, refuse_pickle
+from ..replacement.transcoder_set import READ_HOOK, WRITE_HOOK, TranscoderSet, TranscoderSetError
 from .clt_io import is_clt_folder, load_clt
-from .io import FOLDER_NAME, GEMMA_SCOPE_FILENAME, check_against_model, load_gemma_scope
-from .sae import SAE, SAEError, read_safetensors, refuse_pickle
-from .transcoder_set import READ_HOOK, WRITE_HOOK, TranscoderSet, TranscoderSetError
+from .sae_io import FOLDER_NAME, GEMMA_SCOPE_FILENAME, check_against_model, load_gemma_scope
 
 SET_FILE = "transcoder_set.json"
 CT_CONFIG = "config.yaml"
 CT_LAYER = re.compile(r"layer_(\d+)\.safetensors$")
 SLMVIZ_LAYER = re.compile(r"layer_(\d+)$")
 FORMATS = ("slmviz", "circuit-tracer")
-PREPARED = ("plt", "clt")  # names of a model's prepared sets (DESIGN.md "Replacement models")
 # circuit-tracer's hook names (TransformerLens, relative to a block) -> slmviz's, with {L} for the layer.
 CT_INPUT_HOOKS = {"mlp.hook_in": READ_HOOK, "ln2.hook_normalized": READ_HOOK,
                   "hook_resid_mid": "blocks.{L}.hook_resid_mid"}
 CT_OUTPUT_HOOKS = {"mlp.hook_out": WRITE_HOOK, "hook_mlp_out": WRITE_HOOK}
 
 
-def prepared_dir(model: Any, kind: str) -> Path:
-    """Where `slmviz prepare --transcoders` keeps a model's full set: $SLMVIZ_CACHE/transcoders/{model}/{kind}."""
-    from ..loading.bundled import cache_dir
-
-    name = model if isinstance(model, str) else str(getattr(model, "name", ""))
-    return cache_dir() / "transcoders" / name / kind
-
-
-def prepared_ready(model: Any, kind: str) -> bool:
-    """Whether the model's prepared `kind` set ("plt", "clt") is finished and can be loaded: a PLT set's file is
-    written at its run's end; a CLT's files are, and then its checkpoint says finished (so a CLT killed while its
-    files were written is not taken for one)."""
-    folder = prepared_dir(model, kind)
-    if kind == "clt":
-        from .clt_train import clt_run_finished
-
-        return is_clt_folder(folder) and clt_run_finished(folder) is not False
-    return (folder / SET_FILE).is_file() or (folder / CT_CONFIG).is_file()
-
-
-def load_transcoders(source: str | os.PathLike, model: Any = None, width: str | None = None,
+def load_set_folder(source: str | os.PathLike, model: Any = None, width: str | None = None,
                      l0: str | None = None) -> Any:
-    """A transcoder set from a prepared set's name ("plt", "clt": this model's, in $SLMVIZ_CACHE) or a folder in
-    slmviz's, circuit-tracer's or Gemma Scope 2's layout (module docstring). With `model=`, every coder is checked
-    against the model (hooks, widths) and keeps a reference to it."""
-    if isinstance(source, str) and source in PREPARED:
-        if model is None:
-            raise TranscoderSetError(f"load_transcoders({source!r}) loads a model's prepared set: pass model=")
-        folder = prepared_dir(model, source)
-        if not (folder / SET_FILE).is_file() and not (folder / CT_CONFIG).is_file() and not is_clt_folder(folder):
-            raise TranscoderSetError(
-                f"{model.name!r} has no prepared {source.upper()} set yet ({folder} is empty); build it once with "
-                f"`slmviz prepare --transcoders {source} --model {model.name}` (docs/features.md says how long it "
-                f"takes), or load a folder: slmviz.load_transcoders('path/to/set', model=m)")
-        source = folder
+    """A transcoder set from a folder in slmviz's, circuit-tracer's or Gemma Scope 2's layout (module docstring).
+    With `model=`, every coder is checked against the model (hooks, widths) and keeps a reference to it."""
     path = Path(source)
     if not path.is_dir():
         raise TranscoderSetError(f"{str(path)!r} is not a folder; a transcoder set is a folder (slmviz: {SET_FILE}; "

@@ -53,9 +53,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..model.params import BF16_SPEEDUP, bf16_bulk_speedup
-from ..scans.corpus import CorpusError
-from .activations import (
+from ..corpora.reading import CorpusError
+from ..features.activations import (
     Source,
     batch_rows,
     block_rows,
@@ -65,7 +64,8 @@ from .activations import (
     hook_width,
     plan_blocks,
 )
-from .sae import SAE, SAEError
+from ..features.sae import SAE, SAEError
+from ..model.params import BF16_SPEEDUP, bf16_bulk_speedup
 
 TRAIN_ARCHITECTURES = ("topk", "batchtopk")
 CHECKPOINT = "checkpoint.safetensors"
@@ -174,7 +174,7 @@ def train_sae(
                          "identity and leave its features nothing to reconstruct")
     if not 0 <= lr_decay <= 1:
         raise ValueError(f"lr_decay is the fraction of tokens over which the lr decays, in [0, 1]; got {lr_decay}")
-    from .activations import MASSIVE_FACTOR
+    from ..features.activations import MASSIVE_FACTOR
 
     source = Source(hook, hook_out, window, forward_tokens, buffer_tokens)
     check_source(model, source)

@@ -36,7 +36,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from .replacement import AttributionGraphError, frozen_names
+from .frozen import AttributionGraphError, frozen_names
 from .workbench import checked_ids, coders, node_index
 
 FROZEN = {  # mode -> what keeps the prompt's value (see the module docstring)

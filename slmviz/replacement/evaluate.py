@@ -24,12 +24,12 @@ from typing import Any
 import pandas as pd
 import torch
 
+from ..corpora.reading import CorpusError, iter_documents
+from ..features.activations import batch_ids, sae_rows
+from ..features.evaluate import Totals
 from ..hooks import build_context
 from ..scans.batches import iter_windows, plan_batches
-from ..scans.corpus import CorpusError, iter_documents
 from ..variants import resolve_variant
-from .activations import batch_ids, sae_rows
-from .evaluate import Totals
 
 Progress = bool | Callable[[int, int], None]
 

@@ -44,8 +44,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..scans.corpus import CorpusError
-from .activations import (
+from ..corpora.reading import CorpusError
+from ..features.activations import (
     MASSIVE_FACTOR,
     Rows,
     Source,
@@ -59,7 +59,9 @@ from .activations import (
     sae_batch_shape,
     sae_rows,
 )
-from .train import (
+from ..formats.transcoder_io import SET_FILE
+from ..replacement.transcoder_set import READ_HOOK, WRITE_HOOK, TranscoderSet
+from .train_sae import (
     CHECKPOINT,
     SET_POSTFIX,
     THRESHOLD_BLOCKS,
@@ -77,8 +79,6 @@ from .train import (
     release_freed_memory,
     training_batches,
 )
-from .transcoder_io import SET_FILE
-from .transcoder_set import READ_HOOK, WRITE_HOOK, TranscoderSet
 
 KINDS = ("plt", "clt")
 FORMAT = 1
@@ -146,7 +146,7 @@ def train_transcoders(
     `layers`: {layer: {explained_variance, l0, dead_fraction, tokens, loss}} plus tokens / total / tokens_per_s.
     `pre_act_coefficient` (CLT only): the weight of its pre-activation loss (features.clt_train.pre_act_loss).
     """
-    from .corpora import resolve_corpus
+    from ..corpora.named import resolve_corpus
 
     out = Path(out)
     if kind not in KINDS:
@@ -191,7 +191,7 @@ def train_transcoders(
         raise CheckpointError(f"{out} holds a transcoder set ({SET_FILE}) but no {CHECKPOINT}: not a run "
                               "train_transcoders can resume; choose another out= folder")
     if saved is not None and all(v["cursor"]["finished"] for v in saved[3]["layers"].values()):
-        from .transcoder_io import load_transcoders
+        from ..replacement.load import load_transcoders
 
         return load_transcoders(out, model=model)
     trainers = {L: Trainer(cfg, dev, {**(metadata or {}), "name": f"{set_cfg.name}/layer_{L}"})

@@ -232,7 +232,7 @@ def balanced_corpus(model: Any) -> tuple[Path, Path]:
 def _mix(model: Any, kind: str, merge: Callable[[list[str], list[str]], list[str]]) -> tuple[Path, Path]:
     """corpus_dir(model, kind)/{train,heldout}.jsonl: merge(broad lines, chat lines) of each split, written once (each
     file beside, then renamed: a half-written corpus is never read)."""
-    from .bundled import broad_corpus
+    from .broad import broad_corpus
 
     folder = corpus_dir(model, kind)
     train, heldout = folder / "train.jsonl", folder / "heldout.jsonl"

@@ -44,8 +44,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from .clt import CLTError, CrossLayerTranscoder, input_hook_local
-from .sae import SAEError, read_safetensors, refuse_pickle
+from ..features.sae import SAEError, read_safetensors, refuse_pickle
+from ..replacement.clt import CLTError, CrossLayerTranscoder, input_hook_local
 
 CT_CONFIG = "config.yaml"
 CT_KIND = "cross_layer_transcoder"

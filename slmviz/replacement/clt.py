@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .sae import _topk, canonical_architecture
+from ..features.sae import _topk, canonical_architecture
 from .transcoder_set import TranscoderSetError, local_replacement_forward
 
 WRITE_HOOK = "blocks.{L}.hook_mlp_out"
@@ -271,7 +271,7 @@ class CrossLayerTranscoder(torch.nn.Module):
     def save(self, folder: Any, format: str = "circuit-tracer") -> Any:
         """Write the CLT: "circuit-tracer" (W_enc_{L} / W_dec_{L}.safetensors + config.yaml) or "gemma-scope-2"
         (params_layer_{L}.safetensors + config.json). Returns the folder (features.clt_io)."""
-        from .clt_io import save_clt
+        from ..formats.clt_io import save_clt
 
         return save_clt(self, folder, format=format)
 
@@ -394,7 +394,7 @@ class CLTLayer:
 
         It is not a reconstruction of this layer's MLP output (that row holds the later layers' writes too): splice
         the CLT itself (saes=clt) to run the model on it. Built on each call, sharing no storage with the CLT."""
-        from .sae import SAE
+        from ..features.sae import SAE
 
         clt, L = self.clt, self.layer
         view = SAE(clt.d_model, clt.d_sae, architecture=clt.architecture,
@@ -423,25 +423,25 @@ class CLTLayer:
                 f"later hook_mlp_out, d_sae={self.d_sae})")
 
     def splice_dims(self) -> dict[str, tuple[str, ...]]:
-        from .splice import splice_dims
+        from ..features.splice import splice_dims
 
         return splice_dims(self)
 
     def splice_sizes(self) -> dict[str, int]:
-        from .splice import splice_sizes
+        from ..features.splice import splice_sizes
 
         return splice_sizes(self)
 
     def shown_rows(self, x: torch.Tensor, first: torch.Tensor, *others: torch.Tensor) -> torch.Tensor:
         """The row rule of training and scans (SAE.shown_rows)."""
-        from .activations import sae_rows
+        from ..features.activations import sae_rows
 
         return sae_rows(x, first, *others)
 
     def splice_fns(self, ctx: Any) -> dict[str, Any]:
         """{hook name: fn}: keep this layer's input when it fires; at its output, encode, decode every earlier
         layer's writes there, and put the error term back (features.splice's rules, over the shared record)."""
-        from .splice import sub_hook_names
+        from ..features.splice import sub_hook_names
 
         clt, layer = self.clt, self.layer
         rec = _shared(clt, ctx)

@@ -1,7 +1,7 @@
 """Training corpora by name: what `train_sae` / `train_transcoders` take as `corpus="broad"` or `corpus="chat"`.
 
 - "broad": the bundled offline corpus of code, pydoc, READMEs, licences and the King James Bible
-  (features.bundled.broad_corpus), its training split.
+  (corpora.broad.broad_corpus), its training split.
 - "chat": text the model itself writes, in batches, from varied seeds of the kind people type (news, facts,
   dialogue, questions, chat turns) (features.generated_corpus), its training split. SmolLM2 is an instruct model and
   the broad corpus has no modern prose and no chat turns; coders trained on it explain the prompts users type worse.
@@ -25,11 +25,11 @@ def resolve_corpus(corpus: Any, model: Any = None, split: str = "train") -> Any:
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     if corpus == "broad":
-        from .bundled import broad_corpus
+        from .broad import broad_corpus
 
         train, heldout = broad_corpus()
         return train if split == "train" else heldout
-    from .generated_corpus import balanced_corpus, chat_corpus, mixed_corpus
+    from .generated import balanced_corpus, chat_corpus, mixed_corpus
 
     if model is None:
         raise ValueError(f"corpus={corpus!r} is text a model writes: pass the model (it is generated once per model "
