@@ -52,13 +52,13 @@ import gradio as gr
 
 from slmviz.features.bundled import bundled_saes
 from slmviz.features.dashboard import acts_hook, feature_card, search_features, top_features
+from slmviz.features.prepared_scans import load_sae_scan
 from slmviz.features.sae import CFG_FILENAME, SAE, check_feature
 from slmviz.features.steer import steer
 from slmviz.formats.sae_io import load_sae
 from slmviz.model_api import HUB_ID_PATTERN
 from slmviz.plots.features import FEATURE_LINK, feature_list_html
 from slmviz.plots.trace import show_token
-from slmviz.training.prepare import load_sae_scan
 
 from .corpus_tab import SCANS, corpus_size, session
 from .handlers import Handlers, readable_errors, write_model_corpus
@@ -108,7 +108,7 @@ def fingerprint(sae: SAE) -> str:
 
 
 def provide_prepared_scan(model: Any, entry: Entry) -> Entry:
-    """A bundled SAE's feature scan prepared with the model's full set (features.prepared.prepare_sae_scans: the
+    """A bundled SAE's feature scan prepared with the model's full set (features.prepared_scans.prepare_sae_scans: the
     set's corpus, modern prose and chat rather than King James verses), served as its card's scan: no visitor waits.
     Without one (or for other weights), the card scans the bundled verses on first use, as before."""
     if SCANS.finished(model, [acts_hook(entry.sae)], TOP_K, entry.key + DASHBOARD_ROWS) is None:
@@ -418,7 +418,7 @@ class FeatureHandlers:
                   buffer_tokens=min(65_536, max(batch, n)), dead_window=max(batch, min(100_000, n // 4)))
 
         def work(report: Callable[..., None]) -> SAE:
-            from slmviz.training.train_sae import train_sae
+            from slmviz.training.train import train_sae
 
             out = Path(tempfile.mkdtemp(prefix="slmviz-train-"))
             try:

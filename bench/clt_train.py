@@ -31,7 +31,7 @@ def one(kind: str, d_sae: int, k: int, tokens: int) -> dict:
 
     import slmviz
     from slmviz.corpora.broad import broad_corpus
-    from slmviz.training.train_set import train_transcoders
+    from slmviz.training.train import train_transcoders
 
     torch.manual_seed(0)
     model = slmviz.load()

@@ -65,8 +65,8 @@ def one_run(kind: str, d_sae: int, k: int, tokens: int, model_dir: Path, device:
     sys.path.insert(0, str(REPO))
     import slmviz
     from slmviz.corpora.broad import broad_corpus
-    from slmviz.training.train_sae import fastest_dtype
-    from slmviz.training.train_set import train_transcoders
+    from slmviz.training.config import fastest_dtype
+    from slmviz.training.train import train_transcoders
 
     cuda = device == "cuda"
     model = slmviz.load(model_dir, device=device)

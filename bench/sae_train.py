@@ -42,7 +42,7 @@ CHILD = r"""
 import json, sys, time
 sys.path.insert(0, {repo!r})
 import slmviz
-from slmviz.training.train_sae import train_sae
+from slmviz.training.train import train_sae
 model = slmviz.load()
 t = time.perf_counter()
 sae = train_sae(model, {hook!r}, {corpus!r}, d_sae=4608, k=32, tokens={tokens}, out={out!r}, dtype={dtype!r},
@@ -56,7 +56,7 @@ MEMORY_CHILD = r"""
 import json, sys
 sys.path.insert(0, {repo!r})
 import slmviz
-from slmviz.training.train_sae import train_sae
+from slmviz.training.train import train_sae
 def status_gb(field):
     for line in open("/proc/self/status"):
         if line.startswith(field + ":"):

@@ -48,8 +48,8 @@ from slmviz.corpora.named import resolve_corpus
 from slmviz.corpora.reading import iter_documents
 from slmviz.replacement.transcoder_set import TranscoderSet
 from slmviz.scans.batches import iter_windows
-from slmviz.training.train_sae import fastest_dtype
-from slmviz.training.train_set import train_transcoders
+from slmviz.training.config import fastest_dtype
+from slmviz.training.train import train_transcoders
 
 CTX = 128
 SIDE = Path(__file__).with_name("sparsify_side.py")

@@ -39,7 +39,7 @@ def main() -> None:
     from common import cpu_model
 
     import slmviz
-    from slmviz.features.activations import forward_hooks
+    from slmviz.training.rows import forward_hooks
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(BENCH_DIR / "transcoder_l6_rows.md"))

@@ -29,7 +29,7 @@ from slmviz.formats.clt_io import load_clt
 from slmviz.graphs.attribution import attribution_graph
 from slmviz.graphs.intervene import intervene
 from slmviz.replacement.load import load_transcoders
-from slmviz.training.train_set import train_transcoders
+from slmviz.training.train import train_transcoders
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 

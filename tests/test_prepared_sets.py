@@ -1,9 +1,10 @@
-"""features.prepared: a model's full set prepared into $SLMVIZ_CACHE (the recipe, overrides for a model without one)
-and the feature scan prepared with it, on a tiny random LLaMA in a temporary cache.
+"""training.prepare and features.prepared_scans: a model's full set prepared into $SLMVIZ_CACHE (the recipe,
+overrides for a model without one) and the feature scan prepared with it, on a tiny random LLaMA in a temporary
+cache.
 
 Independent references: slmviz.scan of the same documents with the set spliced (for the prepared scan), and the set
 the first call saved (for the second call, which loads instead of training). Does not cover: the bundled models'
-recipes run for real (an hour of training: docs/features.md), nor the "mixed" corpus (features.generated_corpus).
+recipes run for real (an hour of training: docs/features.md), nor the "mixed" corpus (corpora.generated).
 """
 
 from __future__ import annotations
@@ -15,21 +16,19 @@ from conftest import build_tiny_model
 import slmviz
 from slmviz import SAE
 from slmviz.features.dashboard import acts_hook
-from slmviz.formats.transcoder_io import SET_FILE
-from slmviz.replacement.prepared import prepared_dir
-from slmviz.training.prepare import (
-    RECIPES,
+from slmviz.features.prepared_scans import (
     SCAN_CHARS,
     SCAN_TOP_K,
     load_sae_scan,
     load_set_scan,
     prepare_sae_scans,
-    prepare_transcoders,
-    recipe,
     sae_scan_dir,
     scan_docs,
 )
-from slmviz.training.train_sae import CheckpointError
+from slmviz.formats.checkpoint import CheckpointError
+from slmviz.formats.transcoder_io import SET_FILE
+from slmviz.replacement.prepared import prepared_dir
+from slmviz.training.prepare import RECIPES, prepare_transcoders, recipe
 
 CORPUS = [" ".join(f"w{(i * 7 + j * 3) % 120}" for j in range(20 + i % 13)) for i in range(40)]
 TINY = dict(d_sae=32, k=4, tokens=1500, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512,

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import slmviz
-from slmviz.formats.checkpoint import run_finished
+from slmviz.formats.checkpoint import CheckpointError, read_checkpoint, run_finished
 from slmviz.formats.clt_io import load_clt
+from slmviz.training.config import TrainConfig
 
 DATA = Path(__file__).resolve().parent / "data" / "v0_2"
 SMALL = dict(d_sae=48, k=4, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512, progress=False,
@@ -98,3 +99,24 @@ def test_a_finished_0_2_0_run_is_loaded_not_trained_again(tiny, corpus, tmp_path
     want = fixture(name, tiny)
     for key, t in tensors(name, want).items():
         assert torch.equal(tensors(name, again)[key].cpu(), t), key
+
+
+def test_a_clt_checkpoint_from_before_the_pre_activation_loss_reads_as_without_it(tiny, corpus, tmp_path):
+    """A CLT header without pre_act_coefficient (0.2.0's, as written before the loss existed) reads as 0, so its
+    finished run loads; a call with another coefficient is refused, naming it."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "clt"
+    shutil.copytree(DATA / "clt", folder)
+    path = folder / "checkpoint.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["slmviz_train_clt_state"])
+    del meta["config"]["pre_act_coefficient"]
+    save_file({}, str(path), metadata={"slmviz_train_clt_state": json.dumps(meta)})
+    assert TrainConfig.from_json(read_checkpoint(folder).config).pre_act_coefficient == 0.0
+    extra = RUNS["clt"][1]
+    loaded = slmviz.train_transcoders(tiny, corpus=corpus, out=folder, **SMALL, **extra)  # finished: loaded
+    assert torch.equal(loaded.W_enc, fixture("clt", tiny).W_enc)
+    with pytest.raises(CheckpointError, match="pre_act_coefficient: 0.0 there, 0.5 now"):
+        slmviz.train_transcoders(tiny, corpus=corpus, out=folder, pre_act_coefficient=0.5, **SMALL, **extra)

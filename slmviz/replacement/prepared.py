@@ -4,21 +4,14 @@ $SLMVIZ_CACHE/transcoders/{model}/{kind}/, and `slmviz.load_transcoders("plt", m
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ..formats.checkpoint import run_finished
 from ..formats.clt_io import is_clt_folder
 from ..formats.transcoder_io import CT_CONFIG, SET_FILE
-from ..loading.bundled import cache_dir
+from ..loading.bundled import prepared_dir
 
-PREPARED = ("plt", "clt")  # names of a model's prepared sets
-
-
-def prepared_dir(model: Any, kind: str) -> Path:
-    """Where `slmviz prepare --transcoders` keeps a model's full set: $SLMVIZ_CACHE/transcoders/{model}/{kind}."""
-    name = model if isinstance(model, str) else str(getattr(model, "name", ""))
-    return cache_dir() / "transcoders" / name / kind
+PREPARED = ("plt", "clt")  # names of a model's prepared sets (each in loading.bundled.prepared_dir)
 
 
 def prepared_ready(model: Any, kind: str) -> bool:
