@@ -75,8 +75,12 @@ class TrainConfig:
     def from_json(cls, values: dict[str, Any]) -> TrainConfig:
         """From a checkpoint's header (lists back to tuples; fields added since default)."""
         known = {f.name for f in fields(cls)}
-        return cls(**{**{k: v for k, v in values.items() if k in known},
-                      "hooks": tuple(tuple(p) for p in values["hooks"])})
+        try:
+            return cls(**{**{k: v for k, v in values.items() if k in known},
+                          "hooks": tuple(tuple(p) for p in values["hooks"])})
+        except (KeyError, TypeError) as e:
+            raise CheckpointError(f"a checkpoint's configuration this version cannot read ({e}); train into another "
+                                  "out= folder") from e
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -29,8 +29,8 @@ RECIPES: dict[tuple[str, str], dict[str, Any]] = {
     ("gemma-3-270m", "plt"): dict(d_sae=4096, k=64, tokens=300_000, architecture="batchtopk", skip=True,
                                   batch_tokens=512, buffer_tokens=16_384, lr=2e-3, dead_window=100_000, seed=0),
     # As many parameters as the PLT recipe (512 x (30 + 465) x 576 = 146M, training.clt_objective), the same corpus,
-    # tokens and settings. The pre-activation loss keeps its k: without it the features per token fell from 32 to
-    # ~5 (docs/cross-layer-transcoders.md); probes of 8k tokens kept 29 at 0.01 and 32 at 0.1.
+    # tokens and settings. The pre-activation loss keeps its k: without it the features per token fell far below it
+    # (docs/cross-layer-transcoders.md has the probes that chose the coefficient).
     ("SmolLM2-135M-Instruct", "clt"): dict(d_sae=512, k=32, tokens=500_000, architecture="batchtopk", skip=True,
                                            batch_tokens=512, buffer_tokens=16_384, lr=2e-3, dead_window=100_000,
                                            pre_act_coefficient=0.03, seed=0),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..features.sae import SAE
+from ..replacement.load import load_transcoders
 from ..replacement.transcoder_set import TranscoderSet
 from .config import TrainConfig
 
@@ -42,8 +43,6 @@ def load_result(cfg: TrainConfig, out: Path, model: Any) -> Any:
     """A finished run's object, as its run would have returned it (on the model's device)."""
     if cfg.kind == "sae":
         return SAE.load(out).to(model.decoder.device)
-    from ..replacement.load import load_transcoders
-
     return load_transcoders(out, model=model)
 
 
