@@ -14,7 +14,7 @@ Shapes: W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_out], b_dec [d_out],
 W_skip [d_out, d_in] (SAELens's orientation; Gemma Scope 2's `affine_skip_connection` is its transpose).
 
 Files: `save(folder)` writes SAELens 6's `cfg.json` + `sae_weights.safetensors`, which `sae_lens.SAE.load_from_disk`
-reads (bench/sae_lens_roundtrip.py checks it); `load(folder)` reads them back. Safetensors only: a pickle
+reads (bench/peers/sae_lens_roundtrip.py checks it); `load(folder)` reads them back. Safetensors only: a pickle
 (.pt/.pkl/.bin) is refused, because loading one runs arbitrary code.
 """
 

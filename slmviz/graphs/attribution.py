@@ -485,7 +485,7 @@ class Writes:
 
 def writes_values(table_rows: int | torch.Tensor, n_writes: int | torch.Tensor, d_model: int) -> int | torch.Tensor:
     """Writes' size in fp32-sized values: the table's rows, and per write three int64 indices (two values each) and
-    the scale. Also what bench/longest_prompt.py counts a prompt's writes by, before any graph is built."""
+    the scale. Also what bench/studies/longest_prompt.py counts a prompt's writes by, before any graph is built."""
     return table_rows * d_model + 7 * n_writes
 
 
@@ -572,8 +572,8 @@ def graph_memory_bytes(n_pos: int, n_feat: int, n_logits: int, cap: int, batch_s
     - while features are chosen, the rows of the kept features and logits over *every* node, 4 * (cap + n_logits)
       * all nodes: what grows with a long prompt's active features and bounds its length; and partial_influences'
       [rows, rows] block and column chunk (it never copies the rows themselves).
-    Measured by bench/longest_prompt.py on SmolLM2: the process's peak above the loaded model was 0.80 times this
-    at 73 tokens with its PLT set, 0.76 times at 82 with its CLT (it was 1.45 times while partial_influences copied
+    Measured by bench/studies/longest_prompt.py on SmolLM2: the process's peak above the loaded model was 0.80 times
+    this at 73 tokens with its PLT set, 0.76 times at 82 with its CLT (it was 1.45 times while partial_influences copied
     the rows and each backward stacked its gradients)."""
     cap = min(cap, n_feat)
     other = cfg.n_layers * n_pos + n_pos + n_logits  # error, embedding and logit nodes
