@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from slmviz.features.sae import SAE, SAEError
+from slmviz.errors import SAEError
+from slmviz.features.sae import SAE
 
 X = torch.tensor([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]])  # [pos=2, d_in=3]
 W_ENC = torch.tensor([[1.0, 0.0, -1.0, 2.0], [0.0, 1.0, 1.0, 0.0], [1.0, -1.0, 0.0, 1.0]])  # [3, 4]
@@ -136,7 +137,7 @@ def test_unknown_architecture_lists_the_supported_ones():
 
 @pytest.mark.parametrize("suffix", [".pt", ".pkl", ".bin"])
 def test_pickle_files_are_refused(tmp_path, suffix):
-    from slmviz.features.sae import read_safetensors
+    from slmviz.formats.files import read_safetensors
 
     path = tmp_path / f"weights{suffix}"
     torch.save(state(), path)

@@ -10,7 +10,7 @@ x · W_skipᵀ where it has one (linear, so gradients flow through it, as in cir
 What stays outside every node and so forms each target's `constant` (`replacement_constant`): b_dec, the
 attention/MLP biases of families that have them, a LayerNorm's bias, and whatever `zero_bos` zeroes.
 The replacement itself (which coders read and write where, their decoder vectors, the frozen forward) belongs to the
-transcoder set (features.transcoder_set.TranscoderSet); this module captures the prompt's run it freezes, and
+replacement set (replacement.base.ReplacementSet); this module captures the prompt's run it freezes, and
 attribution.py turns the set's gradients into a graph.
 """
 
@@ -22,8 +22,10 @@ from typing import Any
 
 import torch
 
+from ..errors import TranscoderSetError
 from ..hooks import build_context
-from ..replacement.transcoder_set import TranscoderSet, TranscoderSetError, as_transcoder_set
+from ..replacement.base import ReplacementSet
+from ..replacement.transcoder_set import as_replacement
 from ..variants import resolve_variant
 
 
@@ -32,11 +34,11 @@ class AttributionGraphError(ValueError):
     too long for the memory budget."""
 
 
-def checked_transcoders(transcoders: Any, model: Any) -> TranscoderSet:
-    """`transcoders=` as a TranscoderSet that fits `model` (a set, one transcoder or a list); each problem is an
+def checked_transcoders(transcoders: Any, model: Any) -> ReplacementSet:
+    """`transcoders=` as a replacement set that fits `model` (a set, one transcoder or a list); each problem is an
     AttributionGraphError naming the coder."""
     try:
-        ts = as_transcoder_set(transcoders)
+        ts = as_replacement(transcoders)
         ts.check_model(model)
     except TranscoderSetError as e:
         raise AttributionGraphError(str(e)) from e
@@ -97,7 +99,7 @@ def prompt_state(model: Any, ids: torch.Tensor, transcoders: Any = None) -> Prom
 def frozen_forward(model: Any, state: PromptState, transcoders: Any, embed: torch.Tensor,
                    deltas: Sequence[torch.Tensor], grad: bool = False, last_layer: int | None = None
                    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """The set's local replacement model (TranscoderSet.frozen_forward); `transcoders` as attribution_graph takes
+    """The set's local replacement model (ReplacementSet.frozen_forward); `transcoders` as attribution_graph takes
     them."""
-    return as_transcoder_set(transcoders).frozen_forward(model, state, embed, deltas, grad=grad,
+    return as_replacement(transcoders).frozen_forward(model, state, embed, deltas, grad=grad,
                                                          last_layer=last_layer)
