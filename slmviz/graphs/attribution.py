@@ -604,60 +604,17 @@ def active_features(ts: Any, state: PromptState, n_layers: int, zero_bos: bool
                                torch.Tensor]:
     """Phase 0 (circuit-tracer's setup_attribution): the active features of the prompt, ordered by layer, position,
     feature, as (layer, position, feature, activation, encoder rows [n, d_model], writes, errors [n_layers, pos,
-    d_model]). A layer's error is its MLP output minus the set's prediction there (the whole output where nothing
-    writes). `zero_bos` drops position 0's features and errors."""
-    n_pos, d_model, dev = len(state.ids), state.embed.shape[-1], state.embed.device
-    acts_by_layer: dict[int, torch.Tensor] = {}
-    layers, positions, feats, values, enc = [], [], [], [], []
-    for layer in ts.layers:
-        with torch.no_grad():
-            acts = ts.encode(layer, state.mlp_in[layer]).float()  # [pos, d_sae]
-        acts_by_layer[layer] = acts
-        shown = acts.clone()
-        if zero_bos:
-            shown[0] = 0
-        pos, idx = torch.nonzero(shown, as_tuple=True)  # row-major: position, then feature
-        layers.append(torch.full_like(pos, layer))
-        positions.append(pos)
-        feats.append(idx)
-        values.append(shown[pos, idx])
-        enc.append(ts.encoder_rows(layer, idx))
-
-    def cat(xs: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
-        return torch.cat(xs) if xs else empty
-
-    long0, float0 = torch.zeros(0, dtype=torch.long, device=dev), torch.zeros(0, device=dev)
-    f_layer, f_pos, f_idx = cat(layers, long0), cat(positions, long0), cat(feats, long0)
-    f_act, f_enc = cat(values, float0), cat(enc, torch.zeros(0, d_model, device=dev))
-    nodes, targets, scales, rows, table = [], [], [], [], []
-    start = n_rows = 0
-    for layer, idx, act in zip(ts.layers, feats, values, strict=True):
-        node = torch.arange(start, start + len(idx), device=dev)
-        distinct, which = idx.unique(return_inverse=True)  # a feature's rows once, however many positions it fires at
-        unit = torch.ones(len(distinct), device=dev)
-        for target, v in ts.writes(layer, distinct, unit):  # the unit-activation vectors
-            nodes.append(node)
-            targets.append(torch.full_like(node, target))
-            scales.append(act.float())
-            rows.append(n_rows + which)
-            table.append(v)
-            n_rows += len(distinct)
-        start += len(idx)
-    writes = Writes(cat(nodes, long0), cat(targets, long0), cat(scales, float0), cat(rows, long0),
-                    cat(table, torch.zeros(0, d_model, device=dev)))
-    errors = torch.zeros(n_layers, n_pos, d_model, device=dev)
-    inputs = {L: state.mlp_in[L] for L in ts.layers}
-    written = {int(L) for L in writes.layer.unique()} | set(ts.layers)
+    d_model]), from the set's compute_attribution_components. A layer's error is its MLP output minus the set's
+    prediction there (the whole output where nothing writes). `zero_bos` drops position 0's features and errors."""
+    c = ts.compute_attribution_components(state.mlp_in, zero_bos)
+    writes = Writes(c.write_feature, c.write_layer, c.activation[c.write_feature], c.write_row, c.decoder)
+    errors = torch.zeros(n_layers, len(state.ids), state.embed.shape[-1], device=state.embed.device)
     for layer in range(n_layers):
         out = state.mlp_out[layer].float()
-        if layer not in written:
-            errors[layer] = out
-            continue
-        with torch.no_grad():
-            errors[layer] = out - ts.reconstruct(layer, acts_by_layer, inputs).float()
+        errors[layer] = out - c.reconstruction[layer] if layer in c.reconstruction else out
     if zero_bos:
         errors[:, 0] = 0
-    return f_layer, f_pos, f_idx, f_act, f_enc, writes, errors
+    return c.layer, c.position, c.feature, c.activation, c.encoder, writes, errors
 
 
 def attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple], adjacency: torch.Tensor,

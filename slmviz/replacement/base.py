@@ -15,6 +15,7 @@ interface).
     ts.writes(L, features, acts)      [(layer written, vectors [n, d_model])]: the decoder vectors, scaled
     ts.encoder_rows(L, features)      [n, d_model]: what each feature's pre-activation reads its input through
     ts.skip(L, x)                     the linear skip path at L (zeros where there is none)
+    ts.compute_attribution_components(inputs)        what a graph needs of one prompt (implemented here)
     ts.frozen_forward(model, state, embed, deltas)   the local replacement model of one prompt (implemented here)
     for unit in ts: ...               one splice unit per layer (saes=ts in trace / generate / scan / patch)
     ts.coders                         {layer: its splice unit}
@@ -26,12 +27,33 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 READ_HOOK = "blocks.{L}.mlp.hook_in"  # what a PLT reads: the MLP's input after its norm's weight (DESIGN.md)
 WRITE_HOOK = "blocks.{L}.hook_mlp_out"  # what every layer's features write into: the MLP output they replace
+
+
+@dataclass
+class AttributionComponents:
+    """What an attribution graph needs of the set for one prompt (circuit-tracer's compute_attribution_components):
+    the active features, ordered by layer, position, feature; the vector each one's pre-activation reads its input
+    through; where it writes and what, as one entry per (feature, layer written) pointing at its unit-activation
+    vector, each distinct (feature, layer written) vector stored once in `decoder` (a feature fires at many
+    positions; a CLT feature writes many layers); and the set's prediction of every MLP output it writes."""
+
+    layer: torch.Tensor  # [n] long
+    position: torch.Tensor  # [n] long
+    feature: torch.Tensor  # [n] long
+    activation: torch.Tensor  # [n] fp32
+    encoder: torch.Tensor  # [n, d_model] fp32
+    write_feature: torch.Tensor  # [w] long: which active feature (0..n-1) writes
+    write_layer: torch.Tensor  # [w] long: the MLP output it writes
+    write_row: torch.Tensor  # [w] long: its unit-activation vector's row in `decoder`
+    decoder: torch.Tensor  # [r, d_model] fp32
+    reconstruction: dict[int, torch.Tensor]  # {layer written: [pos, d_model] fp32}
 
 
 class ReplacementSet(ABC):
@@ -139,6 +161,54 @@ class ReplacementSet(ABC):
         self.to(getattr(model, "device", "cpu"))
         self.model = model
         return self
+
+    def compute_attribution_components(self, inputs: Sequence[torch.Tensor], zero_bos: bool = False
+                                       ) -> AttributionComponents:
+        """AttributionComponents of one prompt, from `inputs[L]` [pos, d_model], what layer L's features read.
+        `zero_bos` leaves out position 0's features (they stay in the reconstructions, as in the model)."""
+        d_model, dev = inputs[0].shape[-1], inputs[0].device
+        acts_by_layer: dict[int, torch.Tensor] = {}
+        layers, positions, feats, values, enc = [], [], [], [], []
+        for layer in self.layers:
+            with torch.no_grad():
+                acts = self.encode(layer, inputs[layer]).float()  # [pos, d_sae]
+            acts_by_layer[layer] = acts
+            shown = acts.clone()
+            if zero_bos:
+                shown[0] = 0
+            pos, idx = torch.nonzero(shown, as_tuple=True)  # row-major: position, then feature
+            layers.append(torch.full_like(pos, layer))
+            positions.append(pos)
+            feats.append(idx)
+            values.append(shown[pos, idx])
+            enc.append(self.encoder_rows(layer, idx))
+
+        def cat(xs: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
+            return torch.cat(xs) if xs else empty
+
+        long0, float0 = torch.zeros(0, dtype=torch.long, device=dev), torch.zeros(0, device=dev)
+        nodes, targets, rows, table = [], [], [], []
+        start = n_rows = 0
+        for layer, idx in zip(self.layers, feats, strict=True):
+            node = torch.arange(start, start + len(idx), device=dev)
+            distinct, which = idx.unique(return_inverse=True)  # a feature's rows once, however many positions it fires
+            for target, v in self.writes(layer, distinct, torch.ones(len(distinct), device=dev)):  # unit activation
+                nodes.append(node)
+                targets.append(torch.full_like(node, target))
+                rows.append(n_rows + which)
+                table.append(v)
+                n_rows += len(distinct)
+            start += len(idx)
+        write_layer = cat(targets, long0)
+        inputs_by_layer = {L: inputs[L] for L in self.layers}
+        with torch.no_grad():
+            reconstruction = {L: self.reconstruct(L, acts_by_layer, inputs_by_layer).float()
+                              for L in sorted({int(L) for L in write_layer.unique()} | set(self.layers))}
+        return AttributionComponents(
+            layer=cat(layers, long0), position=cat(positions, long0), feature=cat(feats, long0),
+            activation=cat(values, float0), encoder=cat(enc, torch.zeros(0, d_model, device=dev)),
+            write_feature=cat(nodes, long0), write_layer=write_layer, write_row=cat(rows, long0),
+            decoder=cat(table, torch.zeros(0, d_model, device=dev)), reconstruction=reconstruction)
 
     # ---- the local replacement model of one prompt ----------------------------------------------------------------
     def frozen_forward(
