@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +60,7 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 def read_json(path: Path, error: type[SAEError] = SAEError) -> dict[str, Any]:
     """A JSON object from `path`, or `error` naming the file."""
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise error(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise error(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return _read_mapping(path, error, "JSON", json.loads, json.JSONDecodeError)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -80,12 +75,17 @@ def read_yaml(path: Path, error: type[SAEError] = SAEError) -> dict[str, Any]:
     """A YAML mapping from `path` (safe_load: no Python objects), or `error` naming the file; an empty file is {}."""
     import yaml
 
+    return _read_mapping(path, error, "YAML", lambda text: yaml.safe_load(text) or {}, yaml.YAMLError)
+
+
+def _read_mapping(path: Path, error: type[SAEError], language: str, parse: Callable[[str], Any],
+                  invalid: type[Exception]) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise error(f"{path}: not valid YAML ({e})") from e
+        data = parse(path.read_text())
+    except invalid as e:
+        raise error(f"{path}: not valid {language} ({e})") from e
     if not isinstance(data, dict):
-        raise error(f"{path}: expected a mapping, got {type(data).__name__}")
+        raise error(f"{path}: expected a {language} mapping, got {type(data).__name__}")
     return data
 
 
