@@ -110,6 +110,20 @@ def test_saelens_folder_round_trips(tmp_path, arch, extra):
     assert torch.equal(back.encode(x), sae.encode(x)) and torch.equal(back(x), sae(x))
 
 
+def test_from_state_copies_its_tensors_unless_told_to_adopt_them():
+    """Trainers hand from_state their live tensors and keep training: the SAE must not move with them. A loader's
+    freshly read tensors (copy=False) become the parameters as they are, converted only where the dtype differs.
+    Not covered: the loaders passing copy=False (their tests check the loaded values)."""
+    live = {k: v.clone() for k, v in state().items()}
+    sae = SAE.from_state(live, architecture="standard")
+    live["W_enc"].add_(1.0)
+    assert torch.equal(sae.W_enc, W_ENC)
+    adopted = SAE.from_state(live, architecture="standard", copy=False)
+    assert adopted.W_enc.data_ptr() == live["W_enc"].data_ptr() and adopted.W_enc.requires_grad
+    assert SAE.from_state(live, copy=False, dtype=torch.float64).W_enc.data_ptr() != live["W_enc"].data_ptr()
+    assert SAE.from_state(sae.tensors(), **sae.spec()).spec() == sae.spec()
+
+
 def test_k_larger_than_d_sae_is_an_error():
     with pytest.raises(SAEError, match="k=9 is larger than d_sae=4"):
         SAE.from_state(state(), architecture="topk", k=9)

@@ -32,6 +32,7 @@ import torch
 from ..errors import SAEError, check_feature, check_k
 from ..formats import saelens
 from ..formats.saelens import canonical_architecture
+from ..hooks import hook_shape
 
 
 def _topk(h: torch.Tensor, k: int) -> torch.Tensor:
@@ -143,8 +144,6 @@ class SAE(torch.nn.Module):
     def check_model(self, model: Any) -> None:
         """The SAE's hooks exist in this model's family and have its widths (d_in at hook_name, d_out at
         hook_name_out); else an SAEError saying which, and what the model has instead."""
-        from ..hooks import hook_shape
-
         valid = model.hook_names
         family = getattr(model.cfg, "model_type", "this model")
         for what, name, width in (("reads", self.hook_name, self.d_in), ("writes", self.hook_name_out, self.d_out)):
