@@ -46,7 +46,7 @@ def estimate_memory_bytes(n_nodes: int, n_pos: int, batch_size: int, cfg: Any, b
     made), the forward's saved activations for `copies` rows of the prompt (~16 d_model-wide values per token
     per layer, the patterns, the MLP's hidden layer while it runs), and each backward's gradients for
     `batch_size` targets (~4 residual-sized tensors per layer: the vmapped grads, their fp32 copies, the buffers).
-    Measured on SmolLM2 (17 positions, 2,091 nodes): this says 0.37 GiB where the process grew by 0.17 GB."""
+    docs/attribution-graphs.md ("Memory") sets it beside a measured peak."""
     adjacency = 2 * n_nodes * n_nodes * 4
     per_token_layer = 16 * cfg.d_model + cfg.n_heads * n_pos + 3 * cfg.d_mlp
     forward = copies * n_pos * cfg.n_layers * per_token_layer * bytes_per
@@ -290,8 +290,8 @@ def partial_influences(rows: torch.Tensor, logit_p: torch.Tensor, row_node: torc
     from the logit probabilities.
 
     Without a normalised copy of `rows`, which circuit-tracer makes: on a long prompt `rows` is the largest tensor a
-    capped graph holds (the kept features' rows over every active feature), and its copy doubled the peak (the
-    budget's estimate was 1.45x short at 80 tokens on SmolLM2's PLT set). The iteration only ever reads its vector
+    capped graph holds (the kept features' rows over every active feature), and its copy doubled the peak past the
+    memory budget's estimate (docs/features.md, "The longest prompt"). The iteration only ever reads its vector
     at the row nodes, so it runs on the [r, r] block of the normalised |rows| over their columns, and the influence
     on every node is one product of the summed iterates with the normalised |rows|, a column chunk at a time. Equal
     to circuit-tracer's up to the order of float sums (tests/test_attribution_graph.py pins it)."""
@@ -363,9 +363,8 @@ def graph_memory_bytes(n_pos: int, n_feat: int, n_logits: int, cap: int, batch_s
     - while features are chosen, the rows of the kept features and logits over *every* node, 4 * (cap + n_logits)
       * all nodes: what grows with a long prompt's active features and bounds its length; and partial_influences'
       [rows, rows] block and column chunk (it never copies the rows themselves).
-    Measured by bench/longest_prompt.py on SmolLM2: the process's peak above the loaded model was 0.80 times this
-    at 73 tokens with its PLT set, 0.76 times at 82 with its CLT (it was 1.45 times while partial_influences copied
-    the rows and each backward stacked its gradients)."""
+    bench/longest_prompt.py measures a process's peak against it (docs/features.md, "The longest prompt", and
+    docs/cross-layer-transcoders.md)."""
     cap = min(cap, n_feat)
     other = cfg.n_layers * n_pos + n_pos + n_logits  # error, embedding and logit nodes
     rows = min(batch_size, cap + n_logits)
