@@ -249,12 +249,13 @@ class CrossLayerTranscoder(torch.nn.Module):
 
     def frozen_forward(
         self, model: Any, state: Any, embed: torch.Tensor, deltas: Sequence[torch.Tensor], grad: bool = False,
-        last_layer: int | None = None,
+        last_layer: int | None = None, hooks: Mapping[str, Any] | None = None,
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        """The local replacement model on a batch (TranscoderSet.frozen_forward's contract): layer L's MLP output is
-        the prompt's, minus the skip of the prompt's input, plus the skip of the live input, plus deltas[L]; the
-        features' writes into later layers are constants of the prompt, so an edit reaches them through deltas."""
-        return local_replacement_forward(self, model, state, embed, deltas, grad, last_layer)
+        """The local replacement model on a batch (TranscoderSet.frozen_forward's contract, `hooks` included): layer
+        L's MLP output is the prompt's, minus the skip of the prompt's input, plus the skip of the live input, plus
+        deltas[L]; the features' writes into later layers are constants of the prompt, so an edit reaches them
+        through deltas."""
+        return local_replacement_forward(self, model, state, embed, deltas, grad, last_layer, hooks)
 
     # ---- state ------------------------------------------------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:

@@ -215,7 +215,7 @@ class TranscoderSet(Sequence):
     # ---- the local replacement model of one prompt --------------------------------------------------------------
     def frozen_forward(
         self, model: Any, state: Any, embed: torch.Tensor, deltas: Sequence[torch.Tensor], grad: bool = False,
-        last_layer: int | None = None,
+        last_layer: int | None = None, hooks: Mapping[str, Any] | None = None,
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """The local replacement model on a batch: embed [b, pos, d_model] enters the residual stream in place of the
         tokens' embeddings, and layer L's MLP output is
@@ -226,13 +226,16 @@ class TranscoderSet(Sequence):
         scales (`state`: circuits.replacement.PromptState). With embed = the prompt's and deltas = 0 it reproduces
         the prompt's run; it is linear in (embed, deltas). Returns (what each layer's features read [b, pos,
         d_model] per layer, ln_final's output [b, pos, d_model]). `last_layer`: run blocks 0..last_layer only
-        (what feature targets up to that layer read) and return None for ln_final's output.
+        (what feature targets up to that layer read) and return None for ln_final's output. `hooks`: more hook fns
+        {name: fn(x, name)} (batched: x is [b, ...]) run in the same forward after the freezing ones, to read values
+        inside it (graphs.qk reads hook_rot_q / hook_rot_k, graphs.head_loadings each head's attn.hook_result).
         """
-        return local_replacement_forward(self, model, state, embed, deltas, grad, last_layer)
+        return local_replacement_forward(self, model, state, embed, deltas, grad, last_layer, hooks)
 
 
 def local_replacement_forward(ts: Any, model: Any, state: Any, embed: torch.Tensor, deltas: Sequence[torch.Tensor],
-                              grad: bool = False, last_layer: int | None = None
+                              grad: bool = False, last_layer: int | None = None,
+                              hooks: Mapping[str, Any] | None = None
                               ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """`frozen_forward` of any set (a TranscoderSet, a CrossLayerTranscoder): what it needs of the set is where each
     layer reads and writes (`read_hook`, `write_hook`) and its skip path (`skip`, zeros where there is none). Layer
@@ -268,6 +271,8 @@ def local_replacement_forward(ts: Any, model: Any, state: Any, embed: torch.Tens
     for layer in range(cfg.n_layers):
         fns[ts.read_hook(layer)] = read_in(layer)
         fns[ts.write_hook(layer)] = replace_out(layer)
+    for name, fn in (hooks or {}).items():  # after the freezing fn of the same name, which must decide the value
+        fns[name] = [fns[name], fn] if name in fns else fn
     ctx = build_context(model.hook_names, [], fns, batched=True)
     v = resolve_variant(None, cfg)
     ids = state.ids[None].expand(b, -1)
