@@ -1,0 +1,196 @@
+"""Head loadings: how much of one edge of an attribution graph flows through each attention head's output
+(Kamath et al., "Tracing Attention Computation Through Feature Interactions", 2025).
+
+    hl = head_loadings(g, "3_120_2", "8_77_6")   # or g.head_loadings(source_id, target_id)
+    hl                    # DataFrame: layer, head, weight, one_hop; largest |weight| first
+    hl.attrs["edge"]      # the edge's weight in the graph
+    hl.attrs["multi_head"]   # the part of the edge that goes through two or more heads
+
+**What a loading is.** The graph's linear model (patterns, norm scales and error terms frozen, the features'
+writes held) carries an edge from a source at one position to a target at a later one only through attention:
+every path between them passes at least one head. Head (l, h)'s loading is the edge minus the edge computed again
+with that head's output (`attn.hook_result` of l, head h, at every position) removed: the sum over the paths that
+pass through it. In a linear model that is
+
+    loading(l, h) = Σ_pos  ∂target/∂result[l, pos, h] · (the change of result[l, pos, h] per unit of the source)
+
+the first factor from one backward from the target (every head at once), the second from one forward-mode pass
+(torch.autograd.forward_ad) pushing the source's vector through the frozen forward (every head at once).
+
+**Paths through two heads.** A path that passes two heads (head A moves the source to a middle position, head B
+on to the target) counts in both loadings, so the loadings sum to the edge only where no path uses two heads (a
+target one layer above the source, for instance). `one_hop` is the part of each loading whose path uses that head
+alone: the same two passes with every head's output cut from the residual stream (each head still reads its
+input, and nothing that another head wrote); Σ one_hop is the part of the edge carried by one head, and
+attrs["multi_head"] = edge - Σ one_hop the part carried by two or more.
+
+An edge within one position has no loadings to speak of (the residual stream carries it past every head), and is
+refused with a clear error, as are node ids not in the graph and pairs of nodes with no edge between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.autograd.forward_ad as fwAD
+
+from .frozen import AttributionGraphError, demeaned_unembed
+from .sources import GraphSources, graph_sources, source_tangents
+from .workbench import checked_ids, node_index
+
+SOURCE_KINDS = ("feature", "error", "embedding")
+TARGET_KINDS = ("feature", "logit")
+
+
+class HeadLoadingsError(AttributionGraphError):
+    """Bad input to head loadings: a source that writes nothing (a logit), a target that reads nothing (an error or
+    an embedding), an edge within one position, a source after its target."""
+
+
+def head_loadings(graph: Any, source_id: str, target_id: str) -> pd.DataFrame:
+    """The loading of every (layer, head) on the edge source -> target of `graph` (module docstring): a DataFrame of
+    layer, head, weight (the part of the edge through that head's output), one_hop (the part of it whose path uses
+    no other head), largest |weight| first. attrs: source, target, edge (the graph's weight), through_heads
+    (Σ weight), one_hop (Σ one_hop), multi_head (edge − Σ one_hop: through two heads or more), multi_head_share
+    (multi_head / edge)."""
+    source, target = checked_edge(graph, source_id, target_id)
+    sources = graph_sources(graph)
+    weight, one_hop, edge = loadings(sources, source, target)
+    cfg = sources.model.cfg
+    layer, head = np.divmod(np.arange(cfg.n_layers * cfg.n_heads), cfg.n_heads)
+    w, o = weight.flatten().numpy(), one_hop.flatten().numpy()
+    out = pd.DataFrame({"layer": layer, "head": head, "weight": w, "one_hop": o})
+    out = out.iloc[np.argsort(-np.abs(w), kind="stable")].reset_index(drop=True)
+    index = node_index(graph)
+    graph_edge = float(graph.adjacency[index[str(target["node_id"])], index[str(source["node_id"])]])
+    multi = graph_edge - float(o.sum())
+    out.attrs.update({"source": str(source["node_id"]), "target": str(target["node_id"]), "edge": graph_edge,
+                      "recomputed_edge": edge, "through_heads": float(w.sum()), "one_hop": float(o.sum()),
+                      "multi_head": multi, "multi_head_share": multi / graph_edge if graph_edge else 0.0})
+    return out
+
+
+def checked_edge(graph: Any, source_id: str, target_id: str) -> tuple[pd.Series, pd.Series]:
+    """The graph's rows of the two nodes, after checking that an edge between them crosses positions forward
+    (HeadLoadingsError, or the workbench's error for an unknown id, otherwise)."""
+    if graph.model is None:
+        raise HeadLoadingsError("This graph does not hold its model (slmviz.attribution_graph keeps it); build it "
+                                "again to split its edges over heads")
+    src_id, tgt_id = checked_ids(graph, [source_id, target_id])
+    index = node_index(graph)
+    source, target = graph.nodes.iloc[index[src_id]], graph.nodes.iloc[index[tgt_id]]
+    if source["kind"] not in SOURCE_KINDS:
+        raise HeadLoadingsError(f"{src_id!r} is a {source['kind']} node: an edge starts at a feature, an error or an "
+                                f"embedding")
+    if target["kind"] not in TARGET_KINDS:
+        raise HeadLoadingsError(f"{tgt_id!r} is a {target['kind']} node: an edge ends at a feature or a logit")
+    ps, pt = int(source["position"]), int(target["position"])
+    if ps == pt:
+        raise HeadLoadingsError(
+            f"the edge {src_id} -> {tgt_id} stays at position {ps}: the residual stream carries it directly, past "
+            f"every head, so it has no head loadings (they split edges between positions, which only attention "
+            f"moves); pick a source at an earlier position than its target")
+    if ps > pt:
+        raise HeadLoadingsError(f"{src_id!r} (position {ps}) comes after {tgt_id!r} (position {pt}): the causal mask "
+                                f"leaves no edge from a later position to an earlier one")
+    if target["kind"] == "feature" and int(source["layer"]) >= int(target["layer"]):
+        raise HeadLoadingsError(f"{src_id!r} writes at layer {int(source['layer'])}, after layer "
+                                f"{int(target['layer'])}'s features read their input: no edge between them")
+    return source, target
+
+
+def loadings(sources: GraphSources, source: pd.Series, target: pd.Series
+             ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(weight [n_layers, n_heads], one_hop [n_layers, n_heads], the edge recomputed) for one source and target
+    (rows of graph.nodes), float64 on the CPU: the product of the backward from the target and the forward-mode
+    tangent from the source at each head's output, once in the full linear model and once with every head's output
+    cut from the residual stream."""
+    cfg = sources.model.cfg
+    last = int(target["layer"]) if target["kind"] == "feature" else None
+    out = []
+    edge = 0.0
+    for through_heads in (True, False):
+        tangents = result_tangents(sources, source, last, through_heads)
+        grads, grad_in = result_grads(sources, target, last, through_heads)
+        per_head = torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.float64)
+        for layer, g in grads.items():
+            per_head[layer] = torch.einsum("bphd,bphd->h", g.double(), tangents[layer].double()).cpu()
+        out.append(per_head)
+        if through_heads:  # the edge itself: the target's gradient at the source's inputs times its vector
+            embed, deltas = source_tangents(sources, source)
+            edge = float(sum((g.double() * t.double()).sum() for g, t in zip(grad_in, [embed, *deltas], strict=False)
+                             if g is not None))
+    return out[0], out[1], edge
+
+
+def _result_hooks(n_layers: int, fn: Callable[[int], Callable]) -> dict[str, Callable]:
+    return {f"blocks.{layer}.attn.hook_result": fn(layer) for layer in range(n_layers)}
+
+
+def result_tangents(sources: GraphSources, source: pd.Series, last_layer: int | None, through_heads: bool
+                    ) -> dict[int, torch.Tensor]:
+    """{layer: [1, pos, h, d_model]}: how each head's output (attn.hook_result) moves per unit of the source, by
+    forward-mode AD through the frozen forward. Without `through_heads`, each head's output leaves the residual stream
+    unmoved (its tangent is dropped after it is read), so a head sees the source only along head-free paths."""
+    model, state = sources.model, sources.state
+    tangents: dict[int, torch.Tensor] = {}
+    embed_dir, delta_dirs = source_tangents(sources, source)
+    base_embed, base_deltas = sources.leaves()
+
+    def read(layer: int) -> Callable[[torch.Tensor, str], torch.Tensor | None]:
+        def fn(x: torch.Tensor, name: str) -> torch.Tensor | None:
+            primal, tangent = fwAD.unpack_dual(x)
+            tangents[layer] = torch.zeros_like(primal) if tangent is None else tangent.detach().clone()
+            return None if through_heads else primal.detach()
+        return fn
+
+    with fwAD.dual_level():
+        embed = fwAD.make_dual(base_embed, embed_dir)
+        deltas = [fwAD.make_dual(b, t) for b, t in zip(base_deltas, delta_dirs, strict=True)]
+        sources.ts.frozen_forward(model, state, embed, deltas, grad=True, last_layer=last_layer,
+                                  hooks=_result_hooks(_layers_run(model, last_layer), read))
+    return tangents
+
+
+def result_grads(sources: GraphSources, target: pd.Series, last_layer: int | None, through_heads: bool
+                 ) -> tuple[dict[int, torch.Tensor], list[torch.Tensor | None]]:
+    """({layer: ∂target/∂attn.hook_result [1, pos, h, d_model]}, the target's gradient at [embed, *deltas]) by one
+    backward. Each head's output is replaced by itself plus a zero leaf (the gradient is read at the leaf); without
+    `through_heads` by the leaf alone plus its value held, so nothing upstream of a head reaches the target through
+    it (the gradient then runs along head-free paths only)."""
+    model, state, ts = sources.model, sources.state, sources.ts
+    leaves: dict[int, torch.Tensor] = {}
+
+    def tap(layer: int) -> Callable[[torch.Tensor, str], torch.Tensor]:
+        def fn(x: torch.Tensor, name: str) -> torch.Tensor:
+            leaves[layer] = torch.zeros_like(x, requires_grad=True)
+            return (x if through_heads else x.detach()) + leaves[layer]
+        return fn
+
+    embed, deltas = sources.leaves(requires_grad=True)
+    reads, normed = ts.frozen_forward(model, state, embed, deltas, grad=True, last_layer=last_layer,
+                                      hooks=_result_hooks(_layers_run(model, last_layer), tap))
+    pos = int(target["position"])
+    if target["kind"] == "feature":
+        layer = int(target["layer"])
+        vec = ts.encoder_rows(layer, torch.tensor([int(target["feature"])], device=embed.device))[0]
+        value = reads[layer][0, pos].float() @ vec
+    else:
+        vec = demeaned_unembed(model.decoder.params.unembed, torch.tensor([int(target["feature"])]))[0]
+        value = normed[0, pos].float() @ vec.to(normed.device)
+    layers = sorted(leaves)
+    grads = torch.autograd.grad(value, [leaves[L] for L in layers] + [embed, *deltas], allow_unused=True)
+    by_layer = {L: (torch.zeros_like(leaves[L]) if g is None else g) for L, g in zip(layers, grads, strict=False)}
+    return by_layer, list(grads[len(layers):])
+
+
+def _layers_run(model: Any, last_layer: int | None) -> int:
+    """How many blocks a frozen forward stopping after `last_layer` runs (all of them for None)."""
+    return model.cfg.n_layers if last_layer is None else last_layer + 1
+
+
+__all__ = ["HeadLoadingsError", "head_loadings"]
