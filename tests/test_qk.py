@@ -106,9 +106,10 @@ def frozen_run(graph, names: list[str], edits: dict | None = None):
         return m.trace(ids, saes=saes, names=names, hooks=hooks)
 
 
-def zeroing(graph, kind: str, node_id: str) -> dict:
-    """The edit that removes one node's write in frozen_run: a feature's activation, an error term, an embedding.
-    (By kind and id: a layer-0 feature's id 0_f_p can be an error node's 0_L_p too, as in circuit-tracer.)"""
+def zeroing(graph, kind: str, node_id: str, factor: float = 0.0) -> dict:
+    """The edit that removes one node's write in frozen_run (or multiplies it by `factor`): a feature's activation,
+    an error term, an embedding. (By kind and id: a layer-0 feature's id 0_f_p can be an error node's 0_L_p too, as
+    in circuit-tracer.)"""
     nodes = graph.nodes
     row = nodes[(nodes["node_id"] == node_id) & (nodes["kind"] == kind)].iloc[0]
     pos, layer = int(row.position), int(row.layer)
@@ -116,7 +117,7 @@ def zeroing(graph, kind: str, node_id: str) -> dict:
     def at(index):
         def fn(x, name):
             x = x.clone()
-            x[index] = 0
+            x[index] = x[index] * factor
             return x
         return fn
 

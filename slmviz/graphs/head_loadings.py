@@ -30,6 +30,7 @@ refused with a clear error, as are node ids not in the graph and pairs of nodes 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -148,7 +149,10 @@ def result_tangents(sources: GraphSources, source: pd.Series, last_layer: int | 
             return None if through_heads else primal.detach()
         return fn
 
-    with fwAD.dual_level():
+    with fwAD.dual_level(), warnings.catch_warnings():
+        # torch's first make_dual loads its forward-AD decompositions through torch.jit.script, which warns that
+        # it is deprecated: torch's own business, not the caller's
+        warnings.filterwarnings("ignore", message=".*torch.jit.script.*deprecated", category=DeprecationWarning)
         embed = fwAD.make_dual(base_embed, embed_dir)
         deltas = [fwAD.make_dual(b, t) for b, t in zip(base_deltas, delta_dirs, strict=True)]
         sources.ts.frozen_forward(model, state, embed, deltas, grad=True, last_layer=last_layer,
