@@ -317,3 +317,32 @@ def test_bad_entries_get_a_clear_error_and_leave_the_graph_as_it_was(graphs):
         qk_attribution(g, layer=0, head=0, query=-1, key=-1, max_pairs=0)
     assert (list(g.pinned), [list(s) for s in g.supernodes], dict(g.user_labels)) == before
     g.clear_pins()
+
+
+# --- the figure and the JSON record ---------------------------------------------------------------------------------
+def test_the_heat_map_draws_each_pair_among_the_largest_nodes_of_each_side(graphs):
+    g = graphs("qwen3")
+    qk = qk_attribution(g, layer=1, head=3, query=-1, key=2, max_pairs=None)
+    fig = qk.plot(n=5)
+    z = np.array(fig.data[0].z)
+    assert z.shape == (5, 5) and fig.data[0].type == "heatmap"
+    pairs = {(a, b, c, d): v for a, b, c, d, v in qk.pairs[["query_kind", "query_node", "key_kind", "key_node",
+                                                            "contribution"]].itertuples(index=False)}
+    q_top, k_top = qk.query_side.head(5), qk.key_side.head(5)
+    for i, (qk_kind, q_node) in enumerate(zip(q_top["kind"], q_top["node"], strict=True)):
+        for j, (k_kind, k_node) in enumerate(zip(k_top["kind"], k_top["node"], strict=True)):
+            assert z[i, j] == pytest.approx(pairs[qk_kind, q_node, k_kind, k_node], rel=1e-9, abs=1e-12)
+    assert str(qk.query) in fig.layout.title.text and f"{qk.score:.3f}" in fig.layout.title.text
+    assert all(q_node in label for q_node, label in zip(q_top["node"], fig.data[0].y, strict=True))
+
+
+def test_the_json_record_holds_the_entry_its_scores_and_the_top_rows(graphs):
+    import json
+
+    g = graphs("llama_gqa")
+    qk = qk_attribution(g, layer=1, head=0, query=-1, key=1)
+    record = json.loads(json.dumps(qk.to_json(n=4)))
+    assert (record["layer"], record["head"], record["query"], record["key"]) == (1, 0, len(g.input_ids) - 1, 1)
+    assert record["score"] == pytest.approx(qk.score, abs=1e-6) and len(record["pairs"]) == 4
+    assert [r["query_node"] for r in record["pairs"]] == qk.pairs["query_node"].head(4).tolist()
+    assert [r["node"] for r in record["key_side"]] == qk.key_side["node"].head(4).tolist()

@@ -95,7 +95,8 @@ class QKAttribution:
         """The top `n` query-side x top `n` key-side nodes as a heat map of their pair contributions (plotly)."""
         from ..plots.qk import qk_figure
 
-        return qk_figure(self, n=n, **kwargs)
+        query_rows, key_rows, block = top_block(self, n)
+        return qk_figure(self, query_rows, key_rows, block, **kwargs)
 
     def to_json(self, n: int = 20) -> dict[str, Any]:
         """A compact record for a graph JSON's extra field (`qk_json`): the entry, its scores, the top `n` pairs and
@@ -293,6 +294,21 @@ def largest_pairs(q: torch.Tensor, k: torch.Tensor, n: int, chunk: int = PAIR_CH
     return flat // n_k, flat % n_k, values
 
 
+def top_block(qk: QKAttribution, n: int = 12) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+    """(the top `n` rows of query_side, of key_side, their pair contributions [n_q, n_k]): what the heat map shows,
+    every pair among the sides' largest nodes whether or not `pairs` lists it."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise QKAttributionError(f"n must be a positive whole number, got {n!r}")
+    at = {(k, nid): i for i, (k, nid) in enumerate(zip(qk.nodes["kind"], qk.nodes["node_id"], strict=True))}
+    rows = {}
+    for side in ("query", "key"):
+        frame = getattr(qk, f"{side}_side").head(n)
+        rows[side] = (frame, [at[k, nid] for k, nid in zip(frame["kind"], frame["node"], strict=True)])
+    (q_frame, q_rows), (k_frame, k_rows) = rows["query"], rows["key"]
+    block = qk.scale * (qk.query_vectors[q_rows] @ qk.key_vectors[k_rows].T)  # [n_q, n_k]
+    return q_frame, k_frame, block.numpy()
+
+
 def qk_json(qk: QKAttribution, n: int = 20) -> dict[str, Any]:
     """A QK attribution as JSON-ready data, for a graph JSON's extra `qk_attributions` field (circuit-tracer's viewer
     reads the fields it knows and ignores the rest): the entry, score, pattern, linear score, and the top `n` rows
@@ -312,4 +328,5 @@ def _finite(x: float) -> float | None:
     return round(float(x), 6) if math.isfinite(x) else None
 
 
-__all__ = ["MAX_PAIRS", "OTHER_PAIRS", "QKAttribution", "QKAttributionError", "qk_attribution", "qk_json"]
+__all__ = ["MAX_PAIRS", "OTHER_PAIRS", "QKAttribution", "QKAttributionError", "qk_attribution", "qk_json",
+           "top_block"]
