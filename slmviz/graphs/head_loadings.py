@@ -20,9 +20,10 @@ the first factor from one backward from the target (every head at once), the sec
 **Paths through two heads.** A path that passes two heads (head A moves the source to a middle position, head B
 on to the target) counts in both loadings, so the loadings sum to the edge only where no path uses two heads (a
 target one layer above the source, for instance). `one_hop` is the part of each loading whose path uses that head
-alone: the same two passes with every head's output cut from the residual stream (each head still reads its
-input, and nothing that another head wrote); Σ one_hop is the part of the edge carried by one head, and
-attrs["multi_head"] = edge - Σ one_hop the part carried by two or more.
+alone: the same product in a second copy of the prompt (row 1 of both passes' batch) where every head's output is
+cut from the residual stream (each head still reads its input, and nothing that another head wrote); Σ one_hop is
+the part of the edge carried by one head, and attrs["multi_head"] = edge - Σ one_hop the part carried by two or
+more.
 
 An edge within one position has no loadings to speak of (the residual stream carries it past every head), and is
 refused with a clear error, as are node ids not in the graph and pairs of nodes with no edge between them.
@@ -108,84 +109,85 @@ def loadings(sources: GraphSources, source: pd.Series, target: pd.Series
              ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(weight [n_layers, n_heads], one_hop [n_layers, n_heads], the edge recomputed) for one source and target
     (rows of graph.nodes), float64 on the CPU: the product of the backward from the target and the forward-mode
-    tangent from the source at each head's output, once in the full linear model and once with every head's output
-    cut from the residual stream."""
+    tangent from the source at each head's output. Both run on a batch of two copies of the prompt: row 0 the full
+    linear model, row 1 with every head's output cut from the residual stream (`cut_heads`)."""
     cfg = sources.model.cfg
     last = int(target["layer"]) if target["kind"] == "feature" else None
-    out = []
-    edge = 0.0
-    for through_heads in (True, False):
-        tangents = result_tangents(sources, source, last, through_heads)
-        grads, grad_in = result_grads(sources, target, last, through_heads)
-        per_head = torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.float64)
-        for layer, g in grads.items():
-            per_head[layer] = torch.einsum("bphd,bphd->h", g.double(), tangents[layer].double()).cpu()
-        out.append(per_head)
-        if through_heads:  # the edge itself: the target's gradient at the source's inputs times its vector
-            embed, deltas = source_tangents(sources, source)
-            edge = float(sum((g.double() * t.double()).sum() for g, t in zip(grad_in, [embed, *deltas], strict=False)
-                             if g is not None))
-    return out[0], out[1], edge
+    tangents = result_tangents(sources, source, last)
+    grads, grad_in = result_grads(sources, target, last)
+    per_head = torch.zeros(2, cfg.n_layers, cfg.n_heads, dtype=torch.float64)
+    for layer, g in grads.items():
+        per_head[:, layer] = torch.einsum("bphd,bphd->bh", g.double(), tangents[layer].double()).cpu()
+    # the edge itself: the full row's gradient at the source's inputs times what the source writes there
+    embed, deltas = source_tangents(sources, source)
+    edge = float(sum((g[0].double() * t[0].double()).sum() for g, t in zip(grad_in, [embed, *deltas], strict=True)
+                     if g is not None))
+    return per_head[0], per_head[1], edge
+
+
+def cut_heads(x: torch.Tensor, held: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """attn.hook_result [2, pos, h, d_model] with row 1's heads cut from what follows: row 1 becomes `held(row 1)`,
+    its value unchanged but carrying nothing upstream along (the forward-mode tangent dropped, or the backward
+    detached), so that in row 1 every path between the source and the target passes one head at most."""
+    return torch.cat([x[:1], held(x[1:])])
 
 
 def _result_hooks(n_layers: int, fn: Callable[[int], Callable]) -> dict[str, Callable]:
     return {f"blocks.{layer}.attn.hook_result": fn(layer) for layer in range(n_layers)}
 
 
-def result_tangents(sources: GraphSources, source: pd.Series, last_layer: int | None, through_heads: bool
-                    ) -> dict[int, torch.Tensor]:
-    """{layer: [1, pos, h, d_model]}: how each head's output (attn.hook_result) moves per unit of the source, by
-    forward-mode AD through the frozen forward. Without `through_heads`, each head's output leaves the residual stream
-    unmoved (its tangent is dropped after it is read), so a head sees the source only along head-free paths."""
+def result_tangents(sources: GraphSources, source: pd.Series, last_layer: int | None) -> dict[int, torch.Tensor]:
+    """{layer: [2, pos, h, d_model]}: how each head's output (attn.hook_result) moves per unit of the source, by
+    forward-mode AD through the frozen forward (row 1: heads cut, so a head sees the source along head-free paths
+    only)."""
     model, state = sources.model, sources.state
     tangents: dict[int, torch.Tensor] = {}
     embed_dir, delta_dirs = source_tangents(sources, source)
-    base_embed, base_deltas = sources.leaves()
+    base_embed, base_deltas = sources.leaves(batch=2)
 
-    def read(layer: int) -> Callable[[torch.Tensor, str], torch.Tensor | None]:
-        def fn(x: torch.Tensor, name: str) -> torch.Tensor | None:
+    def read(layer: int) -> Callable[[torch.Tensor, str], torch.Tensor]:
+        def fn(x: torch.Tensor, name: str) -> torch.Tensor:
             primal, tangent = fwAD.unpack_dual(x)
             tangents[layer] = torch.zeros_like(primal) if tangent is None else tangent.detach().clone()
-            return None if through_heads else primal.detach()
+            return cut_heads(x, lambda rows: fwAD.unpack_dual(rows).primal)
         return fn
 
     with fwAD.dual_level(), warnings.catch_warnings():
         # torch's first make_dual loads its forward-AD decompositions through torch.jit.script, which warns that
         # it is deprecated: torch's own business, not the caller's
         warnings.filterwarnings("ignore", message=".*torch.jit.script.*deprecated", category=DeprecationWarning)
-        embed = fwAD.make_dual(base_embed, embed_dir)
-        deltas = [fwAD.make_dual(b, t) for b, t in zip(base_deltas, delta_dirs, strict=True)]
+        embed = fwAD.make_dual(base_embed, embed_dir.expand(2, -1, -1))
+        deltas = [fwAD.make_dual(b, t.expand(2, -1, -1)) for b, t in zip(base_deltas, delta_dirs, strict=True)]
         sources.ts.frozen_forward(model, state, embed, deltas, grad=True, last_layer=last_layer,
                                   hooks=_result_hooks(_layers_run(model, last_layer), read))
     return tangents
 
 
-def result_grads(sources: GraphSources, target: pd.Series, last_layer: int | None, through_heads: bool
+def result_grads(sources: GraphSources, target: pd.Series, last_layer: int | None
                  ) -> tuple[dict[int, torch.Tensor], list[torch.Tensor | None]]:
-    """({layer: ∂target/∂attn.hook_result [1, pos, h, d_model]}, the target's gradient at [embed, *deltas]) by one
-    backward. Each head's output is replaced by itself plus a zero leaf (the gradient is read at the leaf); without
-    `through_heads` by the leaf alone plus its value held, so nothing upstream of a head reaches the target through
-    it (the gradient then runs along head-free paths only)."""
+    """({layer: ∂target/∂attn.hook_result [2, pos, h, d_model]}, the target's gradient at [embed, *deltas], each [2,
+    pos, d_model]) by one backward (row 1: heads cut, so the gradient runs along head-free paths only). Each head's
+    output gets a zero leaf added, at which the gradient is read."""
     model, state, ts = sources.model, sources.state, sources.ts
     leaves: dict[int, torch.Tensor] = {}
 
     def tap(layer: int) -> Callable[[torch.Tensor, str], torch.Tensor]:
         def fn(x: torch.Tensor, name: str) -> torch.Tensor:
             leaves[layer] = torch.zeros_like(x, requires_grad=True)
-            return (x if through_heads else x.detach()) + leaves[layer]
+            return cut_heads(x, torch.Tensor.detach) + leaves[layer]
         return fn
 
-    embed, deltas = sources.leaves(requires_grad=True)
+    embed, deltas = sources.leaves(batch=2, requires_grad=True)
     reads, normed = ts.frozen_forward(model, state, embed, deltas, grad=True, last_layer=last_layer,
                                       hooks=_result_hooks(_layers_run(model, last_layer), tap))
     pos = int(target["position"])
     if target["kind"] == "feature":
         layer = int(target["layer"])
         vec = ts.encoder_rows(layer, torch.tensor([int(target["feature"])], device=embed.device))[0]
-        value = reads[layer][0, pos].float() @ vec
+        value = (reads[layer][:, pos].float() @ vec).sum()  # the two rows are independent copies
     else:
         vec = demeaned_unembed(model.decoder.params.unembed, torch.tensor([int(target["feature"])]))[0]
-        value = normed[0, pos].float() @ vec.to(normed.device)
+        value = (normed[:, pos].float() @ vec.to(normed.device)).sum()
     layers = sorted(leaves)
     grads = torch.autograd.grad(value, [leaves[L] for L in layers] + [embed, *deltas], allow_unused=True)
     by_layer = {L: (torch.zeros_like(leaves[L]) if g is None else g) for L, g in zip(layers, grads, strict=False)}
