@@ -186,8 +186,9 @@ def result_grads(sources: GraphSources, target: pd.Series, last_layer: int | Non
         vec = ts.encoder_rows(layer, torch.tensor([int(target["feature"])], device=embed.device))[0]
         value = (reads[layer][:, pos].float() @ vec).sum()  # the two rows are independent copies
     else:
-        vec = demeaned_unembed(model.decoder.params.unembed, torch.tensor([int(target["feature"])]))[0]
-        value = (normed[:, pos].float() @ vec.to(normed.device)).sum()
+        unembed = model.decoder.params.unembed
+        vec = demeaned_unembed(unembed, torch.tensor([int(target["feature"])], device=unembed.device))[0]
+        value = (normed[:, pos].float() @ vec).sum()
     layers = sorted(leaves)
     grads = torch.autograd.grad(value, [leaves[L] for L in layers] + [embed, *deltas], allow_unused=True)
     by_layer = {L: (torch.zeros_like(leaves[L]) if g is None else g) for L, g in zip(layers, grads, strict=False)}
