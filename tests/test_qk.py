@@ -106,28 +106,41 @@ def frozen_run(graph, names: list[str], edits: dict | None = None):
         return m.trace(ids, saes=saes, names=names, hooks=hooks)
 
 
-def zeroing(graph, kind: str, node_id: str, factor: float = 0.0) -> dict:
+def zeroing(graph, kind: str, node_id: str, factor: float = 0.0, merged: bool = False) -> dict:
     """The edit that removes one node's write in frozen_run (or multiplies it by `factor`): a feature's activation,
     an error term, an embedding. (By kind and id: a layer-0 feature's id 0_f_p can be an error node's 0_L_p too, as
-    in circuit-tracer.)"""
+    in circuit-tracer.) `merged`: an error node stands for the features the graph does not keep at its layer and
+    position too (a QK attribution's error nodes), so those features' activations go with it."""
     nodes = graph.nodes
     row = nodes[(nodes["node_id"] == node_id) & (nodes["kind"] == kind)].iloc[0]
     pos, layer = int(row.position), int(row.layer)
 
-    def at(index):
+    def at(index, keep=()):
         def fn(x, name):
             x = x.clone()
-            x[index] = x[index] * factor
+            if keep is None:
+                x[index] = x[index] * factor
+            else:  # every feature at the position but the kept ones
+                scaled = x[index] * factor
+                scaled[list(keep)] = x[index][list(keep)]
+                x[index] = scaled
             return x
         return fn
 
     if kind == "embedding":
-        return {"hook_embed": at(pos)}
+        return {"hook_embed": at(pos, None)}
     coders = coders_of(graph)
     if kind == "error":
-        name = f"{coders[layer].hook_name_out}.hook_sae_error" if layer in coders else f"blocks.{layer}.hook_mlp_out"
-        return {name: at(pos)}
-    return {f"{coders[layer].hook_name_out}.hook_sae_acts_post": at((pos, int(row.feature)))}
+        if layer not in coders:
+            return {f"blocks.{layer}.hook_mlp_out": at(pos, None)}
+        out = {f"{coders[layer].hook_name_out}.hook_sae_error": at(pos, None)}
+        if merged:
+            kept = graph.kept_nodes
+            keep = kept.loc[(kept["kind"] == "feature") & (kept["layer"] == layer) & (kept["position"] == pos),
+                            "feature"].astype(int).tolist()
+            out[f"{coders[layer].hook_name_out}.hook_sae_acts_post"] = at(pos, keep)
+        return out
+    return {f"{coders[layer].hook_name_out}.hook_sae_acts_post": at((pos, int(row.feature)), None)}
 
 
 def tolerance(qk, *values: float) -> float:
@@ -191,7 +204,8 @@ def check_zeroing(g, qk, nodes: list[tuple[str, str]]) -> None:
         i = index[kind, nid]
         self_pair = qk.scale * float(qk.query_vectors[i] @ qk.key_vectors[i])
         predicted = -(q_side.get((kind, nid), 0.0) + k_side.get((kind, nid), 0.0)) + self_pair
-        moved = frozen_run(g, [name], zeroing(g, kind, nid))[name][qk.head, qk.query, qk.key].item() - base
+        moved = frozen_run(g, [name], zeroing(g, kind, nid, merged=True))[name][qk.head, qk.query, qk.key].item()
+        moved -= base
         assert abs(moved - predicted) <= tolerance(qk, moved), (kind, nid, moved, predicted)
 
 
@@ -217,37 +231,42 @@ def test_zeroing_a_node_moves_the_score_by_exactly_its_bilinear_terms(graphs, ar
 
 def test_the_bias_node_is_what_the_biases_alone_propagate(graphs):
     """The bias node's vectors (the whole minus every node, as computed) equal the query and key vectors of the
-    constrained run with every node removed (embeddings zeroed, every graph feature's activation and every graph
-    error term zeroed; position 0's kept, which zero_bos leaves out of the graph), and the (bias, bias) pair is that
-    run's own hook_attn_scores. On a family with attention and MLP biases and a layer without a transcoder."""
+    constrained run with every node removed (embeddings, every feature's activation and every error term zeroed, at
+    every position), and the (bias, bias) pair is that run's own hook_attn_scores. On a family with attention and MLP
+    biases and a layer without a transcoder. Position 0's features and error, which the graph (zero_bos) leaves out
+    of its edges, are in the error nodes at position 0 (sources.score_sources), not in the bias."""
     g = graphs("llama_bias")
     m = g.model
-    layer, head, query, key = 1, 3, len(g.input_ids) - 1, 2
+    layer, head, query, key = 1, 3, len(g.input_ids) - 1, 0  # the key at the attention sink
     qk = qk_attribution(g, layer=layer, head=head, query=query, key=key)
 
-    def from_position_one(x, name):
-        x = x.clone()
-        x[1:] = 0
-        return x
+    def zeros(x, name):
+        return torch.zeros_like(x)
 
     coders = coders_of(g)
-    edits = {"hook_embed": lambda x, name: torch.zeros_like(x)}
+    edits = {"hook_embed": zeros}
     for L in range(m.cfg.n_layers):
         if L in coders:
-            edits[f"{coders[L].hook_name_out}.hook_sae_acts_post"] = from_position_one
-            edits[f"{coders[L].hook_name_out}.hook_sae_error"] = from_position_one
+            edits[f"{coders[L].hook_name_out}.hook_sae_acts_post"] = zeros
+            edits[f"{coders[L].hook_name_out}.hook_sae_error"] = zeros
         else:
-            edits[f"blocks.{L}.hook_mlp_out"] = from_position_one
+            edits[f"blocks.{L}.hook_mlp_out"] = zeros
     assert len(coders) < m.cfg.n_layers and g.zero_bos
     names = [f"blocks.{layer}.attn.hook_{x}" for x in ("attn_scores", "rot_q", "rot_k")]
     t = frozen_run(g, names, edits)
-    bias = int(np.nonzero(qk.nodes["kind"].to_numpy() == "bias")[0][0])
-    kv = qk.kv_head
+    kinds = qk.nodes["kind"].to_numpy()
+    bias = int(np.nonzero(kinds == "bias")[0][0])
     assert torch.allclose(qk.query_vectors[bias].float(), t[names[1]][query, head], atol=1e-5, rtol=1e-4)
-    assert torch.allclose(qk.key_vectors[bias].float(), t[names[2]][key, kv], atol=1e-5, rtol=1e-4)
+    assert torch.allclose(qk.key_vectors[bias].float(), t[names[2]][key, qk.kv_head], atol=1e-5, rtol=1e-4)
     pair = qk.pairs[(qk.pairs["query_node"] == "bias") & (qk.pairs["key_node"] == "bias")]["contribution"].item()
     assert pair == pytest.approx(t[names[0]][head, query, key].item(), rel=1e-4, abs=1e-5)
     assert qk.query_vectors[bias].abs().max() > 1e-3  # the biases are there to see
+    # position 0's error node carries what the graph's edges leave out there
+    at_zero = (kinds == "error") & (qk.nodes["position"].to_numpy() == 0) & (qk.nodes["layer"].to_numpy() == 0)
+    row = int(np.nonzero(at_zero)[0][0])
+    assert qk.key_vectors[row].abs().max() > 1e-4
+    column = g.nodes.index[(g.nodes["kind"] == "error") & (g.nodes["layer"] == 0) & (g.nodes["position"] == 0)][0]
+    assert (g.adjacency[:, column] == 0).all()
 
 
 # --- pruned graphs: merged features --------------------------------------------------------------------------------
@@ -346,3 +365,18 @@ def test_the_json_record_holds_the_entry_its_scores_and_the_top_rows(graphs):
     assert record["score"] == pytest.approx(qk.score, abs=1e-6) and len(record["pairs"]) == 4
     assert [r["query_node"] for r in record["pairs"]] == qk.pairs["query_node"].head(4).tolist()
     assert [r["node"] for r in record["key_side"]] == qk.key_side["node"].head(4).tolist()
+
+
+@pytest.mark.slow
+def test_smollm2_with_the_bundled_pair_splits_a_real_heads_score_exactly(model):
+    """The real thing: SmolLM2 with transcoder_l6 and transcoder_l9 (every other layer all error), a head of a
+    late layer looking from the last position back at " France": the pairs sum to the model's own score, and
+    zeroing the strongest layer-6 feature of the query side in the constrained forward moves it as predicted."""
+    tcs = [slmviz.load_sae(name, model=model) for name in ("transcoder_l6", "transcoder_l9")]
+    g = attribution_graph("The capital of France is", transcoders=tcs, model=model, progress=False).prune()
+    key = g.tokens.index(" France")
+    qk = qk_attribution(g, layer=12, head=4, query=-1, key=key)
+    assert abs(qk.pairs["contribution"].sum() - qk.score) <= tolerance(qk)
+    assert {"feature", "error", "embedding", "bias"} <= set(qk.query_side["kind"])
+    features = qk.query_side[(qk.query_side["kind"] == "feature") & (qk.query_side["layer"] == 6)]
+    check_zeroing(g, qk, [("feature", features["node"].iat[0])])

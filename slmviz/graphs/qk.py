@@ -13,8 +13,8 @@ terms frozen at the prompt's values, the features' writes held), the query vecto
 affine function of what every node writes into the residual stream: the frozen ln1 divisor, W_q (+ its bias), the
 frozen q_norm divisor and RoPE at the query's position are all linear (RoPE rotates by a fixed angle per
 position). So is the key vector hook_rot_k[L][key, kv_head_of(head)] at the key's position. Write q = Σ_i q_i and
-k = Σ_j k_j over the nodes i, j plus one `bias` term per side (what no node writes: b_dec, the attention biases,
-with zero_bos position 0's features and errors); then
+k = Σ_j k_j over the nodes i, j plus one `bias` term per side (what no node writes: b_dec, the attention and MLP
+biases; position 0's features and errors count towards its error nodes, sources.score_sources); then
 
     score = scale · q · k = Σ_ij scale · q_i · k_j          scale = attention_scale(d_head, query_pre_attn_scalar)
 
@@ -40,7 +40,7 @@ import torch
 
 from ..model.attention import attention_scale, kv_head_of
 from .frozen import AttributionGraphError
-from .sources import GraphSources, SourceNodes, graph_sources, labels_of, node_contributions, source_nodes
+from .sources import GraphSources, SourceNodes, labels_of, node_contributions, score_sources, source_nodes
 
 MAX_PAIRS = 10_000  # pairs listed by default; the rest are one row, so the listed contributions still sum exactly
 OTHER_PAIRS = "(other pairs)"
@@ -119,7 +119,7 @@ def qk_attribution(graph: Any, layer: int, head: int, query: int = -1, key: int 
     if max_pairs is not None and (not isinstance(max_pairs, int) or isinstance(max_pairs, bool) or max_pairs < 1):
         raise QKAttributionError(f"max_pairs must be a positive whole number or None, got {max_pairs!r}")
     score, pattern = model_entry(model, graph.input_ids, layer, head, query, key)
-    sources = graph_sources(graph)
+    sources = score_sources(graph)
     nodes = source_nodes(graph, sources, full)
     q_vecs, k_vecs = attention_vectors(sources, nodes, layer, head, query, key)
     cfg = model.cfg

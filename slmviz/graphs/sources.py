@@ -10,9 +10,9 @@ prompt's run (`prompt_state`) and the set's active features and error terms (`ac
     error of layer L at p       deltas[L][p] += error[L][p]   (the MLP output the set misses)
     feature of layer L at p     deltas[j][p] += a · W_dec ... for each layer j it writes (j = L for a PLT)
 
-What no node writes (b_dec, the attention and MLP biases, and with zero_bos position 0's features and errors) stays
-in the forward as a constant; the decompositions call it the `bias` node and compute it as the whole minus the
-nodes, never assume it.
+What no node writes (b_dec, the attention and MLP biases) stays in the forward as a constant; the decompositions call
+it the `bias` node and compute it as the whole minus the nodes, never assume it. Position 0's features and errors,
+which a graph built with zero_bos leaves out of its edges, are a choice of each decomposition (`score_sources`).
 """
 
 from __future__ import annotations
@@ -66,9 +66,12 @@ class GraphSources:
         return embed, deltas
 
 
-def graph_sources(graph: Any) -> GraphSources:
+def graph_sources(graph: Any, zero_bos: bool | None = None) -> GraphSources:
     """Rebuild `graph`'s sources from the model and set it holds (AttributionGraphError if it holds none, or if its
-    feature nodes are not the set's active features on its prompt: a set changed since the graph was built)."""
+    feature nodes are not the set's active features on its prompt: a set changed since the graph was built).
+
+    `zero_bos`: leave position 0's features and errors out, as the graph did (None: the graph's own choice, which
+    reproduces its edges); False keeps them (score_sources)."""
     model, transcoders = graph.model, graph.transcoders
     if model is None or transcoders is None:
         raise AttributionGraphError("This graph does not hold its model and transcoders (slmviz.attribution_graph "
@@ -76,7 +79,8 @@ def graph_sources(graph: Any) -> GraphSources:
     ts = checked_transcoders(transcoders, model)
     ids = torch.tensor(graph.input_ids, dtype=torch.long)
     state = prompt_state(model, ids, ts)
-    f_layer, f_pos, f_idx, f_act, _, writes, errors = active_features(ts, state, model.cfg.n_layers, graph.zero_bos)
+    zero_bos = graph.zero_bos if zero_bos is None else zero_bos
+    f_layer, f_pos, f_idx, f_act, _, writes, errors = active_features(ts, state, model.cfg.n_layers, zero_bos)
     sources = GraphSources(model, ts, state, f_layer, f_pos, f_idx, f_act, writes, errors)
     index = sources.feature_index()
     feats = graph.nodes[graph.nodes["kind"] == "feature"]
@@ -88,6 +92,19 @@ def graph_sources(graph: Any) -> GraphSources:
                                     f"in its transcoders on its prompt: the set changed since the graph was built; "
                                     f"build the graph again")
     return sources
+
+
+def score_sources(graph: Any) -> GraphSources:
+    """The sources a QK attribution splits a score over: the graph's, with position 0's features and error kept
+    even where the graph left them out of its edges (zero_bos). They count towards the error nodes of their layers
+    at position 0 (a feature there merges like any feature the graph does not hold, or stands alone with full=True),
+    so the `bias` node holds the biases alone.
+
+    Why: position 0 carries the model's massive activations (the attention sink), and most heads read it. Left out,
+    its MLP outputs would land in `bias` on both sides and make it the largest node of nearly every score, saying
+    nothing about where they come from. Head loadings keep the graph's own choice instead: their edges must be the
+    graph's. Pinned by tests/test_qk.py::test_the_bias_node_is_what_the_biases_alone_propagate."""
+    return graph_sources(graph, zero_bos=False)
 
 
 @dataclass
@@ -217,5 +234,5 @@ def labels_of(graph: Any, table: pd.DataFrame) -> np.ndarray:
     return np.array(out, dtype=object)
 
 
-__all__ = ["BIAS", "GraphSources", "SourceNodes", "graph_sources", "labels_of", "node_contributions",
+__all__ = ["BIAS", "GraphSources", "SourceNodes", "graph_sources", "score_sources", "labels_of", "node_contributions",
            "source_nodes", "source_tangents"]
