@@ -380,3 +380,15 @@ def test_smollm2_with_the_bundled_pair_splits_a_real_heads_score_exactly(model):
     assert {"feature", "error", "embedding", "bias"} <= set(qk.query_side["kind"])
     features = qk.query_side[(qk.query_side["kind"] == "feature") & (qk.query_side["layer"] == 6)]
     check_zeroing(g, qk, [("feature", features["node"].iat[0])])
+
+
+def test_a_graph_without_its_model_or_with_a_changed_set_is_refused(graphs):
+    g = graphs("llama_gqa")
+    bare = g.prune()
+    bare.model = None
+    with pytest.raises(QKAttributionError, match="does not hold its model"):
+        qk_attribution(bare, layer=0, head=0, query=-1, key=0)
+    other = g.prune()
+    other.transcoders = transcoders(g.model, seed=99)  # another set: the graph's features are not its active ones
+    with pytest.raises(AttributionGraphError, match="set changed since the graph was built"):
+        qk_attribution(other, layer=1, head=0, query=-1, key=0)

@@ -5,7 +5,9 @@ indirect object, and which heads carry the indirect object's edge to the answer?
    prepared by `slmviz prepare --transcoders plt`; `--set bundled`: the bundled pair transcoder_l6 / transcoder_l9)
    and prune it as the app does (node 0.8, edge 0.98).
 2. Find the name mover: the head whose direct logit attribution to logit(answer) - logit(wrong) at the last position
-   is largest among the heads that attend more to the answer's position than to the wrong name's.
+   is largest among the heads that attend from there to the answer's position with a weight of MIN_ATTENTION or more,
+   and more than to the wrong name's (a head with a large attribution but next to no attention to the answer moves
+   something else).
 3. QK attribution of that head at (last position, answer's position) and at (last position, wrong name's first
    position): the top pairs, the top nodes of each side, and each query-side node's part of the difference between
    the two scores (scale · q_i · (k_answer - k_wrong): which nodes make the head prefer the indirect object).
@@ -38,6 +40,7 @@ from slmviz.graphs.qk import qk_attribution  # noqa: E402
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 BUNDLED_PAIR = ("transcoder_l6", "transcoder_l9")
+MIN_ATTENTION = 0.25  # the name mover's attention weight to the answer's position, at least
 
 
 def load_set(model, which: str):
@@ -65,7 +68,7 @@ def name_mover(model, ids: list[int], tokens: list[str], answer: str, wrong: str
         rows.append({"layer": int(layer), "head": int(head), "dla": float(value),
                      "to_answer": float(pattern[io]), "to_wrong": float(pattern[s])})
     rows.sort(key=lambda r: -r["dla"])
-    chosen = next(r for r in rows if r["to_answer"] > r["to_wrong"])
+    chosen = next(r for r in rows if r["to_answer"] >= MIN_ATTENTION and r["to_answer"] > r["to_wrong"])
     return chosen, rows[:top], io, s
 
 
@@ -169,8 +172,8 @@ def markdown(res: dict) -> str:
            common.markdown_table(["head", "attribution", f"pattern → {res['answer']!r}", f"pattern → {res['wrong']!r}"],
                                  [[f"L{r['layer']}H{r['head']}", fmt(r["dla"]), f"{r['to_answer']:.3f}",
                                    f"{r['to_wrong']:.3f}"] for r in res["top_heads"]]), "",
-           f"Chosen: **L{nm['layer']}H{nm['head']}** (the largest attribution among heads that look more at the "
-           f"answer than at the wrong name).", "",
+           f"Chosen: **L{nm['layer']}H{nm['head']}**, the largest attribution among the heads that give the answer's "
+           f"position a weight of {MIN_ATTENTION} or more, and more than the wrong name's.", "",
            f"**Why it looks at {res['answer']!r}.** Score {qa['score']:.4f} (pattern {qa['pattern']:.3f}); the "
            f"pairs sum to {qa['pairs_sum']:.4f} (the graph's linear model; {qa['n_query_nodes']} query-side x "
            f"{qa['n_key_nodes']} key-side nodes, computed in {qa['seconds']} s). The largest pairs:", "",
