@@ -40,9 +40,10 @@ import pandas as pd
 import torch
 import torch.autograd.forward_ad as fwAD
 
+from .derived import node_index
 from .frozen import AttributionGraphError, demeaned_unembed
 from .sources import GraphSources, graph_sources, source_tangents
-from .workbench import checked_ids, node_index
+from .workbench import checked_ids
 
 SOURCE_KINDS = ("feature", "error", "embedding")
 TARGET_KINDS = ("feature", "logit")

@@ -25,7 +25,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .derived import node_index
 from .frozen import AttributionGraphError, PromptState, Writes, active_features, checked_transcoders, prompt_state
+from .workbench import feature_labels
 
 BIAS = "bias"  # the node id of what no node writes, one per side of a decomposition
 
@@ -215,8 +217,6 @@ def source_tangents(sources: GraphSources, node: pd.Series) -> tuple[torch.Tenso
 def labels_of(graph: Any, table: pd.DataFrame) -> np.ndarray:
     """A label per row of a node table: a feature's (graph.labels: edited, else automatic; "" for a feature the
     graph does not hold), the token of an embedding, "error L{layer}" of an error node, "bias" of the bias node."""
-    from .workbench import feature_labels, node_index
-
     index = node_index(graph)
     feats = [n for n, k in zip(table["node_id"], table["kind"], strict=True) if k == "feature" and n in index]
     feature_label = feature_labels(graph, feats) if feats else {}
