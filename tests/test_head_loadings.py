@@ -181,3 +181,11 @@ def test_a_graph_without_its_model_is_refused(graphs):
     bare.model = None
     with pytest.raises(HeadLoadingsError, match="does not hold its model"):
         head_loadings(bare, node(g, "embedding", position=1), node(g, "logit"))
+
+
+def test_the_graph_method_is_the_function(graphs):
+    g = graphs("llama_gqa")
+    n_pos = len(g.input_ids)
+    source, target = node(g, "embedding", position=2), node(g, "feature", 1, n_pos - 1)
+    a, b = g.head_loadings(source, target), head_loadings(g, source, target)
+    assert a.equals(b) and a.attrs == b.attrs

@@ -392,3 +392,36 @@ def test_a_graph_without_its_model_or_with_a_changed_set_is_refused(graphs):
     other.transcoders = transcoders(g.model, seed=99)  # another set: the graph's features are not its active ones
     with pytest.raises(AttributionGraphError, match="set changed since the graph was built"):
         qk_attribution(other, layer=1, head=0, query=-1, key=0)
+
+
+def test_the_graph_method_records_what_was_looked_at_and_the_json_carries_it(graphs, tmp_path):
+    """g.qk is qk_attribution; the workbench keeps one record per attention entry (a pruned copy shares it); the graph
+    JSON carries the records in its extra field and otherwise keeps circuit-tracer's keys; loading the JSON back
+    restores them, and a malformed field is refused with the graph left as it was."""
+    import json
+
+    from slmviz.graphs.workbench import QK_FIELD, WorkbenchError
+
+    g = graphs("qwen2")
+    p = g.prune()
+    assert QK_FIELD not in p.to_json()
+    a = p.qk(layer=1, head=2, query=-1, key=3)
+    b = qk_attribution(p, layer=1, head=2, query=-1, key=3)
+    assert a.pairs.equals(b.pairs) and a.score == b.score
+    p.qk(layer=1, head=2, query=-1, key=3)  # the same entry again: one record
+    g.qk(layer=0, head=1, query=5, key=5)  # the unpruned graph shares the workbench
+    data = json.loads(json.dumps(p.to_json()))
+    assert list(data) == ["metadata", "qParams", "nodes", "links", QK_FIELD]
+    assert [(r["layer"], r["head"], r["query"], r["key"]) for r in data[QK_FIELD]] == [(1, 2, len(p.input_ids) - 1, 3),
+                                                                                       (0, 1, 5, 5)]
+    assert data[QK_FIELD][0]["pairs"][0]["query_node"] == a.pairs["query_node"].iat[0]
+    path = p.save_json(tmp_path / "g.json")
+    g.workbench.qk.clear()
+    g.load_json(path)
+    assert [r["key"] for r in g.workbench.qk] == [3, 5]
+    broken = json.loads(path.read_text())
+    broken[QK_FIELD] = [{"layer": 1}]
+    with pytest.raises(WorkbenchError, match=QK_FIELD):
+        g.load_json(broken)
+    assert len(g.workbench.qk) == 2
+    g.workbench.qk.clear()

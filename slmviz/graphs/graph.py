@@ -28,8 +28,10 @@ import torch
 
 from . import workbench as wb
 from .graph_json import graph_json
+from .head_loadings import head_loadings as edge_head_loadings
 from .intervene import intervene_logits
 from .prune import graph_scores, mean_path_length, prune_masks
+from .qk import MAX_PAIRS, QKAttribution, qk_attribution
 from .subgraph import Subgraph, subgraph
 from .workbench import Workbench
 
@@ -245,6 +247,22 @@ class AttributionGraph:
         error terms frozen at the prompt's (the graph's linear model while no feature crosses its threshold; a
         ThresholdCrossed warning names any that does); free: the model rerun. See graphs.intervene."""
         return intervene_logits(self, values, constrained=constrained)
+
+    # ---- attention (graphs.qk, graphs.head_loadings) ---------------------------------------------------------------
+    def qk(self, layer: int, head: int, query: int = -1, key: int = 0, full: bool = False,
+           max_pairs: int | None = MAX_PAIRS) -> QKAttribution:
+        """Why head `head` of layer `layer`, at position `query`, attends to position `key`: the pre-softmax score
+        split exactly over pairs of (query-side node, key-side node) of this graph, plus a bias node per side
+        (graphs.qk). The workbench keeps its record, which the graph JSON carries."""
+        result = qk_attribution(self, layer, head, query, key, full=full, max_pairs=max_pairs)
+        self.workbench.record_qk(result.to_json())
+        return result
+
+    def head_loadings(self, source_id: str, target_id: str) -> pd.DataFrame:
+        """The part of the edge source -> target that flows through each head's output: a DataFrame of layer, head,
+        weight, one_hop, with the edge and the share carried by two heads or more in its attrs
+        (graphs.head_loadings)."""
+        return edge_head_loadings(self, source_id, target_id)
 
     def plot(self, **kwargs: Any):
         """The kept nodes by position (x) and layer (y), edges width |weight| and colour sign (plotly Figure).
