@@ -155,7 +155,7 @@ def fmt(x: float) -> str:
 def node_text(r: dict, tokens: list[str]) -> str:
     where = f" at {r['position']} ({tokens[r['position']]!r})" if r["position"] >= 0 else ""
     label = f": {r['label']}" if r.get("label") and r["kind"] == "feature" else ""
-    return f"`{r['node']}` {r['kind']}{where}{label}".replace("|", "\\|")
+    return f"`{r['node']}` {r['kind']}{where}{label}"
 
 
 def markdown(res: dict) -> str:

@@ -38,7 +38,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..hooks import build_context
 from ..model.attention import attention_scale, kv_head_of
+from ..variants import resolve_variant
 from .frozen import AttributionGraphError
 from .sources import GraphSources, SourceNodes, labels_of, node_contributions, score_sources, source_nodes
 
@@ -168,11 +170,15 @@ def checked_entry(cfg: Any, n_pos: int, layer: Any, head: Any, query: Any, key: 
 
 
 def model_entry(model: Any, input_ids: Any, layer: int, head: int, query: int, key: int) -> tuple[float, float]:
-    """(hook_attn_scores, hook_pattern) of the model's own run at the entry; QKAttributionError where the entry is
-    masked by a sliding window (a masked score holds -inf or the dtype's most negative value)."""
+    """(hook_attn_scores, hook_pattern) of the model's own run at the entry (the run stops after that layer);
+    QKAttributionError where the entry is masked by a sliding window (a masked score holds -inf or the dtype's most
+    negative value)."""
     names = [f"blocks.{layer}.attn.hook_attn_scores", f"blocks.{layer}.attn.hook_pattern"]
     ids = torch.tensor(list(input_ids), dtype=torch.long)
-    t = model.trace(ids, names=names)
+    ctx = build_context(model.hook_names, names, batched=True)
+    with torch.inference_mode():
+        model.decoder.forward(ids[None], ctx, resolve_variant(None, model.cfg), stop_after_layer=layer)
+    t = {name: ctx.store[name][0] for name in names}  # [h, pos_q, pos_k] each
     score = t[names[0]][head, query, key]
     if not torch.isfinite(score) or score <= torch.finfo(score.dtype).min:
         raise QKAttributionError(f"layer {layer} masks key {key} for query {query} (a sliding-window layer: it sees "

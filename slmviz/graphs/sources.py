@@ -78,10 +78,17 @@ def graph_sources(graph: Any, zero_bos: bool | None = None) -> GraphSources:
     if model is None or transcoders is None:
         raise AttributionGraphError("This graph does not hold its model and transcoders (slmviz.attribution_graph "
                                     "keeps them); build it again to look inside its attention")
+    zero_bos = graph.zero_bos if zero_bos is None else zero_bos
+    # kept in the graph's cache: every QK attribution or head loading of the graph reads the same run (the key names
+    # the model and set objects, so a graph given another set rebuilds)
+    name = f"sources:{id(model)}:{id(transcoders)}:{zero_bos}"
+    return graph.derived(name, lambda: _rebuilt_sources(graph, model, transcoders, zero_bos))
+
+
+def _rebuilt_sources(graph: Any, model: Any, transcoders: Any, zero_bos: bool) -> GraphSources:
     ts = checked_transcoders(transcoders, model)
     ids = torch.tensor(graph.input_ids, dtype=torch.long)
     state = prompt_state(model, ids, ts)
-    zero_bos = graph.zero_bos if zero_bos is None else zero_bos
     f_layer, f_pos, f_idx, f_act, _, writes, errors = active_features(ts, state, model.cfg.n_layers, zero_bos)
     sources = GraphSources(model, ts, state, f_layer, f_pos, f_idx, f_act, writes, errors)
     index = sources.feature_index()
