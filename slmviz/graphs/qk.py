@@ -9,12 +9,13 @@ Feature Interactions", transformer-circuits.pub, 2025).
     qk.plot()                  # the top query-side x key-side nodes as a heat map
 
 **Why it splits exactly.** In the graph's linear model (attention patterns, norm scales, QK-norm scales and error
-terms frozen at the prompt's values, the features' writes held), the query vector hook_rot_q[L][query, head] is an
-affine function of what every node writes into the residual stream: the frozen ln1 divisor, W_q (+ its bias), the
-frozen q_norm divisor and RoPE at the query's position are all linear (RoPE rotates by a fixed angle per
-position). So is the key vector hook_rot_k[L][key, kv_head_of(head)] at the key's position. Write q = Σ_i q_i and
-k = Σ_j k_j over the nodes i, j plus one `bias` term per side (what no node writes: b_dec, the attention and MLP
-biases; position 0's features and errors count towards its error nodes, sources.score_sources); then
+terms frozen at the prompt's values, the features' writes held), the query vector
+`blocks.L.attn.hook_rot_q[query, head]` is an affine function of what every node writes into the residual stream:
+the frozen ln1 divisor, W_q (+ its bias), the frozen q_norm divisor and RoPE at the query's position are all linear
+(RoPE rotates by a fixed angle per position). So is the key vector `hook_rot_k[key, kv_head_of(head)]` at the key's
+position. Write q = Σ_i q_i and k = Σ_j k_j over the nodes i, j plus one `bias` term per side (what no node writes:
+b_dec, the attention and MLP biases; position 0's features and errors count towards its error nodes,
+sources.score_sources); then
 
     score = scale · q · k = Σ_ij scale · q_i · k_j          scale = attention_scale(d_head, query_pre_attn_scalar)
 
