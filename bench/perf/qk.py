@@ -105,8 +105,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--key-back", type=int, default=5, help="the key: this many positions before the query")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default torch's own); 1 steadies the timing on a busy machine, where two "
+                             "threads wait on each other")
     parser.add_argument("--out", default=str(RESULTS / "qk.md"))
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     text = run(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ import torch.autograd.forward_ad as fwAD
 
 from .derived import node_index
 from .frozen import AttributionGraphError, demeaned_unembed
-from .sources import GraphSources, graph_sources, source_tangents
+from .sources import GraphSources, dead_ends, graph_sources, source_tangents
 from .workbench import checked_ids
 
 SOURCE_KINDS = ("feature", "error", "embedding")
@@ -133,8 +133,12 @@ def cut_heads(x: torch.Tensor, held: Callable[[torch.Tensor], torch.Tensor]) -> 
     return torch.cat([x[:1], held(x[1:])])
 
 
-def _result_hooks(n_layers: int, fn: Callable[[int], Callable]) -> dict[str, Callable]:
-    return {f"blocks.{layer}.attn.hook_result": fn(layer) for layer in range(n_layers)}
+def _result_hooks(n_layers: int, fn: Callable[[int], Callable], held: Callable[[torch.Tensor], torch.Tensor]
+                  ) -> dict[str, Callable]:
+    """Each head's output read (or cut) by `fn(layer)`, and the frozen forward's dead ends held (dead_ends)."""
+    hooks = {f"blocks.{layer}.attn.hook_result": fn(layer) for layer in range(n_layers)}
+    hooks.update(dead_ends(n_layers, held))
+    return hooks
 
 
 def result_tangents(sources: GraphSources, source: pd.Series, last_layer: int | None) -> dict[int, torch.Tensor]:
@@ -160,7 +164,8 @@ def result_tangents(sources: GraphSources, source: pd.Series, last_layer: int | 
         embed = fwAD.make_dual(base_embed, embed_dir.expand(2, -1, -1))
         deltas = [fwAD.make_dual(b, t.expand(2, -1, -1)) for b, t in zip(base_deltas, delta_dirs, strict=True)]
         sources.ts.frozen_forward(model, state, embed, deltas, grad=True, last_layer=last_layer,
-                                  hooks=_result_hooks(_layers_run(model, last_layer), read))
+                                  hooks=_result_hooks(_layers_run(model, last_layer), read,
+                                                      lambda x: fwAD.unpack_dual(x).primal))
     return tangents
 
 
@@ -180,7 +185,7 @@ def result_grads(sources: GraphSources, target: pd.Series, last_layer: int | Non
 
     embed, deltas = sources.leaves(batch=2, requires_grad=True)
     reads, normed = ts.frozen_forward(model, state, embed, deltas, grad=True, last_layer=last_layer,
-                                      hooks=_result_hooks(_layers_run(model, last_layer), tap))
+                                      hooks=_result_hooks(_layers_run(model, last_layer), tap, torch.Tensor.detach))
     pos = int(target["position"])
     if target["kind"] == "feature":
         layer = int(target["layer"])

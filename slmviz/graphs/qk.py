@@ -43,7 +43,7 @@ from ..hooks import build_context
 from ..model.attention import attention_scale, kv_head_of
 from ..variants import resolve_variant
 from .frozen import AttributionGraphError
-from .sources import GraphSources, SourceNodes, labels_of, node_contributions, score_sources, source_nodes
+from .sources import GraphSources, SourceNodes, dead_ends, labels_of, node_contributions, score_sources, source_nodes
 
 MAX_PAIRS = 10_000  # pairs listed by default; the rest are one row, so the listed contributions still sum exactly
 OTHER_PAIRS = "(other pairs)"
@@ -206,7 +206,8 @@ def attention_vectors(sources: GraphSources, nodes: SourceNodes, layer: int, hea
             read[side] = x
         return fn
 
-    hooks = {f"blocks.{layer}.attn.hook_rot_q": keep("q"), f"blocks.{layer}.attn.hook_rot_k": keep("k")}
+    hooks = {**dead_ends(layer, torch.Tensor.detach),  # the layers before: their scores and MLPs go nowhere
+             f"blocks.{layer}.attn.hook_rot_q": keep("q"), f"blocks.{layer}.attn.hook_rot_k": keep("k")}
     embed, deltas = sources.leaves(requires_grad=True)
     sources.ts.frozen_forward(model, state, embed, deltas, grad=True, last_layer=layer, hooks=hooks)
     rot_q, rot_k = read["q"], read["k"]  # [1, pos, h, dh], [1, pos, g, dh]

@@ -17,7 +17,7 @@ which a graph built with zero_bos leaves out of its edges, are a choice of each 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,6 +200,18 @@ def node_contributions(sources: GraphSources, nodes: SourceNodes, grad_embed: to
     return out
 
 
+def dead_ends(n_layers: int, held: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Callable]:
+    """Hooks that hand what the frozen forward computes and throws away its value alone (`held`: the primal of a
+    forward-mode dual, or a detached tensor), so that neither pass spends work on it: the MLP (its output is
+    replaced by the prompt's plus the skip path, which the set reads from the MLP's input before this hook runs:
+    the hooks given to frozen_forward run after its own) and the queries and keys (the pattern they would make is
+    replaced by the prompt's). The values are unchanged, and so is what reaches a target or a read (tests compare QK
+    attributions and head loadings with the model's own run and brute-force recomputations)."""
+    names = [f"blocks.{layer}.{local}" for layer in range(n_layers)
+             for local in ("mlp.hook_in", "attn.hook_q", "attn.hook_k")]
+    return {name: (lambda x, _name: held(x)) for name in names}
+
+
 def source_tangents(sources: GraphSources, node: pd.Series) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """(embed [1, pos, d_model], deltas) holding only what graph node `node` (a row of graph.nodes: a feature, an
     error or an embedding) writes, in the model's dtype: the direction a forward-mode pass pushes through the frozen
@@ -241,5 +253,5 @@ def labels_of(graph: Any, table: pd.DataFrame) -> np.ndarray:
     return np.array(out, dtype=object)
 
 
-__all__ = ["BIAS", "GraphSources", "SourceNodes", "graph_sources", "score_sources", "labels_of", "node_contributions",
-           "source_nodes", "source_tangents"]
+__all__ = ["BIAS", "GraphSources", "SourceNodes", "dead_ends", "graph_sources", "labels_of", "node_contributions",
+           "score_sources", "source_nodes", "source_tangents"]
