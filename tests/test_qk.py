@@ -425,3 +425,18 @@ def test_the_graph_method_records_what_was_looked_at_and_the_json_carries_it(gra
         g.load_json(broken)
     assert len(g.workbench.qk) == 2
     g.workbench.qk.clear()
+
+
+def test_a_capped_graphs_unchosen_features_merge_too(models, tiny_dirs):
+    """With max_feature_nodes the graph holds only the most influential features; the others are active all the
+    same, so they merge into their error nodes (full=True lists them, not in the graph), and the split stays exact."""
+    m = load(models, tiny_dirs, "gemma3")
+    g = attribution_graph(PROMPT, transcoders=transcoders(m), model=m, progress=False, max_feature_nodes=12)
+    assert g.n_features == 12
+    merged = qk_attribution(g, layer=2, head=0, query=-1, key=len(g.input_ids) - 3)
+    full = qk_attribution(g, layer=2, head=0, query=-1, key=len(g.input_ids) - 3, full=True)
+    assert abs(merged.pairs["contribution"].sum() - merged.score) <= tolerance(merged)
+    assert merged.pairs["contribution"].sum() == pytest.approx(full.pairs["contribution"].sum(), rel=1e-9, abs=1e-9)
+    features = full.nodes[full.nodes["kind"] == "feature"]
+    assert len(features) > 12 and int(features["in_graph"].sum()) == 12
+    assert (merged.nodes["kind"] == "feature").sum() == 12
