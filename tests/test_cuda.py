@@ -25,10 +25,9 @@ from slmviz.analysis.logit_attribution import logit_attribution
 from slmviz.circuits.circuit import circuit, patch_edges
 from slmviz.features.dashboard import feature_card, search_features, top_features
 from slmviz.features.sae import SAE
-from slmviz.formats.clt_io import load_clt
 from slmviz.graphs.attribution import attribution_graph
 from slmviz.graphs.intervene import intervene
-from slmviz.replacement.load import load_transcoders
+from slmviz.replacement.load import load_clt, load_transcoders
 from slmviz.training.train_set import train_transcoders
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")

@@ -10,10 +10,9 @@ x · W_skipᵀ where it has one (linear, so gradients flow through it, as in cir
 What stays outside every node and so forms each target's `constant` (`replacement_constant`): b_dec, the
 attention/MLP biases of families that have them, a LayerNorm's bias, and whatever `zero_bos` zeroes.
 The replacement itself (which coders read and write where, their decoder vectors, the frozen forward) belongs to the
-transcoder set (replacement.transcoder_set.TranscoderSet); this module captures the prompt's run it freezes and the
-sources a graph's nodes stand for (`active_features`: the features, their writes, the error terms), and
-attribution.py turns the set's gradients into a graph (qk.py and head_loadings.py rebuild the same sources to look
-inside its attention).
+replacement set (replacement.base.ReplacementSet); this module captures the prompt's run it freezes and the sources a
+graph's nodes stand for (`active_features`: the features, their writes, the error terms), and attribution.py turns
+the set's gradients into a graph (qk.py and head_loadings.py rebuild the same sources to look inside its attention).
 """
 
 from __future__ import annotations
@@ -24,8 +23,10 @@ from typing import Any
 
 import torch
 
+from ..errors import TranscoderSetError
 from ..hooks import build_context
-from ..replacement.transcoder_set import TranscoderSet, TranscoderSetError, as_transcoder_set
+from ..replacement.base import ReplacementSet
+from ..replacement.transcoder_set import as_replacement
 from ..variants import resolve_variant
 
 
@@ -34,11 +35,11 @@ class AttributionGraphError(ValueError):
     too long for the memory budget."""
 
 
-def checked_transcoders(transcoders: Any, model: Any) -> TranscoderSet:
-    """`transcoders=` as a TranscoderSet that fits `model` (a set, one transcoder or a list); each problem is an
+def checked_transcoders(transcoders: Any, model: Any) -> ReplacementSet:
+    """`transcoders=` as a replacement set that fits `model` (a set, one transcoder or a list); each problem is an
     AttributionGraphError naming the coder."""
     try:
-        ts = as_transcoder_set(transcoders)
+        ts = as_replacement(transcoders)
         ts.check_model(model)
     except TranscoderSetError as e:
         raise AttributionGraphError(str(e)) from e
@@ -99,10 +100,10 @@ def prompt_state(model: Any, ids: torch.Tensor, transcoders: Any = None) -> Prom
 def frozen_forward(model: Any, state: PromptState, transcoders: Any, embed: torch.Tensor,
                    deltas: Sequence[torch.Tensor], grad: bool = False, last_layer: int | None = None,
                    hooks: Mapping[str, Any] | None = None) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """The set's local replacement model (TranscoderSet.frozen_forward); `transcoders` as attribution_graph takes
+    """The set's local replacement model (ReplacementSet.frozen_forward); `transcoders` as attribution_graph takes
     them."""
-    return as_transcoder_set(transcoders).frozen_forward(model, state, embed, deltas, grad=grad,
-                                                         last_layer=last_layer, hooks=hooks)
+    return as_replacement(transcoders).frozen_forward(model, state, embed, deltas, grad=grad,
+                                                      last_layer=last_layer, hooks=hooks)
 
 
 def demeaned_unembed(unembed: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
@@ -162,57 +163,14 @@ def active_features(ts: Any, state: PromptState, n_layers: int, zero_bos: bool
                                torch.Tensor]:
     """Phase 0 (circuit-tracer's setup_attribution): the active features of the prompt, ordered by layer, position,
     feature, as (layer, position, feature, activation, encoder rows [n, d_model], writes, errors [n_layers, pos,
-    d_model]). A layer's error is its MLP output minus the set's prediction there (the whole output where nothing
-    writes). `zero_bos` drops position 0's features and errors."""
-    n_pos, d_model, dev = len(state.ids), state.embed.shape[-1], state.embed.device
-    acts_by_layer: dict[int, torch.Tensor] = {}
-    layers, positions, feats, values, enc = [], [], [], [], []
-    for layer in ts.layers:
-        with torch.no_grad():
-            acts = ts.encode(layer, state.mlp_in[layer]).float()  # [pos, d_sae]
-        acts_by_layer[layer] = acts
-        shown = acts.clone()
-        if zero_bos:
-            shown[0] = 0
-        pos, idx = torch.nonzero(shown, as_tuple=True)  # row-major: position, then feature
-        layers.append(torch.full_like(pos, layer))
-        positions.append(pos)
-        feats.append(idx)
-        values.append(shown[pos, idx])
-        enc.append(ts.encoder_rows(layer, idx))
-
-    def cat(xs: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
-        return torch.cat(xs) if xs else empty
-
-    long0, float0 = torch.zeros(0, dtype=torch.long, device=dev), torch.zeros(0, device=dev)
-    f_layer, f_pos, f_idx = cat(layers, long0), cat(positions, long0), cat(feats, long0)
-    f_act, f_enc = cat(values, float0), cat(enc, torch.zeros(0, d_model, device=dev))
-    nodes, targets, scales, rows, table = [], [], [], [], []
-    start = n_rows = 0
-    for layer, idx, act in zip(ts.layers, feats, values, strict=True):
-        node = torch.arange(start, start + len(idx), device=dev)
-        distinct, which = idx.unique(return_inverse=True)  # a feature's rows once, however many positions it fires at
-        unit = torch.ones(len(distinct), device=dev)
-        for target, v in ts.writes(layer, distinct, unit):  # the unit-activation vectors
-            nodes.append(node)
-            targets.append(torch.full_like(node, target))
-            scales.append(act.float())
-            rows.append(n_rows + which)
-            table.append(v)
-            n_rows += len(distinct)
-        start += len(idx)
-    writes = Writes(cat(nodes, long0), cat(targets, long0), cat(scales, float0), cat(rows, long0),
-                    cat(table, torch.zeros(0, d_model, device=dev)))
-    errors = torch.zeros(n_layers, n_pos, d_model, device=dev)
-    inputs = {L: state.mlp_in[L] for L in ts.layers}
-    written = {int(L) for L in writes.layer.unique()} | set(ts.layers)
+    d_model]), from the set's compute_attribution_components. A layer's error is its MLP output minus the set's
+    prediction there (the whole output where nothing writes). `zero_bos` drops position 0's features and errors."""
+    c = ts.compute_attribution_components(state.mlp_in, zero_bos)
+    writes = Writes(c.write_feature, c.write_layer, c.activation[c.write_feature], c.write_row, c.decoder)
+    errors = torch.zeros(n_layers, len(state.ids), state.embed.shape[-1], device=state.embed.device)
     for layer in range(n_layers):
         out = state.mlp_out[layer].float()
-        if layer not in written:
-            errors[layer] = out
-            continue
-        with torch.no_grad():
-            errors[layer] = out - ts.reconstruct(layer, acts_by_layer, inputs).float()
+        errors[layer] = out - c.reconstruction[layer] if layer in c.reconstruction else out
     if zero_bos:
         errors[:, 0] = 0
-    return f_layer, f_pos, f_idx, f_act, f_enc, writes, errors
+    return c.layer, c.position, c.feature, c.activation, c.encoder, writes, errors
