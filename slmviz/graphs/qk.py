@@ -318,9 +318,9 @@ def top_block(qk: QKAttribution, n: int = 12) -> tuple[pd.DataFrame, pd.DataFram
 
 
 def qk_json(qk: QKAttribution, n: int = 20) -> dict[str, Any]:
-    """A QK attribution as JSON-ready data, for a graph JSON's extra `qk_attributions` field (circuit-tracer's viewer
-    reads the fields it knows and ignores the rest): the entry, score, pattern, linear score, and the top `n` rows
-    of pairs and of each side."""
+    """A QK attribution as JSON-ready data, for a graph JSON's extra `qk_attributions` field (workbench.QK_FIELD;
+    circuit-tracer's server hands the file over as it is, and its viewer's save rewrites qParams only): the entry,
+    score, pattern, linear score, and the top `n` rows of pairs and of each side."""
     def rows(df: pd.DataFrame, cols: list[str]) -> list[dict[str, Any]]:
         return [{c: (round(float(v), 6) if c == "contribution" else (v.item() if hasattr(v, "item") else v))
                  for c, v in zip(cols, r, strict=True)} for r in df[cols].head(n).itertuples(index=False)]
