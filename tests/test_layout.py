@@ -53,6 +53,7 @@ UPWARD = {
     ("slmviz.features.dashboard", "FeatureCard._repr_html_", "plots"),  # the notebook card
     ("slmviz.circuits.circuit", "Circuit.plot_faithfulness", "plots"),
     ("slmviz.graphs.graph", "AttributionGraph.plot", "plots"),
+    ("slmviz.graphs.qk", "QKAttribution.plot", "plots"),  # the QK heat map
 }
 
 

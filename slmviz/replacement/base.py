@@ -213,7 +213,7 @@ class ReplacementSet(ABC):
     # ---- the local replacement model of one prompt ----------------------------------------------------------------
     def frozen_forward(
         self, model: Any, state: Any, embed: torch.Tensor, deltas: Sequence[torch.Tensor], grad: bool = False,
-        last_layer: int | None = None,
+        last_layer: int | None = None, hooks: Mapping[str, Any] | None = None,
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """The local replacement model on a batch: embed [b, pos, d_model] enters the residual stream in place of the
         tokens' embeddings, and layer L's MLP output is
@@ -226,6 +226,9 @@ class ReplacementSet(ABC):
         are constants of the prompt, so an edit reaches them through deltas. Returns (what each layer's features
         read [b, pos, d_model] per layer, ln_final's output [b, pos, d_model]). `last_layer`: run blocks
         0..last_layer only (what feature targets up to that layer read) and return None for ln_final's output.
+        `hooks`: more hook fns {name: fn(x, name)} (batched: x is [b, ...]) run in the same forward after this
+        method's own at the same name, to read or hold values inside it (graphs.qk reads hook_rot_q / hook_rot_k,
+        graphs.head_loadings each head's attn.hook_result).
         """
         from ..hooks import build_context
         from ..model.norm import unhooked
@@ -257,6 +260,8 @@ class ReplacementSet(ABC):
         for layer in range(cfg.n_layers):
             fns[self.read_hook(layer)] = read_in(layer)
             fns[self.write_hook(layer)] = replace_out(layer)
+        for name, fn in (hooks or {}).items():  # after this method's fn of the same name, which must see x first
+            fns[name] = [fns[name], fn] if name in fns else fn
         ctx = build_context(model.hook_names, [], fns, batched=True)
         v = resolve_variant(None, cfg)
         ids = state.ids[None].expand(b, -1)
