@@ -28,8 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py, which puts this checkout first
 from common import RESULTS
 
-from slmviz import CrossLayerTranscoder
-from slmviz.formats.clt_io import load_clt
+from slmviz.replacement.clt import CrossLayerTranscoder  # noqa: E402
+from slmviz.replacement.load import load_clt  # noqa: E402
 
 N_LAYERS, D_MODEL, D_SAE, POS = 4, 64, 128, 9
 
