@@ -14,7 +14,7 @@ Shapes: W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_out], b_dec [d_out],
 W_skip [d_out, d_in] (SAELens's orientation; Gemma Scope 2's `affine_skip_connection` is its transpose).
 
 Files: `save(folder)` writes SAELens 6's `cfg.json` + `sae_weights.safetensors` (formats.saelens), which
-`sae_lens.SAE.load_from_disk` reads (bench/sae_lens_roundtrip.py checks it); `load(folder)` reads them back. Other
+`sae_lens.SAE.load_from_disk` reads (bench/peers/sae_lens_roundtrip.py checks it); `load(folder)` reads them back. Other
 layouts (Gemma Scope 2, circuit-tracer's sets) are read by their format modules into the same plain data, a `spec`
 (the settings: SAE.spec) and SAELens-named tensors, from which `from_state` builds the SAE: it never knows which file
 it came from.
