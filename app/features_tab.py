@@ -50,12 +50,14 @@ from typing import Any
 
 import gradio as gr
 
+from slmviz.errors import check_feature
 from slmviz.features.bundled import bundled_saes
 from slmviz.features.dashboard import acts_hook, feature_card, search_features, top_features
+from slmviz.features.load import load_sae
 from slmviz.features.prepared_scans import load_sae_scan
-from slmviz.features.sae import CFG_FILENAME, SAE, check_feature
+from slmviz.features.sae import SAE
 from slmviz.features.steer import steer
-from slmviz.formats.sae_io import load_sae
+from slmviz.formats.saelens import CFG_FILENAME
 from slmviz.model_api import HUB_ID_PATTERN
 from slmviz.plots.features import FEATURE_LINK, feature_list_html
 from slmviz.plots.trace import show_token

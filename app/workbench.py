@@ -32,6 +32,7 @@ import torch
 
 from slmviz.features.dashboard import acts_hook, top_contexts
 from slmviz.graphs.intervene import intervene
+from slmviz.graphs.view import graph_view
 from slmviz.graphs.workbench import WorkbenchError, feature_labels, node_index
 from slmviz.plots.subgraph import subgraph_figure, workbench_figure
 
@@ -157,7 +158,7 @@ class WorkbenchHandlers:
         pruned = self._pruned(found, node_threshold, edge_threshold)
         path = self.h.output_path("attribution-graph-workbench.json")
         path.write_text(json.dumps(pruned.to_json(slug=path.stem)))  # compact: written again after every change
-        return to_plot(workbench_figure(pruned, feature_labels(pruned))), str(path)
+        return to_plot(workbench_figure(graph_view(pruned, feature_labels(pruned)))), str(path)
 
     @readable_errors
     def render(self, found: dict | None, node_threshold: float | None, edge_threshold: float | None) -> tuple:

@@ -17,9 +17,9 @@ from conftest import build_tiny_model
 import slmviz
 from slmviz.corpora.named import resolve_corpus
 from slmviz.formats.checkpoint import CheckpointError, read_checkpoint
-from slmviz.formats.clt_io import load_clt
 from slmviz.graphs.attribution import attribution_graph
 from slmviz.replacement.clt import CrossLayerTranscoder
+from slmviz.replacement.load import load_clt
 from slmviz.training.clt_objective import pre_act_loss
 from slmviz.training.config import TrainConfig
 from slmviz.training.loop import Run

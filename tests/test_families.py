@@ -184,7 +184,7 @@ def test_gemma_3_270m_generates_like_transformers(gemma, gemma_reference):
 @pytest.mark.slow
 def test_gemma_family_presets_change_the_real_model(gemma):
     """Every Gemma preset moves the logits (KL > 0: faithful vs itself is exactly 0); no_sliding_window only
-    beyond the 512-token window. gelu_exact moves them least (~1e-6 nats, bench/variants_table.md)."""
+    beyond the 512-token window. gelu_exact moves them least (~1e-6 nats, bench/results/variants_table.md)."""
     short = gemma.encode(GEMMA_PROMPTS["short"])
     long = gemma.encode(GEMMA_PROMPTS["beyond_window"])
     faithful_short, faithful_long = gemma.logits(short), gemma.logits(long)

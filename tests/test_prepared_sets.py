@@ -26,7 +26,7 @@ from slmviz.features.prepared_scans import (
     scan_docs,
 )
 from slmviz.formats.checkpoint import CheckpointError
-from slmviz.formats.transcoder_io import SET_FILE
+from slmviz.formats.slmviz import SET_FILE
 from slmviz.replacement.prepared import prepared_dir
 from slmviz.training.prepare import RECIPES, prepare_transcoders, recipe
 

@@ -140,7 +140,7 @@ def test_a_run_killed_after_its_last_block_resumes_to_the_same_weights(tiny, cor
                           skip=True, **SMALL)
     assert not any(v["cursor"]["finished"] for v in read_checkpoint(tmp_path / "cut").coders.values())
     monkeypatch.setattr(loop, "threshold_rows", real)
-    # finished where it stands from the checkpoint alone (bench/replacement_curve.py's way), it is the same set
+    # finished where it stands from the checkpoint alone (bench/studies/replacement_curve.py's way), it is the same set
     assert_same_coders(trained, loop.Run.from_checkpoint(tmp_path / "cut").finish(tiny, corpus))
     resumed = train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
                                 skip=True, **SMALL)

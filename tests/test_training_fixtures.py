@@ -18,7 +18,7 @@ import torch
 
 import slmviz
 from slmviz.formats.checkpoint import CheckpointError, read_checkpoint, run_finished
-from slmviz.formats.clt_io import load_clt
+from slmviz.replacement.load import load_clt
 from slmviz.training.config import TrainConfig
 
 DATA = Path(__file__).resolve().parent / "data" / "v0_2"

@@ -10,7 +10,7 @@ import torch
 from ..scans.batches import PAD_ID, Batch
 
 # A row is massive when its norm exceeds this many times the median norm of its batch's other rows. Measured on
-# Bible windows of 128 tokens (bench/results.md "Features"): SmolLM2's first position sits at ~115x the median of
+# Bible windows of 128 tokens (bench/results/perf.md "Features"): SmolLM2's first position sits at ~115x the median of
 # the rest (layer 15: ~20 000 against ~173) while its other rows reach 1.6x (layer 3: 8.8x); Gemma 3 270M's
 # punctuation rows reach ~10x at layer 9, real tokens an SAE should reconstruct, and its first position ~15x.
 MASSIVE_FACTOR = 20.0

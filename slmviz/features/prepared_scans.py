@@ -74,8 +74,8 @@ def prepare_sae_scans(model: Any, saes: dict[str, Any] | None = None, corpus: An
     """The feature scan of each SAE in `saes` ({name: SAE}; default: the model's bundled ones) over the same
     documents as a set's scan (scan_docs), kept in sae_scan_dir with its weights' digest; computed once per
     weights. Returns {name: folder}."""
-    from ..formats.sae_io import load_sae
     from .bundled import bundled_saes
+    from .load import load_sae
 
     if saes is None:
         saes = {name: load_sae(name, model=model) for name in bundled_saes(model)}

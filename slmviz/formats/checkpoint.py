@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from ..errors import SAEError
+
 CHECKPOINT = "checkpoint.safetensors"
 HEADER_KEY = "slmviz_train"
 FORMAT = 2
@@ -31,8 +33,9 @@ FORMAT = 2
 OLD_KEYS = ("slmviz_train_state", "slmviz_train_set_state", "slmviz_train_clt_state")
 
 
-class CheckpointError(ValueError):
-    """out/ holds another run's checkpoint, or a file that is not one: the message says what differs and what to do."""
+class CheckpointError(SAEError):
+    """out/ holds another run's checkpoint, or a file that is not one: the message says what differs and what to do.
+    An SAEError (so a ValueError), as 0.2.0's was: a caller that catches the coders' errors catches it too."""
 
 
 @dataclass

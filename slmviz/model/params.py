@@ -56,7 +56,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     threads torch has (`row_split_wins`), w is split into one block of rows per thread and multiplied as
     one batched matmul, which torch spreads over its threads: each thread streams its own contiguous half
     of the weights (over SmolLM2's weights on 2 AMD cores, 16-19 ms per pass against 44-48 ms for one
-    F.linear per matrix in bench/decode_floor.py's runs). Every output is still the dot product of a weight
+    F.linear per matrix in bench/perf/decode_floor.py's runs). Every output is still the dot product of a weight
     row with x, summed in another order than F.linear's: on SmolLM2's matrices they differ by up to ~6e-7
     relative, the size of fp32 rounding, which
     tests/test_conventions.py::test_cached_decoding_matches_one_full_forward bounds.
@@ -112,7 +112,7 @@ def probe_matrices(matrix_bytes: int) -> int:
     What breaks if the probe fits in the cache: it then measures cache bandwidth, where one core's F.linear keeps
     up, and picks F.linear for a model whose weights stream from memory. On this machine kind's AMD EPYC (32 MB
     of L3) the former 56 MB probe did exactly that, and decoding ran 2.4x slower than the split it passed over
-    (bench/results.md's floor rows: 33 ms of matmuls a step against a 14 ms split pass).
+    (bench/results/perf.md's floor rows: 33 ms of matmuls a step against a 14 ms split pass).
     Pinned by tests/test_fast_paths.py::test_the_kernel_probe_streams_from_memory_not_the_cache.
     """
     working_set = min(max(4 * last_level_cache_bytes(), 64 << 20), 512 << 20)
@@ -149,7 +149,7 @@ class OnlineChoice:
     Why runs, and why the first call after a switch is not counted: while F.linear's one-core product is the choice,
     the split's second thread sleeps, and a lone retried split pays its wake-up. Judged on such single calls the
     split measured 3.5e-10 s per element on this machine kind's AMD EPYC, against 1.1e-10 when it runs every
-    call, and decoding stayed on F.linear at 2x the time of a step of splits (bench/generate.py).
+    call, and decoding stayed on F.linear at 2x the time of a step of splits (bench/perf/generate.py).
     Pinned by tests/test_fast_paths.py::test_a_retried_runs_first_call_is_not_counted.
     """
 
@@ -204,9 +204,9 @@ def row_split_wins() -> bool:
     """True if a one-row product is faster split into row blocks (bmm) than through F.linear, on this CPU.
 
     Measured, not assumed: on the AMD EPYC machines of earlier sessions MKL ran F.linear's matrix-vector
-    product on one core and the split streamed SmolLM2's weights 2.5x faster (bench/decode_floor.py);
+    product on one core and the split streamed SmolLM2's weights 2.5x faster (bench/perf/decode_floor.py);
     on an Intel Xeon of this kind F.linear used both cores and the split was 2.5x *slower* on Gemma's
-    [262144, 640] unembedding (135 vs 53 ms a pass, timed by hand; bench/gemma.py's evidence row shows the
+    [262144, 640] unembedding (135 vs 53 ms a pass, timed by hand; bench/perf/gemma.py's evidence row shows the
     unembedding's share of a step). On a busy machine (more runnable processes than cores) the split's
     fork/join waits for the OS to run its second thread again, and it lost 25x to F.linear on this kind's AMD
     EPYC at a load average of 6 (940 vs 35 ms over SmolLM2's weights). Both give the same numbers to fp32

@@ -167,7 +167,7 @@ class Run:
     @classmethod
     def from_checkpoint(cls, out: str | Path, device: torch.device | str = "cpu") -> Run:
         """The run out/checkpoint.safetensors holds, every coder restored where it stood (to finish it there:
-        bench/replacement_curve.py scores a run's copied checkpoints this way)."""
+        bench/studies/replacement_curve.py scores a run's copied checkpoints this way)."""
         checkpoint = read_checkpoint(out)
         if checkpoint is None or checkpoint.finished:
             raise CheckpointError(f"{out} holds no unfinished run's checkpoint (a finished run's object is saved "
@@ -281,6 +281,6 @@ def release_freed_memory() -> None:
     """Hand memory freed by the last block back to the OS (glibc's malloc_trim; a no-op elsewhere).
 
     Blocks and forward batches of varying shapes leave holes in glibc's heap, and a run's resident memory crept up
-    over hundreds of thousands of tokens without this (bench/sae_train.py --memory)."""
+    over hundreds of thousands of tokens without this (bench/peers/sae_train.py --memory)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)

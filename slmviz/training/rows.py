@@ -120,7 +120,7 @@ def sae_batch_shape(longest: int, cfg: TrainConfig) -> tuple[int, int]:
 
     Why fixed shapes: bf16 matmuls run in oneDNN, which (with ideep) caches a compiled primitive for every input
     shape it meets, up to 1024 of them. A stream of forwards padded to whatever each batch's longest window was
-    met dozens of shapes on the broad corpus and kept growing the process (bench/sae_memory_shapes.py); at most
+    met dozens of shapes on the broad corpus and kept growing the process (bench/studies/sae_memory_shapes.py); at most
     LENGTH_BUCKETS shapes keep it flat. The cost is the padding: under a quarter window per short window (a
     document's last), none for full windows, which are most of them.
     Pinned by tests/test_sae_train.py::test_training_forwards_have_few_shapes.

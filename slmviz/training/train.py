@@ -28,8 +28,9 @@ from ..corpora.named import resolve_corpus
 from ..features.activations import MASSIVE_FACTOR
 from ..features.sae import SAE
 from ..formats.checkpoint import CHECKPOINT, CheckpointError, read_checkpoint
+from ..replacement.base import READ_HOOK, WRITE_HOOK
 from ..replacement.clt import CrossLayerTranscoder
-from ..replacement.transcoder_set import READ_HOOK, WRITE_HOOK, TranscoderSet
+from ..replacement.transcoder_set import TranscoderSet
 from .config import TrainConfig, check_same_run, fastest_dtype
 from .loop import Run
 from .report import Progress
