@@ -208,7 +208,7 @@ def test_every_bench_path_named_exists():
 
 
 def test_no_file_refers_to_a_design_document_outside_the_repository():
-    """The design notes the project started from are not in the repository, so a "see DESIGN.md" in a docstring, a
+    """The design notes the project started from are not in the repository, so a reference to them in a docstring, a
     test or a page sends a reader nowhere: the docs pages hold what those notes said."""
     name = "DESIGN" + ".md"  # spelled in two parts so this test does not find itself
     sources = [README, *DOCS.rglob("*.md"), *BENCH.rglob("*.py"), *(REPO / "slmviz").rglob("*.py"),
