@@ -147,8 +147,8 @@ def generation_workers(model: Any) -> int:
     the CPU.
 
     Why: a step decodes 24 rows, and most of its ops are too small to gain from a second thread, while each split
-    still pays OpenMP's fork and join. Measured on this project's 2-core AMD EPYC with Gemma 3 270M: one seed on
-    two threads took ~80 s; two seeds at once on one thread each took 66-70 s together (34 s a seed). The text is
+    still pays OpenMP's fork and join, so two seeds at once on one thread each finish sooner than one after the
+    other on two threads (docs/features.md records the times). The text is
     the same: each row's numbers are one thread's dot products either way (seed 0's part, byte for byte), and
     each seed has its own generator. Pinned by tests/test_generated_corpus.py (workers 1 and 2 write the same
     corpus)."""
