@@ -207,7 +207,8 @@ def row_split_wins() -> bool:
     streams the weights faster (bench/perf/decode_floor.py); on others F.linear uses every core and the split is
     slower (bench/perf/gemma.py shows the unembedding's share of a step). On a busy machine (more runnable
     processes than cores) the split's fork/join waits for the OS to run its second thread again and loses by an
-    order of magnitude. docs/performance.md records the figures. Both give the same numbers to fp32 rounding. Timed once per process on matrices the size of a decoder layer's ([768 · threads, 576] each, as
+    order of magnitude. docs/performance.md records the figures. Both give the same numbers to fp32 rounding.
+    Timed once per process on matrices the size of a decoder layer's ([768 · threads, 576] each, as
     many as `probe_matrices` says: at least 4x the CPU's last-level cache, so the passes stream from memory as a
     model's weights do), the median of 5 alternating passes after a warm-up (~0.3 s), which also seeds the
     OnlineChoice that `linear` keeps updating from then on; $SLMVIZ_ONE_ROW_KERNEL=split|linear decides
