@@ -1,4 +1,4 @@
-"""EAP and EAP-IG edge scores (DESIGN.md "Circuits") against the formula computed by hand with autograd, and a
+"""EAP and EAP-IG edge scores (docs/circuits.md) against the formula computed by hand with autograd, and a
 known structure found: the K-composition edge of an induction circuit trained here.
 
 Not covered here: exact edge patching itself (tests/test_circuits_edges.py), the bundled models

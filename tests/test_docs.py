@@ -207,6 +207,16 @@ def test_every_bench_path_named_exists():
     assert not stale, f"bench paths that do not exist: {stale[:10]}"
 
 
+def test_no_file_refers_to_a_design_document_outside_the_repository():
+    """The design notes the project started from are not in the repository, so a reference to them in a docstring, a
+    test or a page sends a reader nowhere: the docs pages hold what those notes said."""
+    name = "DESIGN" + ".md"  # spelled in two parts so this test does not find itself
+    sources = [README, *DOCS.rglob("*.md"), *BENCH.rglob("*.py"), *(REPO / "slmviz").rglob("*.py"),
+               *(REPO / "app").rglob("*.py"), *(REPO / "tests").glob("*.py")]
+    naming = sorted(str(f.relative_to(REPO)) for f in sources if name in f.read_text(encoding="utf-8"))
+    assert not naming, f"files that name {name}: {naming}"
+
+
 def test_the_hand_written_trace_signature_is_current():
     """docs/api/index.md writes out `slmviz.trace`'s signature (the function shadows its module, so mkdocstrings
     cannot render it); a new parameter must reach the page."""

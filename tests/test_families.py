@@ -17,7 +17,7 @@ from slmviz.variants import PRESETS, VariantError, applies
 
 FAMILIES = ["gemma3", "qwen3", "olmo2"]
 IDS = torch.arange(3, 23)  # 20 tokens: past the tiny Gemma's 4-token window
-# Each family preset, and a tiny model it applies to (DESIGN.md "More model families").
+# Each family preset, and a tiny model it applies to (docs/correctness.md, the families).
 FAMILY_PRESETS = {
     "no_norm_offset": "gemma3", "no_embed_scale": "gemma3", "no_qk_norm": "gemma3", "qk_norm_after_rope": "gemma3",
     "rope_local_as_global": "gemma3", "pre_norm_only": "gemma3", "gelu_exact": "gemma3",

@@ -76,7 +76,7 @@ def worker(folder: str, ids_file: str) -> None:
 
 def _max_diff(a, b) -> float:
     """max |a - b| over the entries both hold as numbers; a masked score is -inf on one side and the dtype's most
-    negative number on the other (DESIGN.md allows either), which counts as equal. inf if masks disagree."""
+    negative number on the other (the hook contract allows either), which counts as equal. inf if masks disagree."""
     import torch
 
     finite = torch.isfinite(a) & torch.isfinite(b)

@@ -1,7 +1,7 @@
 """The SAE object: sparse autoencoders and transcoders with SAELens's formulas, parameter names and file format.
 
 An SAE reads one hook and reconstructs it; a transcoder reads one hook (the MLP's input, `blocks.L.mlp.hook_in`)
-and predicts another (`blocks.L.hook_mlp_out`). Formulas (SAELens 6.x, DESIGN.md "Features"):
+and predicts another (`blocks.L.hook_mlp_out`). Formulas (SAELens 6.x; docs/features.md):
 
     x' = x - b_dec if apply_b_dec_to_input else x
     h  = x' @ W_enc + b_enc                                   # hook_sae_acts_pre
