@@ -95,3 +95,17 @@ def test_an_saes_scan_is_prepared_once_for_its_weights(tiny, tmp_path, monkeypat
     assert load_sae_scan(tiny, "resid_l1", other) is None  # made for other weights: not read
     prepare_sae_scans(tiny, {"resid_l1": other}, corpus=CORPUS, progress=False)  # replaced for the new weights
     assert load_sae_scan(tiny, "resid_l1", other) is not None and load_sae_scan(tiny, "resid_l1", sae) is None
+
+
+def test_a_prepared_name_beside_the_trainers_kinds_trains_the_kind_its_recipe_names(tiny, tmp_path, monkeypatch):
+    """A recipe keyed by another prepared name ("plt-quick") carries `kind=` (the trainer's): the set is trained as
+    that kind, kept under its own name's folder and loaded by that name; without `kind=` the trainer refuses it."""
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    monkeypatch.setitem(RECIPES, ("tiny", "plt-quick"), dict(kind="plt", corpus=CORPUS, **TINY))
+    ts = prepare_transcoders(tiny, "plt-quick", progress=False, scan_progress=False)
+    assert (prepared_dir(tiny, "plt-quick") / SET_FILE).is_file() and not prepared_dir(tiny, "plt").exists()
+    assert ts.name == "tiny-plt-quick" and ts.layers == [0, 1]
+    loaded = slmviz.load_transcoders("plt-quick", model=tiny)
+    assert torch.equal(loaded.coder(1).W_dec, ts.coder(1).W_dec)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        prepare_transcoders(tiny, "other", progress=False, corpus=CORPUS, **TINY)

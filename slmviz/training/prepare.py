@@ -21,7 +21,8 @@ from ..formats.checkpoint import CheckpointError
 from ..loading.bundled import prepared_dir
 from .train import train_transcoders
 
-# One recipe per (model, kind). Chosen for a 2-core CPU; docs/features.md records what each costs and scores.
+# One recipe per (model, prepared name). Chosen for a 2-core CPU; docs/features.md records what each costs and scores.
+# A name that is not a trainer's kind ("plt", "clt") says which it trains with `kind=`.
 RECIPES: dict[tuple[str, str], dict[str, Any]] = {
     ("SmolLM2-135M-Instruct", "plt"): dict(d_sae=4096, k=64, tokens=500_000, architecture="batchtopk", skip=True,
                                            batch_tokens=512, buffer_tokens=16_384, lr=2e-3, dead_window=100_000,
@@ -65,13 +66,14 @@ def prepare_transcoders(model: Any, kind: str = "plt", progress: Any = True, sca
     from ..corpora.named import resolve_corpus
 
     args = recipe(model, kind, overrides)
+    trains = args.pop("kind", kind)  # a prepared name other than the trainer's kinds (plt-quick) names it in its recipe
     corpus_name = args.pop("corpus", CORPUS)
     out = prepared_dir(model, kind)
     corpus = resolve_corpus(corpus_name, model)
     command = "slmviz prepare --transcoders " + shlex.join([kind, "--model", model.name])
     said = corpus_name if isinstance(corpus_name, str) else "custom"
     try:
-        ts = train_transcoders(model, layers="all", corpus=corpus, kind=kind, out=out, progress=progress,
+        ts = train_transcoders(model, layers="all", corpus=corpus, kind=trains, out=out, progress=progress,
                                name=f"{model.name}-{kind}", metadata={"training_command": command,
                                                                      "corpus_name": said}, **args)
     except CheckpointError as e:  # a set prepared by an earlier recipe (or other overrides): say what to do here
