@@ -21,7 +21,7 @@ worst explained variance, then the feature scan prepared with the set. Cancel st
 the checkpoint stays, and Build again resumes from it (train_transcoders' resume; the status says from how many
 tokens per layer).
 
-The recipe is the model's fixed one (features.prepared.RECIPES); $SLMVIZ_SET_RECIPE (JSON, set by whoever starts the
+The recipe is the model's fixed one (training.prepare.RECIPES); $SLMVIZ_SET_RECIPE (JSON, set by whoever starts the
 server) overrides it, and is what gives a model without a recipe its set (`d_sae`, `k`, `tokens`, and `corpus`: a
 corpus name or a list of texts): the tiny models of the tests build a tiny set in seconds this way. A visitor
 cannot change it.
