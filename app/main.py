@@ -3,13 +3,15 @@
 Run it with `make app`, `python -m slmviz.cli app [--port N] [--model HUB_ID] [--allow-local-models]`,
 or `python app/main.py` (the Hugging Face Space's app_file). It serves 127.0.0.1:7860 by default
 ($GRADIO_SERVER_PORT or --port override it), runs offline on the bundled model, and its page loads
-nothing from any other host (system fonts, plotly.js bundled by Gradio, analytics off).
+nothing from any other host (system fonts, plotly.js bundled by Gradio, analytics off). Ctrl-C closes it.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script (a Space's app_file `app/main.py`): import as the package `app`
@@ -137,7 +139,7 @@ def launch(
     max_new_tokens: int = MAX_NEW_TOKENS,
     prevent_thread_lock: bool = False,
 ) -> gr.Blocks:
-    """Load the startup model, build the page and serve it (blocks unless prevent_thread_lock).
+    """Load the startup model, build the page and serve it (blocks until Ctrl-C unless prevent_thread_lock).
 
     port: None → $GRADIO_SERVER_PORT, else 7860. model: a hub id, or a local folder when
     allow_local_models (the CLI's --allow-local-models). Limits are enforced on the server.
@@ -151,9 +153,36 @@ def launch(
     demo.queue(default_concurrency_limit=MODEL_CONCURRENCY, max_size=32)
     demo.launch(
         server_name=host, server_port=port, theme=THEME, css=CSS, show_error=False, quiet=False,
-        prevent_thread_lock=prevent_thread_lock, footer_links=["api", "settings"], run_history=False,
+        prevent_thread_lock=True, footer_links=["api", "settings"], run_history=False,
     )
+    if not prevent_thread_lock:
+        serve_until_interrupted(demo)
     return demo
+
+
+def serve_until_interrupted(demo: gr.Blocks) -> None:
+    """Block while the app serves; on Ctrl-C (SIGINT) close the whole app, so that the process exits within a second.
+
+    Gradio's own blocking loop (launch without prevent_thread_lock) answers Ctrl-C by stopping only the HTTP server,
+    which then waits for the connections still open: the heartbeat stream that every open page and every
+    gradio_client session keeps. Only Blocks.close ends those (it sets the app's stop event, and stops the queue
+    and Gradio's file-serving thread pool), so each Ctrl-C sat out Gradio's 5 s join of the server's thread.
+    Then the interpreter's last garbage collection walks the whole heap (the models, their tokenizers, Gradio,
+    plotly: about half a million objects), which takes seconds more on a busy 2-core machine; gc.freeze() moves
+    them out of its reach. They are freed with the process all the same, and the atexit handlers still run; launch
+    returns after a Ctrl-C only for its caller to end.
+    Pinned by tests/test_app_shutdown.py.
+    """
+    interrupted = False
+    try:
+        while demo.is_running:
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("slmviz app: Ctrl-C, closing", flush=True)
+    demo.close()  # a no-op if something else closed it
+    if interrupted:
+        gc.freeze()  # the process is about to end (see above)
 
 
 if __name__ == "__main__":
