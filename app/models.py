@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import slmviz
+from slmviz import Model, Trace, Variant, bundled_models
 from slmviz.hooks import LAYER_HOOKS
-from slmviz.loading.bundled import DEFAULT_MODEL_NAME, bundled_models, is_prepared, model_dir
+from slmviz.loading.bundled import DEFAULT_MODEL_NAME, is_prepared, model_dir
 from slmviz.loading.default_model import HUB_ID
-from slmviz.model_api import HUB_ID_PATTERN, Model, download_from_hub, load_folder
-from slmviz.trace import RESIDUAL_STAGES, Trace
-from slmviz.variants import Variant
+from slmviz.model_api import HUB_ID_PATTERN, download_from_hub, load_folder
+from slmviz.trace import RESIDUAL_STAGES
 
 from .shared import OutputFolder
 

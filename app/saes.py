@@ -26,12 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slmviz.features.bundled import bundled_saes
+from slmviz import SAE, Scan, bundled_saes, load_sae
 from slmviz.features.dashboard import acts_hook
-from slmviz.features.sae import CFG_FILENAME, SAE
-from slmviz.formats.sae_io import load_sae
+from slmviz.features.sae import CFG_FILENAME
 from slmviz.model_api import HUB_ID_PATTERN
-from slmviz.scans.scan import Scan
 from slmviz.training.prepare import load_sae_scan
 
 from .jobs import Job

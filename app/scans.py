@@ -20,9 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from slmviz import Scan
+from slmviz import scan as scan_corpus
 from slmviz.corpora.verses import bundled_corpus
 from slmviz.loading.bundled import cache_dir
-from slmviz.scans.scan import FORMAT_VERSION, Scan, scan
+from slmviz.scans.scan import FORMAT_VERSION
 
 from .jobs import RUNNER, Job, Jobs
 from .shared import skips, wait_or_say
@@ -88,7 +90,7 @@ class CorpusScans:
                 return Scan.load(folder), docs
             what = f"Scanning {len(docs)} verses with {model.name} ({_layers(hooks)})"
             report(0.0, what)
-            s = scan(docs, hooks=hooks, top_k=top_k, model=model, saes=list(saes) or None,
+            s = scan_corpus(docs, hooks=hooks, top_k=top_k, model=model, saes=list(saes) or None,
                      progress=lambda done, total: report(done / max(total or n, 1), what))
             _save_atomically(s, folder)
             return s, docs

@@ -37,6 +37,7 @@ EXAMPLE_CLEAN = "When Mary and John went to the store, John gave a drink to"
 EXAMPLE_CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
 EXAMPLE_ANSWER, EXAMPLE_WRONG = " Mary", " John"
 
+
 @dataclass(frozen=True)
 class Queues:
     """The page's request queues, each as an event listener's keyword arguments (its concurrency_id and limit):

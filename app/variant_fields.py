@@ -14,8 +14,7 @@ from typing import Any
 import gradio as gr
 
 import slmviz
-from slmviz import PRESETS, Variant, resolve_variant
-from slmviz.model_api import Model
+from slmviz import PRESETS, Model, Variant, resolve_variant
 from slmviz.variants import (
     BASE,
     GELU_FORMS,

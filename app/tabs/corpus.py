@@ -17,8 +17,8 @@ from typing import Any
 
 import gradio as gr
 
+from slmviz import Scan
 from slmviz.plots.scan import STRIP_CLASS, examples_html, histogram
-from slmviz.scans.scan import Scan
 
 from ..fast_mode import SCAN_COST, dtype_for, fast_checkbox
 from ..models import AppContext

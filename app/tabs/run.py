@@ -15,10 +15,8 @@ from typing import Any
 import gradio as gr
 from gradio.components.plot import PlotData
 
-from slmviz import plots
-from slmviz.model_api import Model
+from slmviz import Model, Trace, plots
 from slmviz.plots.trace import NEXT_TOKEN_COLUMNS, STAGE_NAMES
-from slmviz.trace import Trace
 
 from ..models import AppContext, first_layer, head_choices, head_value, layer_value
 from ..shared import Queues, display_frame, readable_errors, to_plot

@@ -15,11 +15,9 @@ import gradio as gr
 import pandas as pd
 from gradio.context import Context
 
-from slmviz import plots
-from slmviz.interventions.compare import compare as compare_variants
-from slmviz.model_api import Model
+from slmviz import PRESETS, Model, plots
+from slmviz import compare as compare_variants
 from slmviz.plots.trace import NEXT_TOKEN_COLUMNS
-from slmviz.variants import PRESETS
 
 from ..models import MAX_NEW_TOKENS, AppContext, app_hooks, first_layer, head_choices, head_value, layer_value
 from ..shared import Queues, display_frame, readable_errors, to_plot
