@@ -57,11 +57,11 @@ UPWARD = {
     ("slmviz.scans.scan", "Scan.plot_histogram", "plots"),
     ("slmviz.scans.scan", "Scan.examples_html", "plots"),
     ("slmviz.circuits.circuit", "Circuit.plot", "plots"),
-    ("slmviz.graphs.workbench", "Subgraph.plot", "plots"),  # the pinned subgraph's figure
+    ("slmviz.graphs.subgraph", "Subgraph.plot", "plots"),  # the pinned subgraph's figure
     ("slmviz.features.dashboard", "FeatureCard.html", "plots"),
     ("slmviz.features.dashboard", "FeatureCard._repr_html_", "plots"),  # the notebook card
     ("slmviz.circuits.circuit", "Circuit.plot_faithfulness", "plots"),
-    ("slmviz.graphs.attribution", "AttributionGraph.plot", "plots"),
+    ("slmviz.graphs.graph", "AttributionGraph.plot", "plots"),
 }
 
 

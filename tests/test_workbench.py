@@ -11,8 +11,11 @@ circuit-tracer's own viewer opening the JSON (bench/).
 
 from __future__ import annotations
 
+import ast
 import json
 import warnings
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -23,8 +26,12 @@ import slmviz
 from slmviz.features.labels import AUTO
 from slmviz.features.sae import SAE
 from slmviz.graphs.attribution import AttributionGraph, attribution_graph
+from slmviz.graphs.derived import kept_adjacency, node_index, node_influence
 from slmviz.graphs.intervene import InterventionError, ThresholdCrossed, intervene
-from slmviz.graphs.workbench import WorkbenchError, merged_adjacency, subgraph_scores
+from slmviz.graphs.subgraph import merged_adjacency, subgraph_scores
+from slmviz.graphs.view import drawn_mask, graph_view
+from slmviz.graphs.workbench import Workbench, WorkbenchError
+from slmviz.plots.subgraph import workbench_figure
 
 PROMPT = "w3 w5 w7 w9 w11 w4"
 FAMILIES = ["llama_gqa", "llama_bias", "gemma3", "qwen3", "olmo2"]
@@ -405,17 +412,15 @@ def test_labels_come_from_the_scan_and_promoted_tokens_are_deterministic_and_edi
 
 
 def fresh_labels(g):
-    g.__dict__.pop("_auto_labels", None)
+    """g's labels made again on a copy with a new workbench holding g's scans only (no label made so far)."""
+    again = replace(g, workbench=Workbench(scans=dict(g.workbench.scans)))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        return g.labels
+        return again.labels
 
 
 def test_a_large_graph_draws_its_most_influential_nodes_first(graphs):
     """Over max_nodes kept nodes, the figure draws the most influential ones, plus every embedding, logit and pin."""
-    from slmviz.graphs.workbench import node_influence
-    from slmviz.plots.subgraph import drawn_mask, workbench_figure
-
     g = fresh(graphs["llama_gqa"])
     pinned = g.nodes[g.nodes["kind"] == "feature"]["node_id"].iloc[-1]
     g.pin(pinned)
@@ -427,7 +432,86 @@ def test_a_large_graph_draws_its_most_influential_nodes_first(graphs):
     rest = ~np.isin(kinds, ["embedding", "logit"])
     rest[g.nodes.index[g.nodes["node_id"] == pinned][0]] = False
     assert influence[drawn & rest].min() >= influence[~drawn & rest].max()
-    fig = workbench_figure(g, max_nodes=60)
+    fig = workbench_figure(graph_view(g, max_nodes=60))
     assert sum(len(t.customdata) for t in fig.data if t.customdata is not None) == 60
     assert "the top 60 of" in fig.layout.title.text
     g.clear_pins()
+
+
+# --- the graph holds data, its workbench is one object, figures write nothing -------------------------------------
+def test_the_workbench_is_one_object_that_pruned_copies_share_and_the_json_saves(graphs):
+    """g.workbench holds every pin, supernode and edited label; a pruned copy carries the same object; a graph with
+    a new, empty workbench gets an equal one back from the JSON (and a different object)."""
+    g = fresh(graphs["llama_gqa"])
+    p = g.prune(0.95, 0.98)
+    assert p.workbench is g.workbench
+    top = p.pin_top(2)
+    p.supernode("both", top)
+    p.label(top[0], "mine")
+    row = g.nodes.iloc[node_index(g)[top[0]]]
+    assert g.workbench == Workbench(pinned=top, supernodes=[["both", *top]],
+                                    user_labels={f"{row.layer}_{row.feature}": "mine"})
+    other = replace(g, workbench=Workbench())
+    assert other.pinned == [] and other.labels[top[0]] != "mine"
+    other.load_json(p.to_json())
+    assert other.workbench == g.workbench and other.workbench is not g.workbench
+    fresh(g)
+
+
+def test_figures_and_reads_write_nothing_onto_the_graph(graphs):
+    """Drawing a graph, its workbench view and its subgraph, and reading its labels, scores and JSON, leave every
+    attribute of the graph the object it was: derived values go into the graph's own declared cache only. Not
+    covered: what the figures look like (tests/test_workbench_app.py, tests/test_workbench_browser.py)."""
+    g = fresh(graphs["llama_gqa"])
+    p = g.prune(0.9, 0.98)
+    p.pin_top(2)
+    before = dict(vars(p))
+    p.plot()
+    workbench_figure(graph_view(p, p.labels, max_nodes=10))
+    p.subgraph().plot()
+    p.scores()
+    p.to_json()
+    assert set(vars(p)) == set(before)
+    assert all(vars(p)[k] is v for k, v in before.items())
+    fresh(g)
+
+
+def test_derived_values_are_made_once_and_again_for_new_masks():
+    g = hand_graph()
+    assert node_index(g) is node_index(g) and node_influence(g) is node_influence(g)
+    a = kept_adjacency(g)
+    assert kept_adjacency(g) is a and a[:, 0].abs().sum() > 0 and a[0].abs().sum() > 0
+    mask = g.node_mask.clone()
+    mask[0] = False
+    g.node_mask = mask
+    b = kept_adjacency(g)
+    assert b is not a and b[:, 0].abs().sum() == 0 and b[0].abs().sum() == 0
+
+
+def test_a_colliding_id_names_the_layer_0_feature():
+    """circuit-tracer's ids collide where layer-0 feature f meets the error node of layer L = f at one position: in
+    hand_graph "0_1_1" is feature 1 of layer 0 at position 1 and the error node of layer 1 at position 1. The
+    feature keeps the id (derived.first_rows), so a pin or a label names the feature."""
+    g = hand_graph()
+    ids = g.nodes["node_id"].tolist()
+    assert ids.count("0_1_1") == 2 and ids.index("0_1_1") == 1 and g.nodes["kind"].iat[1] == "feature"
+    assert node_index(g)["0_1_1"] == 1 and node_index(g)["0_0_1"] == 0
+    g.pin("0_1_1")
+    assert g.subgraph().nodes.set_index("node_id").loc["0_1_1", "kind"] == "feature"
+    g.label("0_1_1", "the feature")
+    assert g.user_labels == {"0_1": "the feature"}
+
+
+def test_plots_import_nothing_from_graphs():
+    """A figure draws what it is given: no module of slmviz.plots imports slmviz.graphs (at any depth), so no graph
+    maths runs in a plot and no plot writes a cache onto a graph."""
+    plots = Path(slmviz.__file__).parent / "plots"
+    for path in sorted(plots.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = ["." * node.level + (node.module or "")]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert not any("graphs" in n.split(".") for n in names), (path.name, names)

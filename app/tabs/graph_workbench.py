@@ -20,6 +20,7 @@ from typing import Any
 import gradio as gr
 
 from slmviz.graphs.intervene import intervene, resolve
+from slmviz.graphs.view import graph_view
 from slmviz.graphs.workbench import feature_labels
 from slmviz.plots.subgraph import subgraph_figure, workbench_figure
 
@@ -112,7 +113,7 @@ class WorkbenchHandlers:
         pruned = self._pruned(found, node_threshold, edge_threshold)
         path = self.ctx.output_path("attribution-graph-workbench.json")
         path.write_text(json.dumps(pruned.to_json(slug=path.stem)))  # compact: written again after every change
-        return to_plot(workbench_figure(pruned, feature_labels(pruned))), str(path)
+        return to_plot(workbench_figure(graph_view(pruned, feature_labels(pruned)))), str(path)
 
     @readable_errors
     def render(self, found: dict | None, node_threshold: float | None, edge_threshold: float | None) -> tuple:

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pandas as pd
 import torch
 
 from ..hooks import RESIDUAL_STAGES, hook_names
-
-if TYPE_CHECKING:
-    from ..trace import Trace
+from .traced import Traced
 
 DIVERGENCE_THRESHOLD = 0.01  # 1 % relative change of the residual stream
 RESIDUAL_HOOKS = tuple(RESIDUAL_STAGES.values())
@@ -32,7 +28,7 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(b).all(-1), rel, torch.full_like(rel, float("inf")))
 
 
-def trace_diff(reference: Trace, other: Trace) -> pd.DataFrame:
+def trace_diff(reference: Traced, other: Traced) -> pd.DataFrame:
     """Per-layer, per-position relative residual difference: layer, stage, position, token, rel_diff."""
     rows = []
     for layer in range(reference.n_layers):
@@ -44,7 +40,7 @@ def trace_diff(reference: Trace, other: Trace) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["layer", "stage", "position", "token", "rel_diff"])
 
 
-def first_divergent_layer(reference: Trace, other: Trace, threshold: float = DIVERGENCE_THRESHOLD) -> int | None:
+def first_divergent_layer(reference: Traced, other: Traced, threshold: float = DIVERGENCE_THRESHOLD) -> int | None:
     """First layer whose resid_post differs by more than `threshold` (relative) at any position."""
     for layer in range(reference.n_layers):
         name = f"blocks.{layer}.hook_resid_post"
@@ -53,7 +49,7 @@ def first_divergent_layer(reference: Trace, other: Trace, threshold: float = DIV
     return None
 
 
-def first_divergent_hook(reference: Trace, other: Trace, rtol: float = 1e-5) -> str | None:
+def first_divergent_hook(reference: Traced, other: Traced, rtol: float = 1e-5) -> str | None:
     """First hook (execution order) whose values differ beyond rtol relative to their size."""
     for name in hook_names(reference.config):
         if name in reference and name in other:

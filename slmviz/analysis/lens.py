@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from ..trace import Trace
+from .traced import Traced
 
 ROWS_PER_CHUNK = 2048  # [rows, vocab] fp32 logits per matmul: 2048 × 49152 × 4 B ≈ 400 MB at most
 
 
-def _lens_inputs(trace: Trace, layers: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _lens_inputs(trace: Traced, layers: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(normalised residuals [len(layers) * pos, d_model], unembed, ln_final) for the trace's variant."""
     model = trace._model
     if model is None:
@@ -29,7 +26,7 @@ def _lens_inputs(trace: Trace, layers: list[int], start: int) -> tuple[torch.Ten
     return x, p.unembed, p.ln_final
 
 
-def lens_probs(trace: Trace, layer: int) -> torch.Tensor:
+def lens_probs(trace: Traced, layer: int) -> torch.Tensor:
     """Next-token probabilities [pos, vocab] if the model stopped after block `layer`.
 
     The last layer's lens equals the model's output distribution.
@@ -39,7 +36,7 @@ def lens_probs(trace: Trace, layer: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def logit_lens(trace: Trace, k: int = 5, start: int = 0) -> pd.DataFrame:
+def logit_lens(trace: Traced, k: int = 5, start: int = 0) -> pd.DataFrame:
     """Top-k next tokens read from every layer's resid_post, for positions `start` onwards.
 
     Columns: layer, position, token (input), rank, pred (predicted token), pred_id, prob, finite.

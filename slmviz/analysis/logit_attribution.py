@@ -22,20 +22,18 @@ attribution refuses it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 import torch
 
 from ..metrics import single_token_id
-
-if TYPE_CHECKING:
-    from ..trace import Trace
+from .traced import Traced
 
 BY = ("layer", "head", "neuron")
 
 
-def logit_attribution(trace: Trace, answer: str | int, wrong: str | int | None = None, by: str = "layer",
+def logit_attribution(trace: Traced, answer: str | int, wrong: str | int | None = None, by: str = "layer",
                       position: int = -1) -> pd.DataFrame:
     """DataFrame: component, kind, layer, head, neuron, attribution; rows sum to the logit difference.
 
@@ -65,7 +63,7 @@ def logit_attribution(trace: Trace, answer: str | int, wrong: str | int | None =
     missing = [n for n in need if n not in trace]
     if missing and not (missing == ["ln_final.hook_scale"] and conv["norm"] == "none"):
         raise KeyError(f"Logit attribution by {by} reads {len(need)} hooks; this trace lacks {missing[:3]}"
-                       f"{' ...' if len(missing) > 3 else ''}. Trace with names=None (everything) or include them")
+                       f"{' ...' if len(missing) > 3 else ''}. Traced with names=None (everything) or include them")
 
     def at(name: str) -> torch.Tensor:
         return trace[name][pos].double()
@@ -119,7 +117,7 @@ def _through_norm(direction: torch.Tensor, weight: torch.Tensor, scale: torch.Te
     return v - v.mean() if norm_type == "layer" else v
 
 
-def _branch_direction(trace: Trace, direction: torch.Tensor, lp: Any, slot: str, layer: int, pos: int,
+def _branch_direction(trace: Traced, direction: torch.Tensor, lp: Any, slot: str, layer: int, pos: int,
                       conv: dict[str, Any]) -> torch.Tensor:
     """The direction read back through a norm inside the branch (ln1_post / ln2_post), if the family has one."""
     weight = getattr(lp, slot, None)
@@ -136,7 +134,7 @@ def _weight(weight: torch.Tensor, conv: dict[str, Any]) -> torch.Tensor:
     return weight.double() + conv["norm_offset"]
 
 
-def _conventions(trace: Trace) -> dict[str, Any]:
+def _conventions(trace: Traced) -> dict[str, Any]:
     """norm placement, norm type and norm offset of the trace's run, as its decoder resolved them for the checkpoint."""
     c = trace._model.decoder.conventions(trace.variant)
     return {"norm": c.norm, "norm_type": c.norm_type, "norm_offset": float(c.norm_offset)}

@@ -1,15 +1,14 @@
-"""Attribution graphs over transcoder features (circuit-tracer's `attribute`, DESIGN.md "Circuits").
+"""Building attribution graphs over transcoder features (circuit-tracer's `attribute`); the result is
+graphs.graph.AttributionGraph.
 
     g = slmviz.attribution_graph("The capital of France is", transcoders=[tc3, tc6], model=m)
     g.nodes            # DataFrame: one row per node (kind feature | error | embedding | logit, layer, position, ...)
     g.links            # DataFrame: source, target, weight (node ids), every nonzero edge
-    p = g.prune(node_threshold=0.8, edge_threshold=0.98)   # a smaller AttributionGraph, by influence
-    p.plot(); p.to_json(); p.save_json("graph.json")      # circuit-tracer's graph JSON
 
 Nodes, in circuit-tracer's order: the active features (layer, position, feature), one error node per (layer,
 position) for every layer (a layer without a transcoder is all error), one embedding per position, and the top
 logits at the last position (up to `max_n_logits` with cumulative probability `desired_logit_prob`). In the local
-replacement model (replacement.py) every target (a feature's pre-activation, a demeaned logit) is linear in the
+replacement model (graphs.frozen) every target (a feature's pre-activation, a demeaned logit) is linear in the
 sources, so the edge weight A[t, s] is source s's direct effect on target t:
 
     feature / error / embedding source s at (layer Ls, position ps), vector v_s written into the residual stream;
@@ -23,230 +22,22 @@ computed like circuit-tracer: one backward per batch of targets, each row's grad
 
 from __future__ import annotations
 
-import json
 import math
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 
 from ..tokens import PromptError
 from .frozen import AttributionGraphError, PromptState, checked_transcoders, prompt_state
-from .graph_json import graph_json
-from .prune import graph_scores, mean_path_length, prune_masks
+from .graph import AttributionGraph
 
 DEFAULT_MEMORY_BUDGET_GB = 4.0
 WRITE_CHUNK = 65_536  # writes materialised at once where every vector is needed (replacement_constant): 151 MB
 Progress = bool | Callable[[int, int], None] | None  # a tqdm bar (True), nothing (False / None), fn(done, total)
-KINDS = ("feature", "error", "embedding", "logit")
-
-
-@dataclass
-class AttributionGraph:
-    """An attribution graph: `adjacency` [n_nodes, n_nodes] (rows targets, columns sources, circuit-tracer's
-    orientation and node order) and `nodes` (a DataFrame in that order). `links` lists the nonzero edges.
-
-    `constant` [n_nodes]: each target's part carried by no node (biases, b_dec; 0 for non-targets), so that
-    adjacency.sum(1) + constant == `target_values` (a feature's pre-activation minus b_enc, a demeaned logit).
-    `node_mask` / `edge_mask` are all-True until `prune` returns a pruned copy; `influence` then holds the
-    cumulative influence of each node (circuit-tracer's `cumulative_scores`).
-    """
-
-    prompt: str
-    tokens: list[str]
-    input_ids: list[int]
-    nodes: pd.DataFrame
-    adjacency: torch.Tensor
-    constant: torch.Tensor
-    target_values: torch.Tensor
-    logit_probabilities: torch.Tensor
-    n_layers: int
-    model_name: str = ""
-    transcoder_names: list[str] = field(default_factory=list)
-    node_mask: torch.Tensor | None = None
-    edge_mask: torch.Tensor | None = None
-    influence: torch.Tensor | None = None
-    node_threshold: float | None = None
-    # The workbench (circuits.workbench, circuits.intervene): what the graph was built from, so that interventions
-    # rerun it; Neuronpedia's pins and supernodes ([name, *node_ids]); edited labels {"layer_feature": text}; and
-    # feature scans {layer: Scan} that automatic labels read the tokens a feature fires on from (use_scans).
-    model: Any = field(default=None, repr=False, compare=False)
-    transcoders: Any = field(default=None, repr=False, compare=False)
-    pinned: list[str] = field(default_factory=list, repr=False)
-    supernodes: list[list[str]] = field(default_factory=list, repr=False)
-    user_labels: dict[str, str] = field(default_factory=dict, repr=False)
-    scans: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        n = len(self.nodes)
-        if self.node_mask is None:
-            self.node_mask = torch.ones(n, dtype=torch.bool)
-        if self.edge_mask is None:
-            self.edge_mask = self.adjacency != 0
-
-    def __repr__(self) -> str:
-        counts = self.nodes.loc[self.node_mask.numpy(), "kind"].value_counts()
-        parts = ", ".join(f"{int(counts.get(k, 0))} {k}" for k in KINDS)
-        return f"AttributionGraph({self.prompt!r}: {parts}; {int(self.edge_mask.sum())} links)"
-
-    @property
-    def n_features(self) -> int:
-        return int((self.nodes["kind"] == "feature").sum())
-
-    @property
-    def kept_nodes(self) -> pd.DataFrame:
-        """The nodes the masks keep (all of them before `prune`)."""
-        return self.nodes[self.node_mask.numpy()]
-
-    @property
-    def links(self) -> pd.DataFrame:
-        """source, target (node ids) and weight of every kept edge (nonzero before pruning), largest |weight| first."""
-        dst, src = torch.nonzero(self.edge_mask & self.node_mask[:, None] & self.node_mask[None, :], as_tuple=True)
-        weights = self.adjacency[dst, src].numpy()
-        ids = self.nodes["node_id"].to_numpy()
-        df = pd.DataFrame({"source": ids[src.numpy()], "target": ids[dst.numpy()], "weight": weights})
-        return df.iloc[np.argsort(-np.abs(weights), kind="stable")].reset_index(drop=True)
-
-    def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> AttributionGraph:
-        """A copy keeping the nodes and edges that carry `node_threshold` / `edge_threshold` of the cumulative
-        influence on the logits (circuit-tracer's prune_graph: logit-probability-weighted influence through the
-        row-normalised |adjacency|; embeddings and logits always kept, features and errors left without a kept
-        outgoing edge, and features without a kept incoming one, dropped until nothing changes)."""
-        kinds = self.nodes["kind"].to_numpy()
-        n_logits = int((kinds == "logit").sum())
-        n_tokens = int((kinds == "embedding").sum())
-        node_mask, edge_mask, cumulative = prune_masks(
-            self.adjacency, self.logit_probabilities, n_logits, n_tokens, self.n_features,
-            node_threshold, edge_threshold)
-        return AttributionGraph(
-            prompt=self.prompt, tokens=self.tokens, input_ids=self.input_ids, nodes=self.nodes,
-            adjacency=self.adjacency, constant=self.constant, target_values=self.target_values,
-            logit_probabilities=self.logit_probabilities, n_layers=self.n_layers, model_name=self.model_name,
-            transcoder_names=self.transcoder_names, node_mask=node_mask, edge_mask=edge_mask, influence=cumulative,
-            node_threshold=node_threshold, model=self.model, transcoders=self.transcoders, pinned=self.pinned,
-            supernodes=self.supernodes, user_labels=self.user_labels, scans=self.scans)
-
-    def scores(self) -> dict[str, float]:
-        """circuit-tracer's graph scores of the whole (unpruned) graph: `replacement` (the share of token-to-logit
-        influence that avoids error nodes) and `completeness` (the influence-weighted share of each node's inputs
-        that are not errors); 1.0 when the transcoders explain everything. See attribution_prune.graph_scores."""
-        return graph_scores(self.adjacency, self.logit_probabilities, self.n_features, *self._error_and_token_counts())
-
-    def mean_path_length(self) -> float:
-        """The influence-weighted mean number of edges from a token to a logit over the unpruned graph
-        (attribution_prune.mean_path_length); shorter paths are what a CLT buys over per-layer transcoders."""
-        return mean_path_length(self.adjacency, self.logit_probabilities, self.n_features,
-                                *self._error_and_token_counts())
-
-    def _error_and_token_counts(self) -> tuple[int, int]:
-        """(error nodes, embedding nodes): with n_features, where each kind's block starts in circuit-tracer's order."""
-        kinds = self.nodes["kind"].to_numpy()
-        return int((kinds == "error").sum()), int((kinds == "embedding").sum())
-
-    def to_json(self, slug: str = "slmviz-graph", scan: str | None = None) -> dict[str, Any]:
-        """circuit-tracer's graph JSON (create_graph_files' `{slug}.json`): metadata, qParams, nodes, links.
-
-        Without `prune`, it is pruned at thresholds 1.0 (the influence fields need a prune), like create_graph_files
-        with node_threshold=1.0 and edge_threshold=1.0: nearly everything is kept, except the least influential
-        nodes and edges whose cumulative share float rounding puts past 1.0."""
-        from .workbench import annotate_json
-
-        g = self if self.influence is not None else self.prune(1.0, 1.0)
-        return annotate_json(g, graph_json(g, slug=slug, scan=scan))
-
-    def save_json(self, path: str | Path, slug: str | None = None, scan: str | None = None) -> Path:
-        """Write `to_json()` to `path` (circuit-tracer's frontend reads it; the slug defaults to the file's stem)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(slug=slug or path.stem, scan=scan), indent=2))
-        return path
-
-    # ---- the workbench (circuits.workbench and circuits.intervene hold the logic) ------------------------------
-    def pin(self, *node_ids: str) -> list[str]:
-        """Pin nodes by id (an unknown id: WorkbenchError, nothing pinned); returns the pins. A pruned copy shares
-        its pins, supernodes and labels with the graph it came from."""
-        from .workbench import pin
-
-        return pin(self, *node_ids)
-
-    def unpin(self, *node_ids: str) -> list[str]:
-        from .workbench import unpin
-
-        return unpin(self, *node_ids)
-
-    def clear_pins(self) -> None:
-        """No pins and no supernodes (labels stay)."""
-        from .workbench import clear
-
-        clear(self)
-
-    def pin_top(self, n: int, logit: bool = False) -> list[str]:
-        """Pin the n kept features with the largest influence on the logits (and the top logit if `logit`)."""
-        from .workbench import pin_top
-
-        return pin_top(self, n, logit)
-
-    def supernode(self, name: str, members: Any = None) -> list[str]:
-        """Group nodes (default: the pinned ones in no supernode) under `name`; returns [name, *members]."""
-        from .workbench import supernode
-
-        return supernode(self, name, members)
-
-    def subgraph(self):
-        """The pinned nodes, supernodes collapsed, with Neuronpedia's subgraph scores (workbench.Subgraph)."""
-        from .workbench import subgraph
-
-        return subgraph(self)
-
-    @property
-    def labels(self) -> dict[str, str]:
-        """{node_id: label} of the kept feature nodes: edited ones, else automatic ones ("[auto] ..."), the same as
-        SAE.label gives (features.labels)."""
-        from .workbench import feature_labels
-
-        return feature_labels(self)
-
-    def label(self, node_id: str, text: str | None = None) -> str:
-        """The label of a feature node; with `text`, set it first for every position of that feature ("" goes
-        back to the automatic one)."""
-        from .workbench import feature_labels, set_label
-
-        if text is not None:
-            set_label(self, node_id, text)
-        return feature_labels(self, [node_id]).get(node_id, "")
-
-    def use_scans(self, scans: dict[int, Any]) -> AttributionGraph:
-        """Feature scans {layer: Scan of that transcoder's hook_sae_acts_post} for the automatic labels."""
-        self.scans.update(scans)
-        return self
-
-    def intervene(self, values: dict[str, Any], constrained: bool = True) -> torch.Tensor:
-        """Set features ({node_id or supernode name: value}; a number, or "0", "-1x", "2x") and rerun the model:
-        the new logits at the last position, a tensor [vocab]. constrained: attention patterns, norm scales and
-        error terms frozen at the prompt's (the graph's linear model while no feature crosses its threshold; a
-        ThresholdCrossed warning names any that does); free: the model rerun. See circuits.intervene."""
-        from .intervene import intervene_logits
-
-        return intervene_logits(self, values, constrained=constrained)
-
-    def load_json(self, source: Any) -> AttributionGraph:
-        """Take the pins, supernodes and edited labels of a saved graph JSON (a path, a JSON string or a dict)
-        made for this graph's model, transcoders and prompt; WorkbenchError, and nothing changed, otherwise."""
-        from .workbench import load_json
-
-        return load_json(self, source)
-
-    def plot(self, **kwargs: Any):
-        """The kept nodes by position (x) and layer (y), edges width |weight| and colour sign (plotly Figure).
-        Each node's customdata is [node_id, kind, layer, position, feature, hook]: a click opens a feature."""
-        from ..plots.attribution import attribution_graph_figure
-
-        return attribution_graph_figure(self, **kwargs)
 
 
 def estimate_memory_bytes(n_nodes: int, n_pos: int, batch_size: int, cfg: Any, bytes_per: int = 4,
@@ -255,7 +46,7 @@ def estimate_memory_bytes(n_nodes: int, n_pos: int, batch_size: int, cfg: Any, b
     made), the forward's saved activations for `copies` rows of the prompt (~16 d_model-wide values per token
     per layer, the patterns, the MLP's hidden layer while it runs), and each backward's gradients for
     `batch_size` targets (~4 residual-sized tensors per layer: the vmapped grads, their fp32 copies, the buffers).
-    Measured on SmolLM2 (17 positions, 2,091 nodes): this says 0.37 GiB where the process grew by 0.17 GB."""
+    docs/attribution-graphs.md ("Memory") sets it beside a measured peak."""
     adjacency = 2 * n_nodes * n_nodes * 4
     per_token_layer = 16 * cfg.d_model + cfg.n_heads * n_pos + 3 * cfg.d_mlp
     forward = copies * n_pos * cfg.n_layers * per_token_layer * bytes_per
@@ -499,8 +290,8 @@ def partial_influences(rows: torch.Tensor, logit_p: torch.Tensor, row_node: torc
     from the logit probabilities.
 
     Without a normalised copy of `rows`, which circuit-tracer makes: on a long prompt `rows` is the largest tensor a
-    capped graph holds (the kept features' rows over every active feature), and its copy doubled the peak (the
-    budget's estimate was 1.45x short at 80 tokens on SmolLM2's PLT set). The iteration only ever reads its vector
+    capped graph holds (the kept features' rows over every active feature), and its copy doubled the peak past the
+    memory budget's estimate (docs/features.md, "The longest prompt"). The iteration only ever reads its vector
     at the row nodes, so it runs on the [r, r] block of the normalised |rows| over their columns, and the influence
     on every node is one product of the summed iterates with the normalised |rows|, a column chunk at a time. Equal
     to circuit-tracer's up to the order of float sums (tests/test_attribution_graph.py pins it)."""
@@ -572,9 +363,8 @@ def graph_memory_bytes(n_pos: int, n_feat: int, n_logits: int, cap: int, batch_s
     - while features are chosen, the rows of the kept features and logits over *every* node, 4 * (cap + n_logits)
       * all nodes: what grows with a long prompt's active features and bounds its length; and partial_influences'
       [rows, rows] block and column chunk (it never copies the rows themselves).
-    Measured by bench/longest_prompt.py on SmolLM2: the process's peak above the loaded model was 0.80 times this
-    at 73 tokens with its PLT set, 0.76 times at 82 with its CLT (it was 1.45 times while partial_influences copied
-    the rows and each backward stacked its gradients)."""
+    bench/longest_prompt.py measures a process's peak against it (docs/features.md, "The longest prompt", and
+    docs/cross-layer-transcoders.md)."""
     cap = min(cap, n_feat)
     other = cfg.n_layers * n_pos + n_pos + n_logits  # error, embedding and logit nodes
     rows = min(batch_size, cap + n_logits)

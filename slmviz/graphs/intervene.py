@@ -36,8 +36,9 @@ from typing import Any
 import pandas as pd
 import torch
 
+from .derived import node_index
 from .frozen import AttributionGraphError, frozen_names
-from .workbench import checked_ids, coders, node_index
+from .workbench import checked_ids, coders
 
 FROZEN = {  # mode -> what keeps the prompt's value (see the module docstring)
     True: ("attention patterns", "norm scales", "transcoder error terms", "MLP outputs of layers without one"),
@@ -102,7 +103,7 @@ def resolve(graph: Any, values: dict[str, Any]) -> dict[str, float]:
     """{feature node_id: activation to set} from {node_id or supernode name: value} (all checked first)."""
     if not isinstance(values, dict) or not values:
         raise InterventionError("An intervention is a dict {node_id or supernode name: value}, with at least one")
-    groups = {s[0]: s[1:] for s in graph.supernodes}
+    groups = {s[0]: s[1:] for s in graph.workbench.supernodes}
     nodes = graph.nodes
     index = node_index(graph)
     out: dict[str, float] = {}

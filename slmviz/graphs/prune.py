@@ -13,10 +13,10 @@ import torch
 
 
 def normalize_matrix(matrix: torch.Tensor) -> torch.Tensor:
-    """|A| with each row (a target's incoming edges) scaled to sum 1 (rows of zeros stay zero). Scaled in place: a
-    full set's unpruned graph has ~30k nodes, 3.6 GB a copy, and the 20-prompt bench (bench/replacement_curve.py),
-    which scores such graphs, reached 18.6 GB resident with a second copy for the quotient and was killed for memory
-    beside other jobs on a 23 GB machine."""
+    """|A| with each row (a target's incoming edges) scaled to sum 1 (rows of zeros stay zero). Scaled in place, in
+    the one copy `abs` makes: a full set's unpruned graph has tens of thousands of nodes, gigabytes a copy, and a
+    second copy for the quotient ran the bench that scores such graphs out of memory (docs/attribution-graphs.md,
+    "Memory")."""
     normalized = matrix.abs()
     return normalized.div_(normalized.sum(dim=1, keepdim=True).clamp(min=1e-10))
 

@@ -1,9 +1,11 @@
-"""Plotly figures of the attribution-graph workbench (slmviz.graphs.workbench): the graph with its pinned nodes
-ringed and labels in the hover text, and the subgraph of the pinned nodes (supernodes as one node each).
+"""Plotly figures of the attribution-graph workbench: the graph with its pinned nodes ringed and labels in the hover
+text (from a graphs.view.GraphView, which chose the nodes and edges to draw), and the subgraph of the pinned nodes
+(a graphs.subgraph.Subgraph, supernodes as one node each).
 
 Edges are drawn as a few traces (one per sign and width band, segments separated by None), not one trace per edge,
 so a subgraph of a hundred nodes and a few thousand edges redraws in a browser at once. Nothing here runs the
-model. Each node carries customdata [node_id, kind, ...] as in plots.attribution, which the app reads on click.
+model or computes anything about the graph. Each node carries customdata [node_id, kind, ...] as in
+plots.attribution, which the app reads on click.
 """
 
 from __future__ import annotations
@@ -11,15 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import plotly.graph_objects as go
-import plotly.io as pio
-import torch
 
-from .attribution import KIND_STYLE, NEGATIVE, POSITIVE, node_xy
+from .attribution import KIND_STYLE, NEGATIVE, POSITIVE, TEMPLATE, axes, figure, node_traces, node_xy, node_y
 
 BANDS = 5  # edge width bands per sign
-TEMPLATE = pio.templates["plotly_white"]
 PIN_RING = "#8e44ad"
 
 
@@ -48,95 +46,23 @@ def _edge_traces(links: Any, where: dict[str, tuple[float, float]]) -> list[dict
     return traces
 
 
-MAX_DRAWN = 600  # nodes drawn of a larger graph: the most influential first (embeddings and logits always)
-
-
-def drawn_mask(graph: Any, max_nodes: int = MAX_DRAWN) -> np.ndarray:
-    """The kept nodes to draw: all of them, or the `max_nodes` most influential (embeddings, logits and pinned
-    nodes always) when there are more, so that a graph of thousands of nodes draws its top nodes first."""
-    kept = graph.node_mask.numpy().copy()
-    if kept.sum() <= max_nodes:
-        return kept
-    from ..graphs.workbench import node_index, node_influence
-
-    # a pruned graph's cumulative influence orders its nodes as their influence does (smallest first = most
-    # influential), without another pass over the adjacency
-    influence = -graph.influence.numpy() if graph.influence is not None else node_influence(graph).numpy()
-    kinds = graph.nodes["kind"].to_numpy()
-    always = np.isin(kinds, ["embedding", "logit"])
-    index = node_index(graph)
-    always[[index[p] for p in graph.pinned if p in index]] = True
-    always &= kept
-    rest = np.nonzero(kept & ~always)[0]
-    room = max(max_nodes - int(always.sum()), 0)
-    chosen = rest[np.argsort(-influence[rest], kind="stable")[:room]]
-    out = always.copy()
-    out[chosen] = True
-    return out
-
-
-def figure(traces: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
-    """A Figure from plain dicts, without plotly's per-value validation (most of the time of a figure of a few
-    thousand points: 0.3 s of 0.45 s for SmolLM2's pruned graph); the dicts here use valid keys only."""
-    return go.Figure({"data": traces, "layout": layout}, _validate=False)
-
-
-def _top_links(graph: Any, drawn: np.ndarray, max_links: int) -> pd.DataFrame:
-    """source, target, weight of the `max_links` largest kept edges among the drawn nodes."""
-    from ..graphs.workbench import kept_adjacency
-
-    rows = torch.from_numpy(np.nonzero(drawn)[0])
-    a = kept_adjacency(graph)[rows][:, rows]
-    dst, src = torch.nonzero(a, as_tuple=True)
-    w = a[dst, src]
-    order = w.abs().argsort(descending=True, stable=True)[:max_links]
-    ids = graph.nodes["node_id"].to_numpy()[rows.numpy()]
-    return pd.DataFrame({"source": ids[src[order].numpy()], "target": ids[dst[order].numpy()],
-                         "weight": w[order].numpy()})
-
-
-def workbench_figure(graph: Any, labels: dict[str, str] | None = None, max_links: int = 400,
-                     max_nodes: int = MAX_DRAWN) -> go.Figure:
-    """The pruned graph by position and layer (as plots.attribution draws it, edges in a few width bands), each
-    feature's label in its hover text, the pinned nodes ringed; at most `max_nodes` nodes (drawn_mask)."""
-    labels = labels or {}
-    drawn = drawn_mask(graph, max_nodes)
-    kept = graph.nodes[drawn]
-    x, y = node_xy(kept, graph.n_layers)
-    where = {nid: (xi, yi) for nid, xi, yi in zip(kept["node_id"], x, y, strict=True)}
-    links = _top_links(graph, drawn, max_links)
-    traces = _edge_traces(links, where)
-    for kind, (symbol, colour) in KIND_STYLE.items():
-        sel = (kept["kind"] == kind).to_numpy()
-        if not sel.any():
-            continue
-        part = kept[sel]
-        text = [f"{r.kind} {r.node_id}<br>layer {r.layer}, position {r.position} ({r.token!r})"
-                + (f"<br>feature {r.feature} of {r.hook}, activation {r.activation:.3g}" if r.kind == "feature" else "")
-                + (f"<br>p = {r.probability:.3f}" if r.kind == "logit" else "")
-                + (f"<br><b>{labels[r.node_id]}</b>" if r.node_id in labels else "")
-                for r in part.itertuples(index=False)]
-        custom = part[["node_id", "kind", "layer", "position", "feature", "hook"]].to_numpy().tolist()
-        traces.append({"type": "scatter", "x": x[sel].tolist(), "y": y[sel].tolist(), "mode": "markers", "name": kind,
-                       "text": text, "hoverinfo": "text", "customdata": custom,
-                       "marker": {"symbol": symbol, "color": colour, "size": 11 if kind != "error" else 8,
-                                  "line": {"width": 1, "color": "#333"}}})
-    pinned = [p for p in graph.pinned if p in where]
+def workbench_figure(view: Any) -> go.Figure:
+    """A graph's view (graphs.view.graph_view: the nodes and edges to draw, pins, labels) by position and layer, as
+    plots.attribution draws a graph, edges in a few width bands, each feature's label in its hover text, the pinned
+    nodes ringed."""
+    nodes = view.nodes
+    x, y = node_xy(nodes, view.n_layers)
+    where = {nid: (xi, yi) for nid, xi, yi in zip(nodes["node_id"], x, y, strict=True)}
+    traces = _edge_traces(view.links, where) + node_traces(nodes, x, y, view.labels)
+    pinned = [p for p in view.pinned if p in where]
     if pinned:
         traces.append({"type": "scatter", "x": [where[p][0] for p in pinned], "y": [where[p][1] for p in pinned],
                        "mode": "markers", "name": "pinned", "hoverinfo": "skip",
                        "marker": {"symbol": "circle-open", "size": 19, "color": PIN_RING, "line": {"width": 3}}})
-    n_kept = int(graph.node_mask.sum())
-    shown = f"; the top {len(kept)} of {n_kept} nodes by influence" if len(kept) < n_kept else ""
-    ticks = list(range(len(graph.tokens)))
+    shown = f"; the top {len(nodes)} of {view.n_kept} nodes by influence" if len(nodes) < view.n_kept else ""
     layout = {
-        "title": {"text": f"Attribution graph: {graph.prompt!r} (click a node for its card; ringed: pinned{shown})"},
-        "template": TEMPLATE, "height": 650,
-        "xaxis": {"title": {"text": "position"}, "tickmode": "array", "tickvals": ticks,
-                  "ticktext": [f"{i}: {t!r}" for i, t in enumerate(graph.tokens)]},
-        "yaxis": {"title": {"text": "layer"}, "tickmode": "array", "tickvals": list(range(graph.n_layers + 2)),
-                  "ticktext": ["emb", *[str(L) for L in range(graph.n_layers)], "logit"]},
-        "legend": {"orientation": "h"}}
+        "title": {"text": f"Attribution graph: {view.prompt!r} (click a node for its card; ringed: pinned{shown})"},
+        "template": TEMPLATE, "height": 650, **axes(view.tokens, view.n_layers), "legend": {"orientation": "h"}}
     return figure(traces, layout)
 
 
@@ -147,8 +73,7 @@ def subgraph_figure(sg: Any, height: int = 520) -> go.Figure:
         return figure([], {"title": {"text": "Subgraph: pin nodes to see them here"}, "template": TEMPLATE,
                            "height": height})
     x = nodes["position"].to_numpy(dtype=float).copy()
-    y = np.where(nodes["kind"] == "embedding", 0.0,
-                 np.where(nodes["kind"] == "logit", sg.n_layers + 1.0, nodes["layer"].to_numpy(dtype=float) + 1.0))
+    y = node_y(nodes["kind"], nodes["layer"], sg.n_layers)
     seen: dict[tuple[float, float], int] = {}
     for i, key in enumerate(zip(x.tolist(), y.tolist(), strict=True)):  # nodes of one cell side by side
         j = seen.get(key, 0)
@@ -173,14 +98,10 @@ def subgraph_figure(sg: Any, height: int = 520) -> go.Figure:
                        "marker": {"symbol": symbol, "color": colour, "size": 20 if kind == "supernode" else 12,
                                   "line": {"width": 1, "color": "#333"}}})
     s = sg.scores
+    frame = axes(list(sg.tokens), sg.n_layers)
+    frame["yaxis"]["range"] = [-0.7, sg.n_layers + 1.7]
     layout = {
         "title": {"text": f"Subgraph of {len(nodes)} nodes: replacement {s['replacement']:.3f}, completeness "
                           f"{s['completeness']:.3f}"},
-        "template": TEMPLATE, "height": height,
-        "xaxis": {"title": {"text": "position"}, "tickmode": "array", "tickvals": list(range(len(sg.tokens))),
-                  "ticktext": [f"{i}: {t!r}" for i, t in enumerate(sg.tokens)]},
-        "yaxis": {"title": {"text": "layer"}, "tickmode": "array", "tickvals": list(range(sg.n_layers + 2)),
-                  "ticktext": ["emb", *[str(L) for L in range(sg.n_layers)], "logit"],
-                  "range": [-0.7, sg.n_layers + 1.7]},
-        "legend": {"orientation": "h"}}
+        "template": TEMPLATE, "height": height, **frame, "legend": {"orientation": "h"}}
     return figure(traces, layout)
