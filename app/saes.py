@@ -28,7 +28,8 @@ from typing import Any
 
 from slmviz import SAE, Scan, bundled_saes, load_sae
 from slmviz.features.dashboard import acts_hook
-from slmviz.features.sae import CFG_FILENAME
+from slmviz.formats import gemma_scope
+from slmviz.formats.saelens import CFG_FILENAME
 from slmviz.model_api import HUB_ID_PATTERN
 from slmviz.training.prepare import load_sae_scan
 
@@ -42,7 +43,7 @@ MAX_LOADED_SAES = 6
 MAX_TRAINED_SAES = 3  # per session: SAEs it trained, kept in memory
 FEATURE_TOP_K = 10  # contexts kept per feature by a feature scan
 DASHBOARD_ROWS = "+sae_rows"  # in a feature scan's cache key: slmviz.scan zeroes the rows SAE.shown_rows drops
-GEMMA_SCOPE_WEIGHTS = "params.safetensors"
+GEMMA_SCOPE_WEIGHTS = gemma_scope.SAE_FILE  # a Gemma Scope SAE folder holds this file alone
 NO_SAE = "No SAE for this model yet: load one in the Model tab (a hub id, or a folder with --allow-local-models)."
 
 

@@ -8,8 +8,8 @@ single transcoder beside it would be a second one for its layer). It is loaded o
 name for that layer (`{set name}/layer_{L}`), so a node's feature card and the workbench find it like any transcoder.
 
 Its cross-layer transcoder (`slmviz prepare --transcoders clt`, in .../clt) is offered the same way once it is
-there ("cross-layer transcoder: 30 layers"): its layer L's features are pinned as CLTLayer.feature_view() (the CLT's
-encoder exactly, each feature's writes summed into one decoder row), so a card shows the CLT's own activations and
+there ("cross-layer transcoder: 30 layers"): its layer L's features are pinned as ts.feature_coder(L) (for the CLT,
+its encoder exactly, each feature's writes summed into one decoder row), so a card shows the CLT's own activations and
 the feature's whole direct path to the logits. The tab does not build a CLT (hours of training, not minutes): that
 is `prepare`'s job.
 
@@ -154,12 +154,10 @@ class TranscoderSets:
         with self._lock:  # one load per model and kind, however many sessions ask at once
             if key not in self._loaded:
                 ts = slmviz.load_transcoders(kind, model=model)
-                if kind == "clt":  # a card reads one layer's features: the CLT's encoder, its writes summed
-                    coders = {layer: ts[layer].feature_view() for layer in ts.layers}
-                    names = {layer: f"{model.name}-clt/layer_{layer}" for layer in ts.layers}  # as the PLT's
-                else:
-                    coders = {layer: ts.coder(layer) for layer in ts.layers}
-                    names = {layer: ts.coder_name(layer) for layer in ts.layers}
+                # a card reads one layer's features (a CLT's: its encoder, each feature's writes summed), pinned under
+                # the name `prepare` gives the set's layers
+                coders = {layer: ts.feature_coder(layer) for layer in ts.layers}
+                names = {layer: f"{model.name}-{kind}/layer_{layer}" for layer in ts.layers}
                 scanned = load_set_scan(model, kind)  # prepared with the set: no card waits for a scan
                 for layer, name in names.items():
                     entry = self.saes.pin(model, name, coders[layer])

@@ -41,7 +41,8 @@ def main() -> None:
 
     import slmviz
     from slmviz.features.bundled import BUNDLED_DIR
-    from slmviz.features.sae import CFG_FILENAME, SAE, WEIGHTS_FILENAME
+    from slmviz.features.sae import SAE
+    from slmviz.formats.saelens import CFG_FILENAME, WEIGHTS_FILENAME, cfg_of
     from slmviz.training.cli import resolve_corpus
 
     model = slmviz.load(args.model)
@@ -49,7 +50,7 @@ def main() -> None:
     folder = BUNDLED_DIR / model.name / args.name
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.to(torch.float16).contiguous() for k, v in sae.tensors().items()}, str(folder / WEIGHTS_FILENAME))
-    cfg = sae.config()
+    cfg = cfg_of(sae.spec(), sae.tensors())
     cfg["metadata"]["stored_dtype"] = "float16"
     (folder / CFG_FILENAME).write_text(json.dumps(cfg, indent=2) + "\n")
 

@@ -28,8 +28,8 @@ import torch
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))
 
-from slmviz.formats.clt_io import load_clt  # noqa: E402
 from slmviz.replacement.clt import CrossLayerTranscoder  # noqa: E402
+from slmviz.replacement.load import load_clt  # noqa: E402
 
 N_LAYERS, D_MODEL, D_SAE, POS = 4, 64, 128, 9
 

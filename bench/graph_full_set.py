@@ -256,7 +256,8 @@ def circuit_tracer_clt(work: Path, n_layers: int):
     """circuit-tracer's CrossLayerTranscoder of the prepared CLT (Gemma Scope 2's layout, read in place). Its
     load_gemma_scope_2_clt reads the files of range(max(paths)): one key past the last layer makes that every layer
     (the value is never opened). The CLT reads the MLP's input after the norm's weight and writes its output: in
-    circuit-tracer's names for its ReplacementMLP, mlp.hook_in and mlp.hook_out (transcoder_io's CT_INPUT_HOOKS)."""
+    circuit-tracer's names for its ReplacementMLP, mlp.hook_in and mlp.hook_out (formats.circuit_tracer's
+    SET_INPUT_HOOKS)."""
     from circuit_tracer.transcoder.cross_layer_transcoder import load_gemma_scope_2_clt
 
     folder = Path((work / "set_dir").read_text())

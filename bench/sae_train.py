@@ -104,7 +104,7 @@ def run_saelens(corpus: str, tokens: int, scratch: Path) -> dict:
 
 def quality(folder: str, heldout: str, tokens: int) -> dict:
     import slmviz
-    from slmviz.formats.sae_io import load_folder
+    from slmviz.features.load import load_folder
 
     model = slmviz.load()
     sae = load_folder(folder)

@@ -15,11 +15,12 @@ import torch
 from .circuits.circuit import Circuit, circuit, patch_edges
 from .circuits.graph import graph_edges
 from .config import ArchConfig, UnsupportedModelError
+from .errors import CLTError, SAEError, TranscoderSetError
 from .features.bundled import bundled_saes
 from .features.evaluate import evaluate_sae
-from .features.sae import SAE, SAEError
+from .features.load import load_sae
+from .features.sae import SAE
 from .features.steer import steer
-from .formats.sae_io import load_sae
 from .graphs.attribution import AttributionGraph, AttributionGraphError, attribution_graph
 from .hooks import HookError, HookNameError, hook_names
 from .interventions.ablation import ablation
@@ -29,10 +30,10 @@ from .interventions.result import PatchResult
 from .loading.bundled import bundled_models
 from .loading.weights import WeightsError
 from .model_api import GenerationStep, Model, load
-from .replacement.clt import CLTError, CrossLayerTranscoder
+from .replacement.clt import CrossLayerTranscoder
 from .replacement.evaluate import evaluate_transcoders
 from .replacement.load import load_transcoders
-from .replacement.transcoder_set import TranscoderSet, TranscoderSetError
+from .replacement.transcoder_set import TranscoderSet
 from .scans.scan import Scan, scan
 from .tokens import PromptError
 from .trace import Trace, TraceFormatError

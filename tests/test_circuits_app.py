@@ -32,7 +32,7 @@ from app.tabs.circuits import EXACT_MAX_EDGES, REFINE_SIZES, TASK_CHOICES
 from app.tabs.graph_attribution import feature_table
 from slmviz import SAE
 from slmviz.circuits.tasks import induction_task
-from slmviz.formats.sae_io import load_sae
+from slmviz.features.load import load_sae
 from slmviz.model_api import load_folder
 
 pytestmark = pytest.mark.app

@@ -1,4 +1,5 @@
-"""Cross-layer transcoder files (slmviz.formats.clt_io): circuit-tracer's W_enc_{L} / W_dec_{L} layout and Gemma
+"""Cross-layer transcoder files (slmviz.formats.circuit_tracer, slmviz.formats.gemma_scope, read by
+slmviz.replacement.load.load_clt): circuit-tracer's W_enc_{L} / W_dec_{L} layout and Gemma
 Scope 2's clt/ folders, on synthetic folders for tiny models.
 
 Checked against: the formula written out by hand from the saved files' own tensors (read with safetensors, not
@@ -16,9 +17,11 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 import slmviz
-from slmviz.formats.clt_io import is_clt_folder, load_clt
+from slmviz.errors import CLTError
 from slmviz.graphs.attribution import attribution_graph
-from slmviz.replacement.clt import CLTError, CrossLayerTranscoder
+from slmviz.replacement.clt import CrossLayerTranscoder
+from slmviz.replacement.load import load_clt, load_transcoders
+from slmviz.replacement.prepared import holds_clt
 
 PROMPT = "w3 w5 w7 w9 w11 w4"
 
@@ -65,7 +68,7 @@ def test_circuit_tracer_layout_round_trips_to_identical_features_and_graphs(mode
     assert cfg["model_kind"] == ("slmviz_topk_cross_layer_transcoder" if architecture == "topk"
                                  else "cross_layer_transcoder")
     back = load_clt(folder, model=m)
-    assert is_clt_folder(folder)
+    assert holds_clt(folder)
     assert (back.architecture, back.k, back.input_hook, back.n_layers) == (clt.architecture, clt.k, input_hook, n)
     for k, v in clt.tensors().items():
         assert torch.equal(back.tensors()[k], v), k
@@ -197,8 +200,6 @@ def test_formats_that_cannot_hold_a_clt_say_why(models, tmp_path):
 
 @pytest.mark.parametrize("fmt", ["circuit-tracer", "gemma-scope-2"])
 def test_load_transcoders_takes_a_clt_folder_in_either_layout(models, tmp_path, fmt):
-    from slmviz.replacement.load import load_transcoders
-
     m = models["llama_gqa"]
     clt = random_clt(m, seed=8)
     back = load_transcoders(clt.save(tmp_path / fmt, format=fmt), model=m)

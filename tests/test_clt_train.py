@@ -15,9 +15,9 @@ from conftest import build_tiny_model
 import slmviz
 from slmviz.corpora.named import resolve_corpus
 from slmviz.features.activations import Source, checked_corpus, plan_blocks
-from slmviz.formats.clt_io import load_clt
 from slmviz.graphs.attribution import attribution_graph
 from slmviz.replacement.clt import CrossLayerTranscoder
+from slmviz.replacement.load import load_clt
 from slmviz.training.clt_train import CLTTrainer, clt_block_rows, read_clt_checkpoint
 from slmviz.training.train_sae import CheckpointError
 from slmviz.training.train_set import train_transcoders

@@ -25,10 +25,9 @@ from slmviz.analysis.logit_attribution import logit_attribution
 from slmviz.circuits.circuit import circuit, patch_edges
 from slmviz.features.dashboard import feature_card, search_features, top_features
 from slmviz.features.sae import SAE
-from slmviz.formats.clt_io import load_clt
 from slmviz.graphs.attribution import attribution_graph
 from slmviz.graphs.intervene import intervene
-from slmviz.replacement.load import load_transcoders
+from slmviz.replacement.load import load_clt, load_transcoders
 from slmviz.training.train_set import train_transcoders
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
@@ -326,3 +325,29 @@ def test_graph_interventions_and_subgraphs_on_cuda_are_the_cpus(cpu, gpu):
         assert_close(theirs.original, ours.original, atol=1e-4)
         assert theirs.crossed == ours.crossed and theirs.continuation == ours.continuation
         pd.testing.assert_frame_equal(theirs.top(5)[["rank", "token"]], ours.top(5)[["rank", "token"]])
+
+
+def test_qk_attributions_and_head_loadings_on_cuda_are_the_cpus(cpu, gpu):
+    """graphs.qk and graphs.head_loadings compute where the model runs: on a GPU graph they give the CPU's split of
+    the same attention score and edge (results on the CPU either way), and the GPU's still sums exactly."""
+    from slmviz.graphs.head_loadings import head_loadings
+    from slmviz.graphs.qk import qk_attribution
+
+    tcs = [random_transcoder(L, seed=30 + L, skip=True) for L in (0, 1)]
+    g_cpu = attribution_graph(PROMPT, transcoders=tcs, model=cpu, progress=False)
+    g_gpu = attribution_graph(PROMPT, transcoders=[on_gpu(t) for t in tcs], model=gpu, progress=False)
+    a, b = (qk_attribution(g, layer=1, head=2, query=-1, key=3, max_pairs=None) for g in (g_cpu, g_gpu))
+    assert b.score == pytest.approx(a.score, rel=1e-4, abs=1e-5)
+    size = b.scale * float(b.query_vectors.sum(0).norm() * b.key_vectors.sum(0).norm())
+    assert abs(b.pairs["contribution"].sum() - b.score) <= 3e-5 * size + 1e-6
+    assert a.nodes["node_id"].equals(b.nodes["node_id"]) and b.query_vectors.device.type == "cpu"
+    assert_close(b.query_vectors, a.query_vectors, rtol=1e-4, atol=1e-5 * float(a.query_vectors.abs().max()))
+    assert_close(b.key_vectors, a.key_vectors, rtol=1e-4, atol=1e-5 * float(a.key_vectors.abs().max()))
+    nodes = g_cpu.nodes
+    source = nodes.loc[(nodes["kind"] == "embedding") & (nodes["position"] == 2), "node_id"].iat[0]
+    target = nodes.loc[nodes["kind"] == "logit", "node_id"].iat[0]
+    ours, theirs = (head_loadings(g, source, target).sort_values(["layer", "head"]) for g in (g_cpu, g_gpu))
+    scale = max(abs(ours.attrs["edge"]), float(ours["weight"].abs().max()))
+    for column in ("weight", "one_hop"):
+        assert_close(theirs[column].to_numpy(), ours[column].to_numpy(), rtol=1e-4, atol=1e-5 * scale, what=column)
+    assert theirs.attrs["recomputed_edge"] == pytest.approx(theirs.attrs["edge"], abs=2e-5 * scale)

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import slmviz
+from slmviz.errors import SAEError
 from slmviz.features.dashboard import acts_hook, feature_card, firing_stats, search_features, top_features
-from slmviz.features.sae import SAE, SAEError
+from slmviz.features.sae import SAE
 
 DOCS = [" ".join(f"w{(i * 7 + j * 3) % 40 + 2}" for j in range(6 + i % 5)) for i in range(12)]
 

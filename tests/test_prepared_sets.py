@@ -15,7 +15,7 @@ from conftest import build_tiny_model
 import slmviz
 from slmviz import SAE
 from slmviz.features.dashboard import acts_hook
-from slmviz.formats.transcoder_io import SET_FILE
+from slmviz.formats.slmviz import SET_FILE
 from slmviz.replacement.prepared import prepared_dir
 from slmviz.training.prepare import (
     RECIPES,

@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from slmviz.features.sae import SAE, SAEError
+from slmviz.errors import SAEError
+from slmviz.features.sae import SAE
 
 X = torch.tensor([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]])  # [pos=2, d_in=3]
 W_ENC = torch.tensor([[1.0, 0.0, -1.0, 2.0], [0.0, 1.0, 1.0, 0.0], [1.0, -1.0, 0.0, 1.0]])  # [3, 4]
@@ -109,6 +110,20 @@ def test_saelens_folder_round_trips(tmp_path, arch, extra):
     assert torch.equal(back.encode(x), sae.encode(x)) and torch.equal(back(x), sae(x))
 
 
+def test_from_state_copies_its_tensors_unless_told_to_adopt_them():
+    """Trainers hand from_state their live tensors and keep training: the SAE must not move with them. A loader's
+    freshly read tensors (copy=False) become the parameters as they are, converted only where the dtype differs.
+    Not covered: the loaders passing copy=False (their tests check the loaded values)."""
+    live = {k: v.clone() for k, v in state().items()}
+    sae = SAE.from_state(live, architecture="standard")
+    live["W_enc"].add_(1.0)
+    assert torch.equal(sae.W_enc, W_ENC)
+    adopted = SAE.from_state(live, architecture="standard", copy=False)
+    assert adopted.W_enc.data_ptr() == live["W_enc"].data_ptr() and adopted.W_enc.requires_grad
+    assert SAE.from_state(live, copy=False, dtype=torch.float64).W_enc.data_ptr() != live["W_enc"].data_ptr()
+    assert SAE.from_state(sae.tensors(), **sae.spec()).spec() == sae.spec()
+
+
 def test_k_larger_than_d_sae_is_an_error():
     with pytest.raises(SAEError, match="k=9 is larger than d_sae=4"):
         SAE.from_state(state(), architecture="topk", k=9)
@@ -136,7 +151,7 @@ def test_unknown_architecture_lists_the_supported_ones():
 
 @pytest.mark.parametrize("suffix", [".pt", ".pkl", ".bin"])
 def test_pickle_files_are_refused(tmp_path, suffix):
-    from slmviz.features.sae import read_safetensors
+    from slmviz.formats.files import read_safetensors
 
     path = tmp_path / f"weights{suffix}"
     torch.save(state(), path)

@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import save_file
 
 import slmviz
-from slmviz.features.sae import SAE, SAEError
-from slmviz.formats import sae_io as io
+from slmviz.errors import SAEError
+from slmviz.features.sae import SAE
+from slmviz.formats import hub
 
 # Gemma Scope 2's hook points, as its config.json writes them (hf_hook_point_in / _out).
 HF_POINTS = {
@@ -195,7 +196,7 @@ def test_a_hub_id_downloads_only_when_given_and_an_unreachable_hub_fails_in_boun
     assert not calls  # nothing is fetched for a local name
     start = time.perf_counter()
     with pytest.raises(SAEError, match="did not answer.*within 1 s"):
-        io.download("google/gemma-scope-2-270m-pt", "resid_post/layer_9_width_16k_l0_medium", timeout_s=1)
+        hub.download("google/gemma-scope-2-270m-pt", "resid_post/layer_9_width_16k_l0_medium", timeout_s=1)
     assert time.perf_counter() - start < 10 and calls
 
     def refuse(*args, **kwargs):

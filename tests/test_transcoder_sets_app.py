@@ -27,7 +27,7 @@ import slmviz
 from app.tabs.graph_attribution import feature_table
 from app.transcoder_sets import MAX_FEATURE_NODES
 from slmviz import SAE
-from slmviz.formats.transcoder_io import SET_FILE
+from slmviz.formats.slmviz import SET_FILE
 from slmviz.loading.bundled import cache_dir
 from slmviz.model_api import load_folder
 from slmviz.replacement.load import load_transcoders
@@ -255,7 +255,7 @@ def test_a_bundled_saes_card_reads_the_scan_prepared_with_the_set(tmp_path):
     """prepare_transcoders also prepares the bundled SAEs' scans over the set's corpus (here: six modern sentences,
     into a temporary cache that links the bundled model); the Features tab's card of transcoder_l6 reads it at once
     (its documents are those six), never scanning King James verses first."""
-    from slmviz.formats.sae_io import load_sae
+    from slmviz.features.load import load_sae
     from slmviz.training.prepare import prepare_sae_scans
 
     (tmp_path / SMOL).symlink_to(SMOL_FOLDER)

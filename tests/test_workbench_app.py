@@ -19,7 +19,7 @@ from gradio_client.exceptions import AppError
 
 import slmviz
 from slmviz import SAE
-from slmviz.formats.sae_io import load_sae
+from slmviz.features.load import load_sae
 from slmviz.graphs.intervene import intervene
 from slmviz.model_api import load_folder
 

@@ -25,8 +25,8 @@ from typing import Any
 import gradio as gr
 
 import slmviz
+from slmviz.errors import check_feature
 from slmviz.features.dashboard import acts_hook, feature_card, search_features, top_features
-from slmviz.features.sae import check_feature
 from slmviz.plots.features import FEATURE_LINK, feature_list_html
 from slmviz.plots.trace import show_token
 

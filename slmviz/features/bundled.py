@@ -16,6 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..formats.saelens import holds_sae
+
 BUNDLED_DIR = Path(__file__).parent / "bundled"
 
 
@@ -24,7 +26,7 @@ def bundled_saes(model: Any) -> list[str]:
     folder = BUNDLED_DIR / _model_name(model)
     if not folder.is_dir():
         return []
-    return sorted(p.name for p in folder.iterdir() if (p / "cfg.json").is_file())
+    return sorted(p.name for p in folder.iterdir() if holds_sae(p))
 
 
 def bundled_sae_folder(name: str, model: Any) -> Path | None:
@@ -33,7 +35,7 @@ def bundled_sae_folder(name: str, model: Any) -> Path | None:
     if model is None or not name or "/" in name or "\\" in name or name.startswith("."):
         return None
     folder = BUNDLED_DIR / _model_name(model) / name
-    return folder if (folder / "cfg.json").is_file() else None
+    return folder if holds_sae(folder) else None
 
 
 def _model_name(model: Any) -> str:

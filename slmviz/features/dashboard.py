@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from .checks import SAEError, _check_k, check_feature
+from ..errors import SAEError, check_feature, check_k
 
 BANDS = 5  # quantile bands of the feature's max activation: 0-20 %, ..., 80-100 %
 SEARCH_MODES = ("promotes", "fires")
@@ -107,7 +107,7 @@ def feature_card(sae: Any, feature: int, scan: Any = None, model: Any = None, do
     SAE was loaded for). docs: the scanned documents, shown when hovering a context. k: tokens per side of the
     logit effects and nearest features."""
     f = check_feature(sae, feature)
-    k = _check_k(k)
+    k = check_k(k)
     card = FeatureCard(sae, f, name=name, scan=scan, docs=docs, note=note, nearest=sae.nearest(f, k))
     if scan is not None:
         card.stats = firing_stats(scan, sae, f)
@@ -125,7 +125,7 @@ def top_features(trace: Any, sae: Any, k: int = 8) -> pd.DataFrame:
     features are read from acts_hook(sae) when traced with saes=[sae], else computed as sae.encode(input).
     kept is False on the rows sae.shown_rows drops (the first position, massive rows), whose features say nothing
     about their token; their activations are listed anyway."""
-    k = _check_k(k)
+    k = check_k(k)
     if sae.hook_name not in trace:
         raise ValueError(f"the trace has no {sae.hook_name!r}, the SAE's input; trace with that hook captured "
                          "(the default), e.g. m.trace(prompt, saes=[sae])")
@@ -154,7 +154,7 @@ def search_features(sae: Any, token: str, by: str = "promotes", model: Any = Non
     SAE loaded with model=) and `token` to be exactly one token (' the' and 'the' differ). Columns: feature, effect.
     by="fires": the k features with the most top contexts in `scan` on `token` (case and surrounding spaces
     ignored), then by their highest activation there. Columns: feature, contexts, activation."""
-    k = _check_k(k)
+    k = check_k(k)
     if by not in SEARCH_MODES:
         raise ValueError(f"by must be one of {SEARCH_MODES}, got {by!r}")
     if not (token or "").strip():

@@ -22,7 +22,7 @@ resid_pre (Decoder.forward_from), since the layers before it are the clean run's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -104,25 +104,10 @@ def evaluate_sae(
     model = model if model is not None else getattr(sae, "model", None)
     if model is None:
         raise ValueError("evaluate_sae needs the model the SAE reads: evaluate_sae(sae, corpus, model=m)")
-    from ..formats.sae_io import check_against_model
-
-    check_against_model(sae, model)
-    docs = iter_documents(corpus)
+    sae.check_model(model)
     totals = Totals(sae.d_out, sae.d_sae)
-    bar = _bar(progress, tokens)
-    seen = 0
-    for batch in plan_batches(iter_windows(model.tokenizer, docs, window), batch_tokens):
-        ids, real = batch_ids(batch)
+    for ids, real in evaluation_batches(model, corpus, tokens, window, batch_tokens, progress, "evaluate_sae"):
         evaluate_batch(sae, model, ids, real, totals)
-        seen += batch.n_tokens
-        if bar is not None:
-            bar.update(batch.n_tokens)
-        elif callable(progress):
-            progress(seen, tokens)
-        if tokens is not None and seen >= tokens:
-            break
-    if bar is not None:
-        bar.close()
     if totals.rows == 0:
         raise CorpusError("the corpus gave no tokens to evaluate on (empty, or only blank documents and single-token "
                           "windows, whose one position is a window's first)")
@@ -174,9 +159,26 @@ def evaluate_batch(sae: Any, model: Any, ids: torch.Tensor, real: torch.Tensor, 
         totals.kl[name] += float((log_clean.exp() * (log_clean - log_run)).sum(-1).clamp_min(0).sum())
 
 
-def _bar(progress: Progress, total: int | None):
-    if progress is not True:
-        return None
-    from tqdm.auto import tqdm
+def evaluation_batches(model: Any, corpus: Any, tokens: int | None, window: int, batch_tokens: int,
+                       progress: Progress, desc: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(ids [b, T], real [b, T]) of the corpus's windows, batch by batch, until `tokens` real tokens (None: all);
+    progress shown as a tqdm bar named `desc` (progress=True) or passed to fn(tokens seen, tokens)."""
+    bar = None
+    if progress is True:
+        from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="tok", unit_scale=True, desc="evaluate_sae")
+        bar = tqdm(total=tokens, unit="tok", unit_scale=True, desc=desc)
+    seen = 0
+    try:
+        for batch in plan_batches(iter_windows(model.tokenizer, iter_documents(corpus), window), batch_tokens):
+            yield batch_ids(batch)
+            seen += batch.n_tokens
+            if bar is not None:
+                bar.update(batch.n_tokens)
+            elif callable(progress):
+                progress(seen, tokens)
+            if tokens is not None and seen >= tokens:
+                break
+    finally:
+        if bar is not None:
+            bar.close()

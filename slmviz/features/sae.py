@@ -13,86 +13,26 @@ and predicts another (`blocks.L.hook_mlp_out`). Formulas (SAELens 6.x, DESIGN.md
 Shapes: W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_out], b_dec [d_out], threshold [d_sae],
 W_skip [d_out, d_in] (SAELens's orientation; Gemma Scope 2's `affine_skip_connection` is its transpose).
 
-Files: `save(folder)` writes SAELens 6's `cfg.json` + `sae_weights.safetensors`, which `sae_lens.SAE.load_from_disk`
-reads (bench/sae_lens_roundtrip.py checks it); `load(folder)` reads them back. Safetensors only: a pickle
-(.pt/.pkl/.bin) is refused, because loading one runs arbitrary code.
+Files: `save(folder)` writes SAELens 6's `cfg.json` + `sae_weights.safetensors` (formats.saelens), which
+`sae_lens.SAE.load_from_disk` reads (bench/sae_lens_roundtrip.py checks it); `load(folder)` reads them back. Other
+layouts (Gemma Scope 2, circuit-tracer's sets) are read by their format modules into the same plain data, a `spec`
+(the settings: SAE.spec) and SAELens-named tensors, from which `from_state` builds the SAE: it never knows which file
+it came from.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
-from .checks import SAEError, _check_k, check_feature  # noqa: F401 (re-exported: features modules import them here)
-
-CFG_FILENAME = "cfg.json"  # SAELens's SAE_CFG_FILENAME
-WEIGHTS_FILENAME = "sae_weights.safetensors"  # SAELens's SAE_WEIGHTS_FILENAME
-PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt")
-
-ARCHITECTURES = ("relu", "topk", "jumprelu")
-# SAELens's (and Gemma Scope's) architecture names -> (ours, has W_skip). SAELens writes "standard" for relu SAEs and
-# the *_transcoder names for transcoders; whether a model is a transcoder otherwise follows from its hooks and shapes.
-SAELENS_ARCHITECTURES: dict[str, tuple[str, bool]] = {
-    "standard": ("relu", False),
-    "relu": ("relu", False),
-    "topk": ("topk", False),
-    "jumprelu": ("jumprelu", False),
-    "jump_relu": ("jumprelu", False),  # Gemma Scope 2's config.json spelling
-    "transcoder": ("relu", False),
-    "skip_transcoder": ("relu", True),
-    "jumprelu_transcoder": ("jumprelu", False),
-    "jumprelu_skip_transcoder": ("jumprelu", True),
-}
-NORMALIZATIONS = ("none",)  # SAELens's normalize_activations values that need nothing at run time
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# The SAELens version whose cfg.json layout save() writes: load_from_disk treats a file without a version >= 6.0 as a
-# pre-6 config and renames its keys, so the field must be there.
-SAELENS_FORMAT_VERSION = "6.0.0"
-
-
-def canonical_architecture(name: str) -> tuple[str, bool]:
-    """A SAELens / Gemma Scope architecture name -> (relu | topk | jumprelu, has a skip connection).
-
-    An unknown name is an error listing the supported ones: guessing (e.g. running a gated SAE as relu) runs and
-    silently computes other features."""
-    key = str(name).lower()
-    if key not in SAELENS_ARCHITECTURES:
-        raise SAEError(
-            f"unknown SAE architecture {name!r}; supported: {', '.join(SAELENS_ARCHITECTURES)} "
-            f"(slmviz computes {', '.join(ARCHITECTURES)}, with or without a skip connection)"
-        )
-    return SAELENS_ARCHITECTURES[key]
-
-
-def refuse_pickle(path: str | Path) -> None:
-    """Refuse a pickle-based weights file by name: torch.load / pickle.load run arbitrary code from the file."""
-    if Path(path).suffix.lower() in PICKLE_SUFFIXES:
-        raise SAEError(
-            f"{path}: pickle-based weight files ({', '.join(PICKLE_SUFFIXES)}) are refused, since loading one runs "
-            "arbitrary code; convert it to safetensors (cfg.json + sae_weights.safetensors, or params.safetensors)"
-        )
-
-
-def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a .safetensors file (a pickle file is refused, a missing one is a clear error)."""
-    path = Path(path)
-    refuse_pickle(path)
-    if not path.is_file():
-        raise SAEError(f"{path}: no such weights file")
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
-    except SAEError:
-        raise
-    except Exception as e:  # safetensors raises its own error types for a corrupt header
-        raise SAEError(f"{path}: not a readable safetensors file ({e})") from e
+from ..errors import SAEError, check_feature, check_k
+from ..formats import saelens
+from ..formats.saelens import canonical_architecture
+from ..hooks import hook_shape
 
 
 def _topk(h: torch.Tensor, k: int) -> torch.Tensor:
@@ -201,6 +141,27 @@ class SAE(torch.nn.Module):
         hooks = self.hook_name if not self.is_transcoder else f"{self.hook_name} -> {self.hook_name_out}"
         return f"SAE({self.architecture} {kind}, {hooks}, d_in={self.d_in}, d_sae={self.d_sae}, d_out={self.d_out}{k})"
 
+    def check_model(self, model: Any) -> None:
+        """The SAE's hooks exist in this model's family and have its widths (d_in at hook_name, d_out at
+        hook_name_out); else an SAEError saying which, and what the model has instead."""
+        valid = model.hook_names
+        family = getattr(model.cfg, "model_type", "this model")
+        for what, name, width in (("reads", self.hook_name, self.d_in), ("writes", self.hook_name_out, self.d_out)):
+            if name not in valid:
+                local = name.split(".", 2)[-1]
+                layers = sorted({int(n.split(".")[1]) for n in valid if n.endswith("." + local)})
+                hint = (f"; this model has {local} at layers 0..{layers[-1]}" if layers
+                        else f"; {family} models have no '{local}' hook (see model.hook_names)")
+                raise SAEError(f"{self!r} {what} {name!r}, which {model.name!r} ({family}) does not have{hint}")
+            shape = hook_shape(name, model.cfg, 1)[1:]
+            have = math.prod(shape)
+            if have != width:
+                dims = "x".join(map(str, shape))
+                raise SAEError(
+                    f"{self!r} {what} {width} values per token at {name!r}, but that hook is {dims} = {have} wide "
+                    f"on {model.name!r} ({family}, d_model={model.cfg.d_model}); this SAE was made for another model"
+                )
+
     # ---- the formulas ------------------------------------------------------------------------------------------
     def _flat_input(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., d_in] (or [..., h, d_head] for a hook_z SAE, flattened like SAELens's reshape_fn_in)."""
@@ -277,6 +238,11 @@ class SAE(torch.nn.Module):
         return splice_sizes(self)
 
     # ---- what a feature writes ---------------------------------------------------------------------------------
+    def decoder_rows(self) -> dict[str, torch.Tensor]:
+        """{hook written: [d_sae, d_out]}: d output / d feature at every hook the features write (one for an SAE;
+        a CLT layer's features write several, CLTLayer.decoder_rows)."""
+        return {self.hook_name_out: self.W_dec}
+
     def residual_direction(self, feature: int, model: Any = None) -> torch.Tensor:
         """[d_model]: what feature f writes into the residual stream (W_dec[f]; through W_O for an attn.hook_z SAE)."""
         f = check_feature(self, feature)
@@ -303,7 +269,7 @@ class SAE(torch.nn.Module):
         model = model if model is not None else self.model
         if model is None:
             raise SAEError("logit_effects needs the model: pass model=, or load the SAE with load_sae(..., model=m)")
-        k = _check_k(k)
+        k = check_k(k)
         from ..variants import resolve_variant
 
         direction = self.residual_direction(feature, model)
@@ -321,7 +287,7 @@ class SAE(torch.nn.Module):
     def nearest(self, feature: int, k: int = 10) -> pd.DataFrame:
         """The k other features whose decoder rows have the largest cosine with W_dec[f]: rank, feature, cosine."""
         f = check_feature(self, feature)
-        k = min(_check_k(k), self.d_sae - 1)
+        k = min(check_k(k), self.d_sae - 1)
         w = self.W_dec.detach().float()
         unit = w / w.norm(dim=-1, keepdim=True).clamp(min=1e-12)
         cos = unit @ unit[f]  # [d_sae]
@@ -351,7 +317,7 @@ class SAE(torch.nn.Module):
         state["model"] = None
         return state
 
-    # ---- state -------------------------------------------------------------------------------------------------
+    # ---- state: what a file format reads and writes -------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:
         """SAELens's safetensors keys -> tensors (threshold only for jumprelu, W_skip only for skip transcoders)."""
         out = {"W_enc": self.W_enc, "b_enc": self.b_enc, "W_dec": self.W_dec, "b_dec": self.b_dec}
@@ -361,12 +327,24 @@ class SAE(torch.nn.Module):
             out["W_skip"] = self.W_skip
         return {k: v.detach() for k, v in out.items()}
 
+    def spec(self) -> dict[str, Any]:
+        """The settings beside the tensors: the constructor's arguments other than the sizes (which the tensors'
+        shapes give), so `SAE.from_state(sae.tensors(), **sae.spec())` is the same SAE. What formats write."""
+        return {"architecture": self.architecture, "k": self.k, "skip": self.W_skip is not None,
+                "hook_name": self.hook_name, "hook_name_out": self.hook_name_out,
+                "apply_b_dec_to_input": self.apply_b_dec_to_input,
+                "rescale_acts_by_decoder_norm": self.rescale_acts_by_decoder_norm,
+                "reshape_activations": self.reshape_activations, "dtype": self.dtype, "metadata": dict(self.metadata)}
+
     @classmethod
-    def from_state(cls, state: dict[str, torch.Tensor], architecture: str = "relu", **kwargs: Any) -> SAE:
+    def from_state(cls, state: dict[str, torch.Tensor], architecture: str = "relu", copy: bool = True,
+                   **kwargs: Any) -> SAE:
         """An SAE from SAELens-named tensors; shapes and finiteness are checked and each problem named.
 
-        `kwargs` are the constructor's (k, hook_name, hook_name_out, apply_b_dec_to_input, metadata, ...);
-        d_in, d_sae and d_out come from W_enc and W_dec, the dtype from W_enc unless dtype= is given."""
+        `kwargs` are the constructor's (k, hook_name, hook_name_out, apply_b_dec_to_input, metadata, ...: SAE.spec);
+        d_in, d_sae and d_out come from W_enc and W_dec, the dtype from W_enc unless dtype= is given. Other tensors
+        in `state` are ignored. `copy=False` makes the tensors the SAE's parameters (converted only where the dtype
+        differs): for a loader's freshly read tensors, which nothing else holds; the default copies."""
         arch, arch_skip = canonical_architecture(architecture)
         need = ["W_enc", "b_enc", "W_dec", "b_dec"] + (["threshold"] if arch == "jumprelu" else [])
         if arch_skip or kwargs.get("skip"):
@@ -401,99 +379,21 @@ class SAE(torch.nn.Module):
                 bad = int((~torch.isfinite(state[n])).sum())
                 raise SAEError(f"tensor {n!r} holds {bad} non-finite values (nan or inf)")
         dtype = kwargs.pop("dtype", None) or w_enc.dtype
-        sae = cls(int(d_in), int(d_sae), int(d_out), architecture=architecture, dtype=dtype, **kwargs)
-        with torch.no_grad():
-            for n in sae.tensors():
-                getattr(sae, n).copy_(state[n].to(dtype))
+        with torch.device("meta"):  # no weights allocated: the state's tensors become them
+            sae = cls(int(d_in), int(d_sae), int(d_out), architecture=architecture, dtype=dtype, **kwargs)
+        sae.load_state_dict({n: state[n].to(dtype, copy=copy).contiguous() for n in sae.tensors()}, assign=True)
         return sae
 
-    def config(self) -> dict[str, Any]:
-        """SAELens 6's cfg.json for this SAE (what `sae_lens.SAE.load_from_disk` reads)."""
-        name = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu"}[self.architecture]
-        if self.is_transcoder:
-            if self.architecture == "topk":
-                raise SAEError("SAELens has no topk transcoder format; save a topk transcoder as jumprelu instead")
-            base = {"relu": "", "jumprelu": "jumprelu_"}[self.architecture]
-            name = f"{base}{'skip_' if self.W_skip is not None else ''}transcoder"
-        dtype = next(k for k, v in DTYPES.items() if v == self.dtype)
-        metadata = {"sae_lens_version": SAELENS_FORMAT_VERSION, "sae_lens_training_version": SAELENS_FORMAT_VERSION}
-        metadata.update(self.metadata)
-        metadata.update(hook_name=self.hook_name, hook_name_out=self.hook_name_out, hook_head_index=None)
-        cfg: dict[str, Any] = {
-            "architecture": name,
-            "d_in": self.d_in,
-            "d_sae": self.d_sae,
-            "dtype": dtype,
-            "device": "cpu",
-            "apply_b_dec_to_input": self.apply_b_dec_to_input,
-            "normalize_activations": "none",
-            "reshape_activations": self.reshape_activations,
-            "metadata": metadata,
-        }
-        if self.architecture == "topk":
-            cfg.update(k=self.k, rescale_acts_by_decoder_norm=self.rescale_acts_by_decoder_norm)
-        if self.is_transcoder:
-            cfg["d_out"] = self.d_out
-        return cfg
-
     def save(self, folder: str | Path) -> Path:
-        """Write SAELens's format: folder/cfg.json + folder/sae_weights.safetensors. Returns the folder."""
-        folder = Path(folder)
-        cfg = self.config()
-        folder.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.tensors().items()}, str(folder / WEIGHTS_FILENAME))
-        (folder / CFG_FILENAME).write_text(json.dumps(cfg, indent=2, default=str) + "\n")
-        return folder
-
-    @classmethod
-    def from_config(cls, cfg: dict[str, Any], state: dict[str, torch.Tensor]) -> SAE:
-        """An SAE from a SAELens cfg.json dict (6.x, or pre-6 flat keys) and its tensors."""
-        meta = dict(cfg.get("metadata") or {})
-        hook_name = meta.get("hook_name") or cfg.get("hook_name") or cfg.get("hook_point") or ""
-        hook_name_out = meta.get("hook_name_out") or cfg.get("hook_name_out") or hook_name
-        architecture = cfg.get("architecture", "standard")
-        k = cfg.get("k")
-        if k is None and cfg.get("activation_fn") == "topk":  # pre-6 configs kept k in activation_fn_kwargs
-            architecture, k = "topk", (cfg.get("activation_fn_kwargs") or {}).get("k")
-        norm = cfg.get("normalize_activations") or "none"
-        if norm not in NORMALIZATIONS:
-            raise SAEError(
-                f"normalize_activations={norm!r} is not supported (slmviz reads {NORMALIZATIONS}): the SAE expects "
-                "rescaled inputs, and feeding it raw activations would silently give other features"
-            )
-        if "scaling_factor" in state and not torch.all(state["scaling_factor"] == 1):
-            raise SAEError("a finetuning scaling_factor other than 1 is not supported")
-        dtype = DTYPES.get(str(cfg.get("dtype", "float32")).removeprefix("torch."))
-        if dtype is None:
-            raise SAEError(f"dtype {cfg.get('dtype')!r} is not one of {list(DTYPES)}")
-        arch, _ = canonical_architecture(architecture)
-        return cls.from_state(
-            state,
-            architecture=architecture,
-            k=int(k) if arch == "topk" and k is not None else None,
-            hook_name=hook_name,
-            hook_name_out=hook_name_out,
-            apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)),
-            rescale_acts_by_decoder_norm=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
-            reshape_activations=cfg.get("reshape_activations") or "none",
-            dtype=dtype,
-            metadata=meta,
-        )
+        """Write SAELens's format: folder/cfg.json + folder/sae_weights.safetensors (formats.saelens). Returns the
+        folder."""
+        return saelens.write_sae(folder, self.spec(), self.tensors())
 
     @classmethod
     def load(cls, folder: str | Path) -> SAE:
         """Read a SAELens folder (cfg.json + sae_weights.safetensors) written by `save` or by SAELens."""
-        folder = Path(folder)
-        refuse_pickle(folder)
-        if not (folder / CFG_FILENAME).is_file():
-            for p in sorted(folder.glob("*")) if folder.is_dir() else []:
-                refuse_pickle(p)  # a folder holding only a pickle: say so, rather than "no cfg.json"
-            raise SAEError(f"{folder}: no {CFG_FILENAME}; a SAELens folder holds {CFG_FILENAME} and {WEIGHTS_FILENAME}")
-        try:
-            cfg = json.loads((folder / CFG_FILENAME).read_text())
-        except json.JSONDecodeError as e:
-            raise SAEError(f"{folder / CFG_FILENAME}: not valid JSON ({e})") from e
-        return cls.from_config(cfg, read_safetensors(folder / WEIGHTS_FILENAME))
+        spec, tensors, _ = saelens.read_sae(folder)
+        return cls.from_state(tensors, copy=False, **spec)
 
     # ---- random initialisation (tests, benchmarks, training's starting point) ------------------------------------
     @classmethod

@@ -70,7 +70,7 @@ def _flat(x: torch.Tensor, width: int, name: str) -> torch.Tensor:
 def splice_fns(sae: Any, ctx: HookContext, use_error_term: bool | None = None) -> dict[str, HookFn]:
     """{hook name: fn} that splice `sae` into a forward pass run with `ctx` (see the module docstring)."""
     names = sub_hook_names(sae)
-    error_term = getattr(sae, "use_error_term", True) if use_error_term is None else use_error_term
+    error_term = sae.use_error_term if use_error_term is None else use_error_term
     separate = sae.hook_name != sae.hook_name_out
     kept: dict[str, torch.Tensor] = {}
     # Edits of these change the reconstruction, so the error term needs the unedited SAE's own reconstruction.

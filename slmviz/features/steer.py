@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from .sae import SAE, SAEError, check_feature
+from ..errors import SAEError, check_feature
+from .sae import SAE
 
 
 def steer(sae: SAE, strengths: Mapping[int, float]) -> dict[str, Any]:

@@ -25,14 +25,22 @@ from __future__ import annotations
 import math
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 
 from ..tokens import PromptError
-from .frozen import AttributionGraphError, PromptState, checked_transcoders, prompt_state
+from .frozen import (  # noqa: F401  (Writes, writes_values: re-exported, as bench/longest_prompt.py imports them)
+    AttributionGraphError,
+    PromptState,
+    Writes,
+    active_features,
+    checked_transcoders,
+    demeaned_unembed,
+    prompt_state,
+    writes_values,
+)
 from .graph import AttributionGraph
 
 DEFAULT_MEMORY_BUDGET_GB = 4.0
@@ -57,16 +65,13 @@ def estimate_memory_bytes(n_nodes: int, n_pos: int, batch_size: int, cfg: Any, b
 def salient_logits(logits: torch.Tensor, unembed: torch.Tensor, max_n_logits: int, desired_logit_prob: float
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """circuit-tracer's compute_salient_logits: the smallest top set whose cumulative probability reaches
-    `desired_logit_prob`, at most `max_n_logits`; returns (ids [k], probs [k], demeaned unembedding rows [k, d]).
-
-    Demeaned: W_U[tok] - mean over the vocabulary of W_U, so a target is logit[tok] - mean(logits), which is what
-    moves the token's probability (a shift of every logit does not)."""
+    `desired_logit_prob`, at most `max_n_logits`; returns (ids [k], probs [k], demeaned unembedding rows [k, d]:
+    frozen.demeaned_unembed)."""
     probs = torch.softmax(logits.float(), dim=-1)
     top_p, top_idx = torch.topk(probs, min(max_n_logits, probs.shape[-1]))
     cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), desired_logit_prob)) + 1
     top_p, top_idx = top_p[:cutoff], top_idx[:cutoff]
-    w = unembed.float()  # [vocab, d_model]
-    return top_idx, top_p, w[top_idx] - w.mean(0, keepdim=True)
+    return top_idx, top_p, demeaned_unembed(unembed, top_idx)
 
 
 def prepend_special(tokenizer: Any, ids: torch.Tensor) -> torch.Tensor:
@@ -234,50 +239,8 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
         prompt=prompt if isinstance(prompt, str) else "".join(model.to_strings(ids)),
         tokens=model.to_strings(ids), input_ids=[int(i) for i in ids], nodes=nodes, adjacency=adjacency,
         constant=constant, target_values=target_values, logit_probabilities=logit_p, n_layers=n_layers,
-        model_name=str(getattr(model, "name", "")),
+        model_name=str(getattr(model, "name", "")), zero_bos=zero_bos,
         transcoder_names=ts.names, model=model, transcoders=ts)
-
-
-@dataclass
-class Writes:
-    """What the active features add to the MLP outputs: one entry per (feature node, layer it writes): the node's
-    index, the layer written, and the vector [d_model] (fp32) as `scale · table[row]`. A per-layer transcoder
-    writes its own layer once; a cross-layer transcoder's feature writes every later layer too.
-
-    Why a table: the vector is the feature's activation times a decoder row that depends on the feature alone, and a
-    feature fires at many positions. Stored per write, a CLT's vectors grow with the prompt (SmolLM2's CLT: ~1,000
-    active features a token, ~15 rows each, 37 MB a token, so the 4 GiB budget stopped at 55 tokens); the table
-    holds each (feature, layer written) row once, at most the CLT's decoder, whatever the length."""
-
-    node: torch.Tensor  # [w] long: the feature node (0..n_features-1)
-    layer: torch.Tensor  # [w] long: the MLP output written
-    scale: torch.Tensor  # [w] fp32: the feature's activation at the node
-    row: torch.Tensor  # [w] long: its unit-activation vector's row in `table`
-    table: torch.Tensor  # [r, d_model] fp32: the distinct unit-activation vectors
-
-    def vec(self, idx: torch.Tensor | slice = slice(None)) -> torch.Tensor:
-        """The vectors [n, d_model] of writes `idx`."""
-        return self.scale[idx, None] * self.table[self.row[idx]]
-
-    def values(self) -> int:
-        """What the writes hold, in fp32-sized values (graph_memory_bytes' `write_values`)."""
-        return writes_values(self.table.shape[0], len(self.node), self.table.shape[1])
-
-    def select(self, features: torch.Tensor) -> Writes:
-        """The writes of `features` (sorted feature node indices), renumbered 0..len(features)-1; the table is
-        shared."""
-        size = max(int(self.node.max()) if len(self.node) else -1, int(features.max()) if len(features) else -1) + 1
-        dev = self.node.device
-        new = torch.full((size,), -1, dtype=torch.long, device=dev)
-        new[features.to(dev)] = torch.arange(len(features), device=dev)
-        keep = new[self.node] >= 0 if len(self.node) else torch.zeros(0, dtype=torch.bool, device=dev)
-        return Writes(new[self.node[keep]], self.layer[keep], self.scale[keep], self.row[keep], self.table)
-
-
-def writes_values(table_rows: int | torch.Tensor, n_writes: int | torch.Tensor, d_model: int) -> int | torch.Tensor:
-    """Writes' size in fp32-sized values: the table's rows, and per write three int64 indices (two values each) and
-    the scale. Also what bench/longest_prompt.py counts a prompt's writes by, before any graph is built."""
-    return table_rows * d_model + 7 * n_writes
 
 
 PARTIAL_INFLUENCE_CHUNK = 2**26  # bytes of |rows| partial_influences takes at a time
@@ -387,67 +350,6 @@ def largest_cap(budget: float, n_pos: int, n_feat: int, n_logits: int, batch_siz
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if need(mid) <= budget else (lo, mid - 1)
     return lo
-
-
-def active_features(ts: Any, state: PromptState, n_layers: int, zero_bos: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Writes,
-                               torch.Tensor]:
-    """Phase 0 (circuit-tracer's setup_attribution): the active features of the prompt, ordered by layer, position,
-    feature, as (layer, position, feature, activation, encoder rows [n, d_model], writes, errors [n_layers, pos,
-    d_model]). A layer's error is its MLP output minus the set's prediction there (the whole output where nothing
-    writes). `zero_bos` drops position 0's features and errors."""
-    n_pos, d_model, dev = len(state.ids), state.embed.shape[-1], state.embed.device
-    acts_by_layer: dict[int, torch.Tensor] = {}
-    layers, positions, feats, values, enc = [], [], [], [], []
-    for layer in ts.layers:
-        with torch.no_grad():
-            acts = ts.encode(layer, state.mlp_in[layer]).float()  # [pos, d_sae]
-        acts_by_layer[layer] = acts
-        shown = acts.clone()
-        if zero_bos:
-            shown[0] = 0
-        pos, idx = torch.nonzero(shown, as_tuple=True)  # row-major: position, then feature
-        layers.append(torch.full_like(pos, layer))
-        positions.append(pos)
-        feats.append(idx)
-        values.append(shown[pos, idx])
-        enc.append(ts.encoder_rows(layer, idx))
-
-    def cat(xs: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
-        return torch.cat(xs) if xs else empty
-
-    long0, float0 = torch.zeros(0, dtype=torch.long, device=dev), torch.zeros(0, device=dev)
-    f_layer, f_pos, f_idx = cat(layers, long0), cat(positions, long0), cat(feats, long0)
-    f_act, f_enc = cat(values, float0), cat(enc, torch.zeros(0, d_model, device=dev))
-    nodes, targets, scales, rows, table = [], [], [], [], []
-    start = n_rows = 0
-    for layer, idx, act in zip(ts.layers, feats, values, strict=True):
-        node = torch.arange(start, start + len(idx), device=dev)
-        distinct, which = idx.unique(return_inverse=True)  # a feature's rows once, however many positions it fires at
-        unit = torch.ones(len(distinct), device=dev)
-        for target, v in ts.writes(layer, distinct, unit):  # the unit-activation vectors
-            nodes.append(node)
-            targets.append(torch.full_like(node, target))
-            scales.append(act.float())
-            rows.append(n_rows + which)
-            table.append(v)
-            n_rows += len(distinct)
-        start += len(idx)
-    writes = Writes(cat(nodes, long0), cat(targets, long0), cat(scales, float0), cat(rows, long0),
-                    cat(table, torch.zeros(0, d_model, device=dev)))
-    errors = torch.zeros(n_layers, n_pos, d_model, device=dev)
-    inputs = {L: state.mlp_in[L] for L in ts.layers}
-    written = {int(L) for L in writes.layer.unique()} | set(ts.layers)
-    for layer in range(n_layers):
-        out = state.mlp_out[layer].float()
-        if layer not in written:
-            errors[layer] = out
-            continue
-        with torch.no_grad():
-            errors[layer] = out - ts.reconstruct(layer, acts_by_layer, inputs).float()
-    if zero_bos:
-        errors[:, 0] = 0
-    return f_layer, f_pos, f_idx, f_act, f_enc, writes, errors
 
 
 def attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple], adjacency: torch.Tensor,

@@ -10,20 +10,23 @@ x · W_skipᵀ where it has one (linear, so gradients flow through it, as in cir
 What stays outside every node and so forms each target's `constant` (`replacement_constant`): b_dec, the
 attention/MLP biases of families that have them, a LayerNorm's bias, and whatever `zero_bos` zeroes.
 The replacement itself (which coders read and write where, their decoder vectors, the frozen forward) belongs to the
-transcoder set (features.transcoder_set.TranscoderSet); this module captures the prompt's run it freezes, and
-attribution.py turns the set's gradients into a graph.
+replacement set (replacement.base.ReplacementSet); this module captures the prompt's run it freezes and the sources a
+graph's nodes stand for (`active_features`: the features, their writes, the error terms), and attribution.py turns
+the set's gradients into a graph (qk.py and head_loadings.py rebuild the same sources to look inside its attention).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..errors import TranscoderSetError
 from ..hooks import build_context
-from ..replacement.transcoder_set import TranscoderSet, TranscoderSetError, as_transcoder_set
+from ..replacement.base import ReplacementSet
+from ..replacement.transcoder_set import as_replacement
 from ..variants import resolve_variant
 
 
@@ -32,11 +35,11 @@ class AttributionGraphError(ValueError):
     too long for the memory budget."""
 
 
-def checked_transcoders(transcoders: Any, model: Any) -> TranscoderSet:
-    """`transcoders=` as a TranscoderSet that fits `model` (a set, one transcoder or a list); each problem is an
+def checked_transcoders(transcoders: Any, model: Any) -> ReplacementSet:
+    """`transcoders=` as a replacement set that fits `model` (a set, one transcoder or a list); each problem is an
     AttributionGraphError naming the coder."""
     try:
-        ts = as_transcoder_set(transcoders)
+        ts = as_replacement(transcoders)
         ts.check_model(model)
     except TranscoderSetError as e:
         raise AttributionGraphError(str(e)) from e
@@ -95,9 +98,79 @@ def prompt_state(model: Any, ids: torch.Tensor, transcoders: Any = None) -> Prom
 
 
 def frozen_forward(model: Any, state: PromptState, transcoders: Any, embed: torch.Tensor,
-                   deltas: Sequence[torch.Tensor], grad: bool = False, last_layer: int | None = None
-                   ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """The set's local replacement model (TranscoderSet.frozen_forward); `transcoders` as attribution_graph takes
+                   deltas: Sequence[torch.Tensor], grad: bool = False, last_layer: int | None = None,
+                   hooks: Mapping[str, Any] | None = None) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """The set's local replacement model (ReplacementSet.frozen_forward); `transcoders` as attribution_graph takes
     them."""
-    return as_transcoder_set(transcoders).frozen_forward(model, state, embed, deltas, grad=grad,
-                                                         last_layer=last_layer)
+    return as_replacement(transcoders).frozen_forward(model, state, embed, deltas, grad=grad,
+                                                      last_layer=last_layer, hooks=hooks)
+
+
+def demeaned_unembed(unembed: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """The vectors [k, d_model] (fp32) a graph's logit nodes read ln_final's output through: W_U[tok] minus the mean
+    over the vocabulary of W_U, so a target is logit[tok] - mean(logits), which is what moves the token's
+    probability (a shift of every logit does not). Reading W_U[tok] itself would attribute that shift too, and the
+    graph's edges would no longer sum to what the logit nodes stand for (tests/test_attribution_graph.py checks the
+    sums against a plain forward)."""
+    w = unembed.float()  # [vocab, d_model]
+    return w[token_ids] - w.mean(0, keepdim=True)
+
+
+@dataclass
+class Writes:
+    """What the active features add to the MLP outputs: one entry per (feature node, layer it writes): the node's
+    index, the layer written, and the vector [d_model] (fp32) as `scale · table[row]`. A per-layer transcoder
+    writes its own layer once; a cross-layer transcoder's feature writes every later layer too.
+
+    Why a table: the vector is the feature's activation times a decoder row that depends on the feature alone, and a
+    feature fires at many positions. Stored per write, a CLT's vectors grow with the prompt (SmolLM2's CLT: ~1,000
+    active features a token, ~15 rows each, 37 MB a token, so the 4 GiB budget stopped at 55 tokens); the table
+    holds each (feature, layer written) row once, at most the CLT's decoder, whatever the length."""
+
+    node: torch.Tensor  # [w] long: the feature node (0..n_features-1)
+    layer: torch.Tensor  # [w] long: the MLP output written
+    scale: torch.Tensor  # [w] fp32: the feature's activation at the node
+    row: torch.Tensor  # [w] long: its unit-activation vector's row in `table`
+    table: torch.Tensor  # [r, d_model] fp32: the distinct unit-activation vectors
+
+    def vec(self, idx: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """The vectors [n, d_model] of writes `idx`."""
+        return self.scale[idx, None] * self.table[self.row[idx]]
+
+    def values(self) -> int:
+        """What the writes hold, in fp32-sized values (graph_memory_bytes' `write_values`)."""
+        return writes_values(self.table.shape[0], len(self.node), self.table.shape[1])
+
+    def select(self, features: torch.Tensor) -> Writes:
+        """The writes of `features` (sorted feature node indices), renumbered 0..len(features)-1; the table is
+        shared."""
+        size = max(int(self.node.max()) if len(self.node) else -1, int(features.max()) if len(features) else -1) + 1
+        dev = self.node.device
+        new = torch.full((size,), -1, dtype=torch.long, device=dev)
+        new[features.to(dev)] = torch.arange(len(features), device=dev)
+        keep = new[self.node] >= 0 if len(self.node) else torch.zeros(0, dtype=torch.bool, device=dev)
+        return Writes(new[self.node[keep]], self.layer[keep], self.scale[keep], self.row[keep], self.table)
+
+
+def writes_values(table_rows: int | torch.Tensor, n_writes: int | torch.Tensor, d_model: int) -> int | torch.Tensor:
+    """Writes' size in fp32-sized values: the table's rows, and per write three int64 indices (two values each) and
+    the scale. Also what bench/longest_prompt.py counts a prompt's writes by, before any graph is built."""
+    return table_rows * d_model + 7 * n_writes
+
+
+def active_features(ts: Any, state: PromptState, n_layers: int, zero_bos: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Writes,
+                               torch.Tensor]:
+    """Phase 0 (circuit-tracer's setup_attribution): the active features of the prompt, ordered by layer, position,
+    feature, as (layer, position, feature, activation, encoder rows [n, d_model], writes, errors [n_layers, pos,
+    d_model]), from the set's compute_attribution_components. A layer's error is its MLP output minus the set's
+    prediction there (the whole output where nothing writes). `zero_bos` drops position 0's features and errors."""
+    c = ts.compute_attribution_components(state.mlp_in, zero_bos)
+    writes = Writes(c.write_feature, c.write_layer, c.activation[c.write_feature], c.write_row, c.decoder)
+    errors = torch.zeros(n_layers, len(state.ids), state.embed.shape[-1], device=state.embed.device)
+    for layer in range(n_layers):
+        out = state.mlp_out[layer].float()
+        errors[layer] = out - c.reconstruction[layer] if layer in c.reconstruction else out
+    if zero_bos:
+        errors[:, 0] = 0
+    return c.layer, c.position, c.feature, c.activation, c.encoder, writes, errors

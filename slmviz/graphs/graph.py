@@ -28,8 +28,10 @@ import torch
 
 from . import workbench as wb
 from .graph_json import graph_json
+from .head_loadings import head_loadings as edge_head_loadings
 from .intervene import intervene_logits
 from .prune import graph_scores, mean_path_length, prune_masks
+from .qk import MAX_PAIRS, QKAttribution, qk_attribution
 from .subgraph import Subgraph, subgraph
 from .workbench import Workbench
 
@@ -65,6 +67,9 @@ class AttributionGraph:
     edge_mask: torch.Tensor | None = None
     influence: torch.Tensor | None = None
     node_threshold: float | None = None
+    # attribution_graph's zero_bos: position 0's features and errors left out of the nodes' vectors (qk and
+    # head_loadings rebuild those vectors, and need to know)
+    zero_bos: bool = True
     model: Any = field(default=None, repr=False, compare=False)
     transcoders: Any = field(default=None, repr=False, compare=False)
     workbench: Workbench = field(default_factory=Workbench, repr=False, compare=False)
@@ -130,7 +135,8 @@ class AttributionGraph:
             adjacency=self.adjacency, constant=self.constant, target_values=self.target_values,
             logit_probabilities=self.logit_probabilities, n_layers=self.n_layers, model_name=self.model_name,
             transcoder_names=self.transcoder_names, node_mask=node_mask, edge_mask=edge_mask, influence=cumulative,
-            node_threshold=node_threshold, model=self.model, transcoders=self.transcoders, workbench=self.workbench)
+            node_threshold=node_threshold, zero_bos=self.zero_bos, model=self.model, transcoders=self.transcoders,
+            workbench=self.workbench)
 
     def scores(self) -> dict[str, float]:
         """circuit-tracer's graph scores of the whole (unpruned) graph: `replacement` (the share of token-to-logit
@@ -241,6 +247,22 @@ class AttributionGraph:
         error terms frozen at the prompt's (the graph's linear model while no feature crosses its threshold; a
         ThresholdCrossed warning names any that does); free: the model rerun. See graphs.intervene."""
         return intervene_logits(self, values, constrained=constrained)
+
+    # ---- attention (graphs.qk, graphs.head_loadings) ---------------------------------------------------------------
+    def qk(self, layer: int, head: int, query: int = -1, key: int = 0, full: bool = False,
+           max_pairs: int | None = MAX_PAIRS) -> QKAttribution:
+        """Why head `head` of layer `layer`, at position `query`, attends to position `key`: the pre-softmax score
+        split exactly over pairs of (query-side node, key-side node) of this graph, plus a bias node per side
+        (graphs.qk). The workbench keeps its record, which the graph JSON carries."""
+        result = qk_attribution(self, layer, head, query, key, full=full, max_pairs=max_pairs)
+        self.workbench.record_qk(result.to_json())
+        return result
+
+    def head_loadings(self, source_id: str, target_id: str) -> pd.DataFrame:
+        """The part of the edge source -> target that flows through each head's output: a DataFrame of layer, head,
+        weight, one_hop, with the edge and the share carried by two heads or more in its attrs
+        (graphs.head_loadings)."""
+        return edge_head_loadings(self, source_id, target_id)
 
     def plot(self, **kwargs: Any):
         """The kept nodes by position (x) and layer (y), edges width |weight| and colour sign (plotly Figure).

@@ -35,6 +35,9 @@ from ..features.labels import auto_labels, is_automatic
 from .derived import node_index, node_influence
 from .frozen import AttributionGraphError
 
+QK_FIELD = "qk_attributions"  # the graph JSON's extra field: circuit-tracer's viewer reads the fields it knows
+QK_ENTRY = ("layer", "head", "query", "key")  # what names a QK record's attention entry
+
 
 class WorkbenchError(AttributionGraphError):
     """Bad input to the workbench: an unknown node id, an empty or duplicate supernode, a JSON for another graph."""
@@ -44,8 +47,9 @@ class WorkbenchError(AttributionGraphError):
 class Workbench:
     """What a person adds to a graph while reading it: `pinned` node ids, `supernodes` ([name, *node_ids]),
     `user_labels` ({"layer_feature": text}, labels a person wrote) and `scans` ({layer: feature Scan} that the
-    automatic labels read). The JSON saves the first three (qParams pinnedIds and supernodes, clerp); a scan is a
-    file of its own.
+    automatic labels read), and `qk`: the QK attributions looked at (graphs.qk.qk_json records, one per attention
+    entry). The JSON saves all but the scans (qParams pinnedIds and supernodes, clerp, and the extra field QK_FIELD);
+    a scan is a file of its own.
 
     The methods take node ids already checked against the graph and keep two rules: a supernode's members are
     pinned, and a node belongs to one supernode at most."""
@@ -54,6 +58,7 @@ class Workbench:
     supernodes: list[list[str]] = field(default_factory=list)
     user_labels: dict[str, str] = field(default_factory=dict)
     scans: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
+    qk: list[dict[str, Any]] = field(default_factory=list, repr=False)
     # automatic labels made so far, {(layer, feature, id(scan)): label}: they depend on the set and the scan only,
     # so a pruned copy, which shares this object, does not make them again
     _auto_labels: dict[tuple[int, int, int], str] = field(default_factory=dict, init=False, repr=False,
@@ -86,12 +91,20 @@ class Workbench:
     def ungroup(self, name: str) -> None:
         self.supernodes[:] = [s for s in self.supernodes if s[0] != name]
 
-    def restore(self, pinned: list[str], supernodes: list[list[str]], user_labels: dict[str, str]) -> None:
-        """Replace pins, supernodes and edited labels (a loaded JSON's); the members of a supernode are pinned."""
+    def restore(self, pinned: list[str], supernodes: list[list[str]], user_labels: dict[str, str],
+                qk: list[dict[str, Any]] | None = None) -> None:
+        """Replace pins, supernodes, edited labels and QK records (a loaded JSON's); the members of a supernode are
+        pinned."""
         self.pinned[:] = list(dict.fromkeys(pinned + [m for s in supernodes for m in s[1:]]))
         self.supernodes[:] = [[str(s[0]), *map(str, s[1:])] for s in supernodes]
         self.user_labels.clear()
         self.user_labels.update(user_labels)
+        self.qk[:] = list(qk or [])
+
+    def record_qk(self, record: dict[str, Any]) -> None:
+        """Keep a QK attribution's record, in place of an earlier one of the same entry (layer, head, query, key)."""
+        entry = [record.get(k) for k in QK_ENTRY]
+        self.qk[:] = [r for r in self.qk if [r.get(k) for k in QK_ENTRY] != entry] + [record]
 
     def _leave_groups(self, ids: set[str]) -> None:
         self.supernodes[:] = [[s[0], *[m for m in s[1:] if m not in ids]] for s in self.supernodes
@@ -248,8 +261,8 @@ def feature_labels(graph: Any, node_ids: Any = None) -> dict[str, str]:
 # --- the JSON's qParams and clerp -------------------------------------------------------------------------------
 def annotate_json(graph: Any, data: dict[str, Any]) -> dict[str, Any]:
     """Put the graph's pins and supernodes in `data`'s qParams (Neuronpedia's pinnedIds, supernodes), each listed
-    feature node's label in its clerp, and what the graph was made for in metadata["info"] (model, transcoders),
-    which load_json checks."""
+    feature node's label in its clerp, what the graph was made for in metadata["info"] (model, transcoders), which
+    load_json checks, and the QK records looked at in the extra field QK_FIELD (when there are any)."""
     wb = graph.workbench
     listed = [n["node_id"] for n in data["nodes"] if n["feature_type"] == "cross layer transcoder"]
     labels = feature_labels(graph, [n for n in listed if n in node_index(graph)])
@@ -260,6 +273,8 @@ def annotate_json(graph: Any, data: dict[str, Any]) -> dict[str, Any]:
     data["qParams"]["supernodes"] = [list(s) for s in wb.supernodes]
     data["metadata"]["info"] = {"generator": {"name": "slmviz"}, "model": graph.model_name,
                                 "transcoders": list(graph.transcoder_names)}
+    if wb.qk:
+        data[QK_FIELD] = [dict(r) for r in wb.qk]
     return data
 
 
@@ -279,8 +294,8 @@ def read_json(source: Any) -> dict[str, Any]:
 
 
 def load_json(graph: Any, source: Any) -> Any:
-    """Apply a saved graph JSON's pins, supernodes and edited labels to `graph`, after checking it was made for
-    the same model, transcoders and prompt (WorkbenchError otherwise, and the graph is left as it was)."""
+    """Apply a saved graph JSON's pins, supernodes, edited labels and QK records to `graph`, after checking it was
+    made for the same model, transcoders and prompt (WorkbenchError otherwise, and the graph is left as it was)."""
     data = read_json(source)
     meta = data.get("metadata") or {}
     info = meta.get("info") or {}
@@ -313,10 +328,13 @@ def load_json(graph: Any, source: Any) -> Any:
         nid, clerp = node.get("node_id"), node.get("clerp") or ""
         if nid in index and node.get("feature_type") == "cross layer transcoder" and not is_automatic(clerp):
             edited[feature_key(graph, nid)] = clerp
-    graph.workbench.restore(pins, groups, edited)  # every check passed: now replace the state
+    records = data.get(QK_FIELD) or []
+    if not isinstance(records, list) or not all(isinstance(r, dict) and set(QK_ENTRY) <= set(r) for r in records):
+        raise WorkbenchError(f"The JSON's {QK_FIELD} is a list of QK records, each naming its {', '.join(QK_ENTRY)}")
+    graph.workbench.restore(pins, groups, edited, records)  # every check passed: now replace the state
     return graph
 
 
-__all__ = ["Workbench", "WorkbenchError", "annotate_json", "checked_ids", "clear", "coders", "feature_key",
+__all__ = ["QK_FIELD", "Workbench", "WorkbenchError", "annotate_json", "checked_ids", "clear", "coders", "feature_key",
            "feature_labels", "load_json", "node_index", "pin", "pin_top", "read_json", "remove_supernode",
            "set_label", "supernode", "top_features", "unpin"]

@@ -210,10 +210,10 @@ def feature_sweep(model: Any, saes: Sequence[Any], clean_ids: torch.Tensor, corr
 
 def feature_gradient(sae: Any, grad_at: dict[str, torch.Tensor | None], like: torch.Tensor) -> torch.Tensor:
     """d metric / d f [pos, d_sae] (float64): Σ over the hooks the SAE's features write of d metric / d (that hook)
-    @ the decoder rows there. An SAE writes its own hook through W_dec; a cross-layer transcoder's layer
-    (features.clt.CLTLayer.decoder_rows) writes every later MLP output, each through its own slice of W_dec. A hook
-    the metric does not read (e.g. a position after the one it reads) adds nothing."""
-    rows = sae.decoder_rows() if callable(getattr(sae, "decoder_rows", None)) else {sae.hook_name_out: sae.W_dec}
+    @ the decoder rows there (`decoder_rows`: an SAE writes its own hook through W_dec; a cross-layer transcoder's
+    layer, replacement.clt.CLTLayer, writes every later MLP output, each through its own slice of W_dec). A hook the
+    metric does not read (e.g. a position after the one it reads) adds nothing."""
+    rows = sae.decoder_rows()
     out = torch.zeros_like(like)
     for hook, w in rows.items():
         g = grad_at.get(hook)

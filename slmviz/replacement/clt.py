@@ -1,6 +1,6 @@
 """Cross-layer transcoders (CLT, Ameisen et al. 2025): a replacement model whose features write every later MLP.
 
-    clt = slmviz.load_transcoders("runs/smollm2_clt", model=m)   # or clt_io.load_clt(folder, model=m)
+    clt = slmviz.load_transcoders("runs/smollm2_clt", model=m)   # or replacement.load.load_clt(folder, model=m)
     clt.kind, clt.layers, clt.d_sae                              # "clt"; every layer; features per layer
     t = m.trace(prompt, saes=clt)                                # spliced at every layer, error terms on: exact
     t["blocks.5.hook_mlp_out.hook_sae_recons"]                   # Σ over layers L ≤ 5 of what L's features write
@@ -14,9 +14,12 @@ circuit-tracer's CLTs) and write into `blocks.j.hook_mlp_out` for every j ≥ L:
     y_j = Σ_{L ≤ j} f_L @ W_dec[L][:, j - L] + b_dec[j] (+ x_j @ W_skip[j].T)
                                                           W_dec[L] [d_sae, n_layers - L, d_model]
 
-The object answers the questions a TranscoderSet answers (features.transcoder_set: read_hook, encode, reconstruct,
-writes, encoder_rows, skip, frozen_forward), so attribution_graph takes it as it is; a feature's `writes` are one
-vector per layer it writes, and its edges sum over them.
+The object answers the questions a TranscoderSet answers (replacement.base.ReplacementSet: read_hook, encode,
+reconstruct, writes, encoder_rows, skip, frozen_forward), so attribution_graph takes it as it is; a feature's
+`writes` are one vector per layer it writes, and its edges sum over them.
+
+Files: `save(folder, format=...)` hands `spec()` and `tensors()` to formats.circuit_tracer or formats.gemma_scope;
+`from_state` builds a CLT from what their readers return (replacement.load.load_clt).
 
 Splicing: iterating a CLT yields one unit per layer j (`CLTLayer`), reading layer j's input hook and writing
 blocks.j.hook_mlp_out with SAELens's sub-hooks there (hook_sae_input / acts_pre / acts_post are layer j's own
@@ -27,25 +30,24 @@ the reconstruction of every layer from 2 on. With error terms (the default) ever
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..features.sae import _topk, canonical_architecture
-from .transcoder_set import TranscoderSetError, local_replacement_forward
+from ..errors import CLTError
+from ..features.sae import SAE, _topk
+from ..formats import circuit_tracer, gemma_scope
+from ..formats.saelens import canonical_architecture
+from .base import ReplacementSet
 
-WRITE_HOOK = "blocks.{L}.hook_mlp_out"
 # The hooks a CLT's features may read (local names, after "blocks.L."), and why each.
 INPUT_HOOKS = {
     "mlp.hook_in": "the MLP's input after its norm's weight (Gemma Scope 2's CLTs; what slmviz trains)",
     "hook_resid_mid": "the residual stream before the MLP's norm (circuit-tracer's CLTs)",
 }
-
-
-class CLTError(TranscoderSetError):
-    """A CLT that cannot be built or spliced: bad shapes, a hook the model lacks, a layer count of another model.
-    The message names the tensor, file or hook."""
+FORMATS = {"circuit-tracer": circuit_tracer.write_clt, "gemma-scope-2": gemma_scope.write_clt}
 
 
 def input_hook_local(hook: str) -> str:
@@ -56,7 +58,7 @@ def input_hook_local(hook: str) -> str:
     return local
 
 
-class CrossLayerTranscoder(torch.nn.Module):
+class CrossLayerTranscoder(torch.nn.Module, ReplacementSet):
     """A cross-layer transcoder over layers 0..n_layers-1 (module docstring for the formulas).
 
     `architecture`: "relu" | "topk" (with `k`, per layer) | "jumprelu" (BatchTopK is saved as jumprelu).
@@ -91,7 +93,7 @@ class CrossLayerTranscoder(torch.nn.Module):
         self.b_dec = p(torch.zeros(n_layers, d_model, dtype=dtype))
         self.W_skip = p(torch.zeros(n_layers, d_model, d_model, dtype=dtype)) if (skip or arch_skip) else None
         self._units = [CLTLayer(self, L) for L in range(n_layers)]
-        self.model = None  # set by load_clt(model=...): automatic labels read its unembedding
+        self.model = None  # set by attach (load_transcoders(model=...)): automatic labels read its unembedding
         self.labels: dict[int, dict[int, str]] = {}  # edited labels {layer: {feature: text}}
 
     # ---- sizes and coverage -------------------------------------------------------------------------------------
@@ -125,17 +127,8 @@ class CrossLayerTranscoder(torch.nn.Module):
         """What a graph lists as its transcoders: the CLT once."""
         return [self.name or f"clt/{self.input_hook}"]
 
-    def __len__(self) -> int:
-        return self.n_layers
-
-    def __iter__(self) -> Iterator[CLTLayer]:
-        return iter(self._units)
-
     def __getitem__(self, layer: int) -> CLTLayer:
         return self._units[layer]
-
-    def __contains__(self, layer: object) -> bool:
-        return isinstance(layer, int) and 0 <= layer < self.n_layers
 
     @property
     def coders(self) -> dict[int, CLTLayer]:
@@ -152,8 +145,10 @@ class CrossLayerTranscoder(torch.nn.Module):
     def read_hook(self, layer: int) -> str:
         return f"blocks.{layer}.{self.input_hook}"
 
-    def write_hook(self, layer: int) -> str:
-        return WRITE_HOOK.format(L=layer)
+    def feature_coder(self, layer: int) -> SAE:
+        """Layer `layer`'s features as an SAE: CLTLayer.feature_view (the CLT's encoder, each feature's writes summed
+        into one decoder row)."""
+        return self._units[layer].feature_view()
 
     def check_model(self, model: Any, where: str = "") -> None:
         """The CLT fits `model`: one encoder per layer of it, its d_model, an input hook it has. `where` (a file or
@@ -247,15 +242,6 @@ class CrossLayerTranscoder(torch.nn.Module):
         """[n, d_model] fp32: W_enc[layer]'s columns for `features`."""
         return self.W_enc.detach()[layer][:, features].T.float()
 
-    def frozen_forward(
-        self, model: Any, state: Any, embed: torch.Tensor, deltas: Sequence[torch.Tensor], grad: bool = False,
-        last_layer: int | None = None,
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        """The local replacement model on a batch (TranscoderSet.frozen_forward's contract): layer L's MLP output is
-        the prompt's, minus the skip of the prompt's input, plus the skip of the live input, plus deltas[L]; the
-        features' writes into later layers are constants of the prompt, so an edit reaches them through deltas."""
-        return local_replacement_forward(self, model, state, embed, deltas, grad, last_layer)
-
     # ---- state ------------------------------------------------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:
         """slmviz's names -> tensors: W_enc [n, d_model, d_sae], b_enc, threshold, b_dec [n, d_model], W_skip
@@ -268,12 +254,42 @@ class CrossLayerTranscoder(torch.nn.Module):
         out.update({f"W_dec_{L}": w for L, w in enumerate(self.W_dec)})
         return {k: v.detach() for k, v in out.items()}
 
-    def save(self, folder: Any, format: str = "circuit-tracer") -> Any:
-        """Write the CLT: "circuit-tracer" (W_enc_{L} / W_dec_{L}.safetensors + config.yaml) or "gemma-scope-2"
-        (params_layer_{L}.safetensors + config.json). Returns the folder (features.clt_io)."""
-        from ..formats.clt_io import save_clt
+    def spec(self) -> dict[str, Any]:
+        """The settings beside the tensors (the constructor's arguments but the sizes and skip, which the tensors
+        give), so `CrossLayerTranscoder.from_state(clt.tensors(), **clt.spec())` is the same CLT. What formats
+        write."""
+        return {"architecture": self.architecture, "k": self.k, "input_hook": self.input_hook, "dtype": self.dtype,
+                "name": self.name, "metadata": dict(self.metadata)}
 
-        return save_clt(self, folder, format=format)
+    @classmethod
+    def from_state(cls, tensors: dict[str, torch.Tensor], copy: bool = True, **spec: Any) -> CrossLayerTranscoder:
+        """A CLT from tensors named as `tensors()` names them; n_layers, d_model and d_sae come from W_enc, the skip
+        path from whether W_skip is there, the dtype from W_enc unless dtype= is given. `spec`: the constructor's
+        other arguments (CrossLayerTranscoder.spec). `copy=False` makes the tensors the CLT's parameters (converted
+        only where the dtype differs): for a loader's freshly read tensors, which nothing else holds."""
+        w_enc = tensors.get("W_enc")
+        if w_enc is None or w_enc.dim() != 3:
+            raise CLTError(f"W_enc must be [n_layers, d_model, d_sae], got {None if w_enc is None else w_enc.shape}")
+        n, d_model, d_sae = (int(x) for x in w_enc.shape)
+        dtype = spec.pop("dtype", None) or w_enc.dtype
+        with torch.device("meta"):  # no weights allocated: the tensors become them
+            clt = cls(n, d_model, d_sae, skip="W_skip" in tensors, dtype=dtype, **spec)
+        expected = {k: tuple(v.shape) for k, v in clt.tensors().items()}
+        wrong = {k: tuple(tensors[k].shape) if k in tensors else None for k in expected
+                 if k not in tensors or tuple(tensors[k].shape) != expected[k]}
+        if wrong:
+            raise CLTError(f"tensors of the wrong shape or missing for a CLT of {n} layers, d_model {d_model}, d_sae "
+                           f"{d_sae}: {wrong} (expected {', '.join(f'{k} {expected[k]}' for k in wrong)})")
+        state = {k.replace("W_dec_", "W_dec."): tensors[k].to(dtype, copy=copy).contiguous() for k in expected}
+        clt.load_state_dict(state, assign=True)
+        return clt
+
+    def save(self, folder: Any, format: str = "circuit-tracer") -> Path:
+        """Write the CLT: "circuit-tracer" (W_enc_{L} / W_dec_{L}.safetensors + config.yaml: formats.circuit_tracer)
+        or "gemma-scope-2" (params_layer_{L}.safetensors + config.json: formats.gemma_scope). Returns the folder."""
+        if format not in FORMATS:
+            raise CLTError(f"format must be one of {tuple(FORMATS)}, got {format!r}")
+        return FORMATS[format](Path(folder), self.spec(), self.tensors())
 
     @classmethod
     def random(cls, n_layers: int, d_model: int, d_sae: int, seed: int = 0, scale: float = 1.0, **kwargs: Any
@@ -394,8 +410,6 @@ class CLTLayer:
 
         It is not a reconstruction of this layer's MLP output (that row holds the later layers' writes too): splice
         the CLT itself (saes=clt) to run the model on it. Built on each call, sharing no storage with the CLT."""
-        from ..features.sae import SAE
-
         clt, L = self.clt, self.layer
         view = SAE(clt.d_model, clt.d_sae, architecture=clt.architecture,
                    k=clt.k if clt.architecture == "topk" else None,

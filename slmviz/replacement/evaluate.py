@@ -18,51 +18,31 @@ predictions made at positions every layer evaluates.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 import torch
 
-from ..corpora.reading import CorpusError, iter_documents
-from ..features.activations import batch_ids, sae_rows
-from ..features.evaluate import Totals
+from ..corpora.reading import CorpusError
+from ..features.activations import sae_rows
+from ..features.evaluate import Progress, Totals, evaluation_batches
 from ..hooks import build_context
-from ..scans.batches import iter_windows, plan_batches
 from ..variants import resolve_variant
-
-Progress = bool | Callable[[int, int], None]
+from .base import ReplacementSet
+from .transcoder_set import as_replacement
 
 
 def evaluate_transcoders(ts: Any, corpus: Any, model: Any, tokens: int | None = 20_000, window: int = 128,
                          batch_tokens: int = 512, progress: Progress = True) -> dict[str, Any]:
     """Per-layer metrics and the all-layers-replaced run of set `ts` on `corpus` (module docstring)."""
-    from .transcoder_set import as_transcoder_set
-
-    ts = as_transcoder_set(ts)
+    ts = as_replacement(ts)
     ts.check_model(model)
-    totals = {L: Totals(model.cfg.d_model, ts.coder(L).d_sae if hasattr(ts, "coder") else ts.d_sae)
-              for L in ts.layers}
+    totals = {L: Totals(model.cfg.d_model, ts.coders[L].d_sae) for L in ts.layers}
     run = {"targets": 0, "agree": 0, "ce": {"clean": 0.0, "replaced": 0.0, "zero": 0.0},
            "kl": {"replaced": 0.0, "zero": 0.0}}
-    bar = None
-    if progress is True:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=tokens, unit="tok", unit_scale=True, desc="evaluate_transcoders")
-    seen = 0
-    for batch in plan_batches(iter_windows(model.tokenizer, iter_documents(corpus), window), batch_tokens):
-        ids, real = batch_ids(batch)
+    batches = evaluation_batches(model, corpus, tokens, window, batch_tokens, progress, "evaluate_transcoders")
+    for ids, real in batches:
         _evaluate_batch(ts, model, ids, real, totals, run)
-        seen += batch.n_tokens
-        if bar is not None:
-            bar.update(batch.n_tokens)
-        elif callable(progress):
-            progress(seen, tokens)
-        if tokens is not None and seen >= tokens:
-            break
-    if bar is not None:
-        bar.close()
     if not any(t.rows for t in totals.values()):
         raise CorpusError("the corpus gave no tokens to evaluate on")
     rows = []
@@ -82,13 +62,13 @@ def evaluate_transcoders(ts: Any, corpus: Any, model: Any, tokens: int | None = 
 
 
 @torch.no_grad()
-def _evaluate_batch(ts: Any, model: Any, ids: torch.Tensor, real: torch.Tensor, totals: dict[int, Totals],
+def _evaluate_batch(ts: ReplacementSet, model: Any, ids: torch.Tensor, real: torch.Tensor, totals: dict[int, Totals],
                     run: dict[str, Any]) -> None:
     faithful = resolve_variant(None)
     ids = ids.to(model.decoder.device)
     reads = {L: ts.read_hook(L) for L in ts.layers}
     writes = {L: ts.write_hook(L) for L in range(model.cfg.n_layers)}
-    written = sorted(set(ts.layers) | set(getattr(ts, "written_layers", ts.layers)))
+    written = ts.layers  # a set writes the MLP outputs of the layers it covers (a CLT covers every layer)
     ctx = build_context(model.hook_names, sorted(set(reads.values()) | {writes[L] for L in written}), batched=True)
     clean = model.decoder.forward(ids, ctx, faithful)  # [b, T, vocab]
     first = torch.zeros_like(real)
@@ -131,7 +111,7 @@ def _evaluate_batch(ts: Any, model: Any, ids: torch.Tensor, real: torch.Tensor, 
             run["agree"] += int((run_logits.argmax(-1) == top_clean).sum())
 
 
-def _replaced_logits(ts: Any, model: Any, ids: torch.Tensor, zero: bool, masks: dict[int, torch.Tensor],
+def _replaced_logits(ts: ReplacementSet, model: Any, ids: torch.Tensor, zero: bool, masks: dict[int, torch.Tensor],
                      union: torch.Tensor, written: list[int], reads: dict[int, str], writes: dict[int, str]
                      ) -> torch.Tensor:
     """Logits [b, T, vocab] of the run whose MLP outputs at the written layers are the set's reconstruction from this

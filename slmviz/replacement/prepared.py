@@ -1,5 +1,7 @@
 """A model's prepared replacement models, by name: `slmviz prepare --transcoders plt` trains them into
-$SLMVIZ_CACHE/transcoders/{model}/{kind}/, and `slmviz.load_transcoders("plt", model=m)` finds them there.
+$SLMVIZ_CACHE/transcoders/{model}/{kind}/, and `slmviz.load_transcoders("plt", model=m)` finds them there. Also what
+a folder holds, by its files (`holds_clt`, `holds_replacement`): what tells a finished set, and what load_transcoders
+reads a folder's layout from.
 """
 
 from __future__ import annotations
@@ -7,12 +9,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..formats import circuit_tracer, gemma_scope
+from ..formats import slmviz as slmviz_layout
 from ..formats.checkpoint import run_finished
-from ..formats.clt_io import is_clt_folder
-from ..formats.transcoder_io import CT_CONFIG, SET_FILE
 from ..loading.bundled import cache_dir
 
 PREPARED = ("plt", "clt")  # names of a model's prepared sets
+CLT_LAYOUTS = (circuit_tracer, gemma_scope)
+SET_LAYOUTS = (slmviz_layout, circuit_tracer, gemma_scope)
+
+
+def holds_clt(folder: Path) -> bool:
+    """Whether `folder` holds a CLT in either layout (its first layer's files)."""
+    return folder.is_dir() and any(layout.holds_clt(folder) for layout in CLT_LAYOUTS)
+
+
+def holds_replacement(folder: Path) -> bool:
+    """Whether `folder` holds a CLT or a per-layer set in a layout slmviz reads."""
+    return holds_clt(folder) or folder.is_dir() and any(layout.holds_transcoder_set(folder) for layout in SET_LAYOUTS)
 
 
 def prepared_dir(model: Any, kind: str) -> Path:
@@ -27,5 +41,5 @@ def prepared_ready(model: Any, kind: str) -> bool:
     files were written is not taken for one)."""
     folder = prepared_dir(model, kind)
     if kind == "clt":
-        return is_clt_folder(folder) and run_finished(folder) is not False
-    return (folder / SET_FILE).is_file() or (folder / CT_CONFIG).is_file()
+        return holds_clt(folder) and run_finished(folder) is not False
+    return slmviz_layout.holds_transcoder_set(folder) or circuit_tracer.holds_transcoder_set(folder)

@@ -6,40 +6,33 @@
     g = slmviz.attribution_graph(prompt, transcoders=ts, model=m)
 
 A per-layer transcoder set (PLT) holds one transcoder per layer it covers: layer L's features read the layer's
-input hook (`blocks.L.mlp.hook_in`) and write only into `blocks.L.hook_mlp_out`. A cross-layer transcoder (CLT)
-answers the same questions, with features that write into every later layer too. What the attribution graph asks of
-a set, and nothing else, is here:
+input hook (`blocks.L.mlp.hook_in`) and write only into `blocks.L.hook_mlp_out`. It answers the replacement model's
+questions (replacement.base.ReplacementSet: read and write hooks, encode, reconstruct, writes, encoder rows, skip,
+the frozen forward) from its coders, and iterates over them as SAEs (`for sae in ts`), so everything that takes
+`saes=[...]` (trace, generate, scan, patch) takes a set as it is.
 
-- `read_hook(L)` / `write_hook(L)`: where layer L's features read and where layer L's MLP output is replaced;
-- `encode(L, x)`, `reconstruct(L, inputs)`: the features and the predicted MLP output;
-- `writes(L, features, acts)`: the vectors the active features add to each MLP output they write (decoder rows);
-- `encoder_rows(L, features)`: the vectors a feature's pre-activation reads its input through;
-- `frozen_forward(...)`: the local replacement model of one prompt (attention and norms frozen), linear in its
-  sources.
-
-A set iterates over its coders as SAEs (`for sae in ts`), so everything that takes `saes=[...]` (trace, generate,
-scan, patch) takes a set as it is.
+Files: `save(folder)` hands each coder's spec and tensors to formats.slmviz (transcoder_set.json + one SAELens folder
+per layer) or formats.circuit_tracer; replacement.load reads every layout back.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..features.sae import SAE, SAEError
+from ..errors import SAEError, TranscoderSetError
+from ..features.sae import SAE
+from ..formats import circuit_tracer
+from ..formats import slmviz as slmviz_layout
+from .base import READ_HOOK, ReplacementSet
 
-READ_HOOK = "blocks.{L}.mlp.hook_in"  # what a PLT reads: the MLP's input after its norm's weight (DESIGN.md)
-WRITE_HOOK = "blocks.{L}.hook_mlp_out"
 _IN = re.compile(r"blocks\.(\d+)\.mlp\.hook_in")
 _OUT = re.compile(r"blocks\.(\d+)\.hook_mlp_out")
-
-
-class TranscoderSetError(SAEError):
-    """A set that cannot be a replacement model: a coder at another site, two for one layer, mismatched widths, files
-    missing or doubled, a set made for another model. The message names the layer or file."""
+FORMATS = {"slmviz": slmviz_layout.write_transcoder_set, "circuit-tracer": circuit_tracer.write_transcoder_set}
 
 
 def coder_layer(sae: Any, where: str = "") -> int:
@@ -57,7 +50,7 @@ def coder_layer(sae: Any, where: str = "") -> int:
     return int(m_in.group(1))
 
 
-class TranscoderSet(Sequence):
+class TranscoderSet(ReplacementSet, Sequence):
     """Per-layer transcoders (PLT), one per covered layer, as one object (module docstring).
 
     `coders`: a list of transcoders (each names its layer through its hooks) or {layer: transcoder}.
@@ -73,7 +66,7 @@ class TranscoderSet(Sequence):
             raise TranscoderSetError("a transcoder set needs at least one transcoder")
         by_layer: dict[int, SAE] = {}
         for sae in items:
-            if not all(hasattr(sae, a) for a in ("W_enc", "W_dec", "hook_name", "hook_name_out", "encode")):
+            if not isinstance(sae, SAE):
                 raise TranscoderSetError(f"a transcoder set holds slmviz SAE objects (slmviz.load_sae), got {sae!r}")
             layer = coder_layer(sae)
             if layer in by_layer:
@@ -88,107 +81,131 @@ class TranscoderSet(Sequence):
             raise TranscoderSetError(
                 "the transcoders disagree on d_model: "
                 + ", ".join(f"layer {L}: d_in {s.d_in}, d_out {s.d_out}" for L, s in sorted(by_layer.items())))
-        self.coders: dict[int, SAE] = dict(sorted(by_layer.items()))
+        self._coders: dict[int, SAE] = dict(sorted(by_layer.items()))
         self.name = name
         self.metadata: dict[str, Any] = dict(metadata or {})
 
     # ---- what it covers ----------------------------------------------------------------------------------------
     @property
+    def coders(self) -> dict[int, SAE]:
+        """{layer: its transcoder}."""
+        return self._coders
+
+    @property
     def layers(self) -> list[int]:
-        return list(self.coders)
+        return list(self._coders)
 
     @property
     def d_model(self) -> int:
-        return next(iter(self.coders.values())).d_in
+        return next(iter(self._coders.values())).d_in
 
     @property
     def d_sae(self) -> int:
         """Features per layer (the largest, if the layers' widths differ)."""
-        return max(s.d_sae for s in self.coders.values())
+        return max(s.d_sae for s in self._coders.values())
 
     @property
     def n_features(self) -> int:
-        return sum(s.d_sae for s in self.coders.values())
-
-    def __len__(self) -> int:
-        return len(self.coders)
+        return sum(s.d_sae for s in self._coders.values())
 
     def __getitem__(self, i: int) -> SAE:  # type: ignore[override]
-        return list(self.coders.values())[i]
-
-    def __iter__(self) -> Iterator[SAE]:
-        return iter(self.coders.values())
-
-    def __contains__(self, layer: object) -> bool:
-        return layer in self.coders
+        return list(self._coders.values())[i]
 
     def __repr__(self) -> str:
         layers = self.layers
         span = f"layers {layers[0]}..{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1)) else \
             f"layers {layers}"
-        arch = sorted({s.architecture for s in self.coders.values()})
-        skip = " skip" if any(s.W_skip is not None for s in self.coders.values()) else ""
+        arch = sorted({s.architecture for s in self._coders.values()})
+        skip = " skip" if any(s.W_skip is not None for s in self._coders.values()) else ""
         name = f"{self.name!r}: " if self.name else ""
         return f"TranscoderSet({name}{self.kind}, {len(layers)} {span}, d_sae {self.d_sae}, {'/'.join(arch)}{skip})"
 
     def coder(self, layer: int) -> SAE:
-        if layer not in self.coders:
+        if layer not in self._coders:
             raise TranscoderSetError(f"this set has no transcoder at layer {layer} (it covers {self.layers})")
-        return self.coders[layer]
+        return self._coders[layer]
 
     def coder_name(self, layer: int) -> str:
         """A coder's name in a graph's transcoder list: its bundled/hub name when it has one, else its hooks."""
-        sae = self.coders[layer]
-        meta = getattr(sae, "metadata", {}) or {}
+        sae = self._coders[layer]
+        meta = sae.metadata or {}
         if meta.get("name") or meta.get("release"):
             return str(meta.get("name") or meta.get("release"))
         return f"{self.name}/layer_{layer}" if self.name else f"{sae.hook_name}->{sae.hook_name_out}"
 
     @property
     def names(self) -> list[str]:
-        return [self.coder_name(L) for L in self.coders]
+        return [self.coder_name(L) for L in self._coders]
+
+    def feature_coder(self, layer: int) -> SAE:
+        """Layer `layer`'s transcoder itself."""
+        return self.coder(layer)
 
     def read_hook(self, layer: int) -> str:
         """The hook layer `layer`'s features read (for a layer without a coder: where one would read)."""
-        return self.coders[layer].hook_name if layer in self.coders else READ_HOOK.format(L=layer)
+        return self._coders[layer].hook_name if layer in self._coders else READ_HOOK.format(L=layer)
 
-    def write_hook(self, layer: int) -> str:
-        return WRITE_HOOK.format(L=layer)
+    # ---- the model it replaces, and files -------------------------------------------------------------------------
+    @property
+    def model(self) -> Any:
+        """The model the set was loaded for (each coder keeps it: logit effects read its unembedding)."""
+        return next(iter(self._coders.values())).model
 
-    def check_model(self, model: Any) -> None:
-        """The set fits `model`: every coder's layer exists and its width is the model's d_model."""
+    @model.setter
+    def model(self, model: Any) -> None:
+        for sae in self._coders.values():
+            sae.model = model
+
+    def check_model(self, model: Any, where: str = "") -> None:
+        """The set fits `model`: every coder's layer exists, its width is the model's d_model, and its hooks are the
+        model's (SAE.check_model)."""
         cfg = model.cfg
-        for layer, sae in self.coders.items():
+        for layer, sae in self._coders.items():
             if layer >= cfg.n_layers:
-                raise TranscoderSetError(f"{sae!r} is for layer {layer}; {model.name!r} has layers "
+                raise TranscoderSetError(f"{where}{sae!r} is for layer {layer}; {model.name!r} has layers "
                                          f"0..{cfg.n_layers - 1}: a set for another model")
             if sae.d_in != cfg.d_model or sae.d_out != cfg.d_model:
                 raise TranscoderSetError(
-                    f"{sae!r} has d_in={sae.d_in}, d_out={sae.d_out}, but {model.name!r}'s d_model is "
+                    f"{where}{sae!r} has d_in={sae.d_in}, d_out={sae.d_out}, but {model.name!r}'s d_model is "
                     f"{cfg.d_model}: a set for another model")
+            try:
+                sae.check_model(model)
+            except SAEError as e:  # a hook this model does not have
+                raise TranscoderSetError(f"{where}layer {layer}: {e}") from e
 
-    def save(self, folder: Any, format: str = "slmviz") -> Any:
+    def to(self, device: Any) -> TranscoderSet:
+        for sae in self._coders.values():
+            sae.to(device)
+        return self
+
+    def save(self, folder: Any, format: str = "slmviz") -> Path:
         """Write the set to `folder`: slmviz's layout (transcoder_set.json + one SAELens folder per layer) or
-        format="circuit-tracer" (config.yaml + layer_{L}.safetensors); features.transcoder_io says what each holds.
-        Returns the folder."""
-        from ..formats.transcoder_io import save_transcoders
+        format="circuit-tracer" (config.yaml + layer_{L}.safetensors); formats.slmviz and formats.circuit_tracer
+        say what each holds. Returns the folder."""
+        if format not in FORMATS:
+            raise TranscoderSetError(f"format must be one of {tuple(FORMATS)}, got {format!r}")
+        info = {"name": self.name, "model": self.metadata.get("model") or self._model_name(),
+                "metadata": {k: v for k, v in self.metadata.items() if k != "model"}}
+        coders = {L: (sae.spec(), sae.tensors()) for L, sae in self._coders.items()}
+        return FORMATS[format](Path(folder), info, coders)
 
-        return save_transcoders(self, folder, format)
+    def _model_name(self) -> str | None:
+        """The model every coder says it was trained on (metadata model_name), if they agree."""
+        names = {str(s.metadata.get("model_name") or "") for s in self._coders.values()}
+        names.discard("")
+        return names.pop() if len(names) == 1 else None
 
     # ---- the replacement: features, their writes and reads ----------------------------------------------------
     def encode(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """Layer `layer`'s feature activations [..., d_sae] of its input x [..., d_model]."""
         return self.coder(layer).encode(x)
 
     def reconstruct(self, layer: int, acts: Mapping[int, torch.Tensor], inputs: Mapping[int, torch.Tensor]
                     ) -> torch.Tensor:
-        """The predicted MLP output of `layer` [..., d_model] from the features (`acts[L]` [..., d_sae]) and the
-        inputs (`inputs[L]` [..., d_model]) of the layers that write there; for a PLT, the layer's own."""
+        """For a PLT, the layer's own features and input: decode(acts[layer], inputs[layer])."""
         return self.coder(layer).decode(acts[layer], inputs[layer])
 
     def writes(self, layer: int, features: torch.Tensor, acts: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
-        """[(target layer, vectors [n, d_model] fp32)]: what the active `features` of `layer` (activations `acts`
-        [n]) add to the MLP output of each layer they write. A PLT writes its own layer only.
+        """A PLT writes its own layer only: [(layer, a · W_dec[f])].
 
         A topk coder with rescale_acts_by_decoder_norm divides its activation by |W_dec[f]| before decoding
         (SAE.decode), so the vector it writes is (a / |W_dec[f]|) W_dec[f]."""
@@ -200,90 +217,21 @@ class TranscoderSet(Sequence):
         return [(layer, a[:, None] * w)]
 
     def encoder_rows(self, layer: int, features: torch.Tensor) -> torch.Tensor:
-        """[n, d_model] fp32: the vectors the pre-activations of `features` read the layer's input through (W_enc's
-        columns; b_dec is never subtracted from a transcoder's input)."""
+        """W_enc's columns (b_dec is never subtracted from a transcoder's input)."""
         return self.coder(layer).W_enc.detach()[:, features].T.float()
 
     def skip(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """Layer `layer`'s linear skip path x · W_skipᵀ [..., d_model] (zeros without a coder or W_skip): the part of
-        the replacement that depends on the input, and so carries gradients between layers."""
-        sae = self.coders.get(layer)
-        if sae is None or getattr(sae, "W_skip", None) is None:
+        """x · W_skipᵀ of the layer's coder; zeros without a coder or W_skip."""
+        sae = self._coders.get(layer)
+        if sae is None or sae.W_skip is None:
             return torch.zeros_like(x)
         return (x.to(sae.W_skip.dtype) @ sae.W_skip.T).to(x.dtype)  # [..., d_in] -> [..., d_out]
 
-    # ---- the local replacement model of one prompt --------------------------------------------------------------
-    def frozen_forward(
-        self, model: Any, state: Any, embed: torch.Tensor, deltas: Sequence[torch.Tensor], grad: bool = False,
-        last_layer: int | None = None,
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        """The local replacement model on a batch: embed [b, pos, d_model] enters the residual stream in place of the
-        tokens' embeddings, and layer L's MLP output is
 
-            prompt's mlp_out[L] - skip(prompt's input[L]) + skip(input[L]) + deltas[L]      [b, pos, d_model]
-
-        (the prompt's output, its skip path live, plus an edit), under the prompt's attention patterns and norm
-        scales (`state`: circuits.replacement.PromptState). With embed = the prompt's and deltas = 0 it reproduces
-        the prompt's run; it is linear in (embed, deltas). Returns (what each layer's features read [b, pos,
-        d_model] per layer, ln_final's output [b, pos, d_model]). `last_layer`: run blocks 0..last_layer only
-        (what feature targets up to that layer read) and return None for ln_final's output.
-        """
-        return local_replacement_forward(self, model, state, embed, deltas, grad, last_layer)
-
-
-def local_replacement_forward(ts: Any, model: Any, state: Any, embed: torch.Tensor, deltas: Sequence[torch.Tensor],
-                              grad: bool = False, last_layer: int | None = None
-                              ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """`frozen_forward` of any set (a TranscoderSet, a CrossLayerTranscoder): what it needs of the set is where each
-    layer reads and writes (`read_hook`, `write_hook`) and its skip path (`skip`, zeros where there is none). Layer
-    L's MLP output is the prompt's, minus the skip of the prompt's input, plus the skip of the live input, plus
-    deltas[L]; the features' writes are constants of the prompt, so an edit reaches them through deltas."""
-    from ..hooks import build_context
-    from ..model.norm import unhooked
-    from ..variants import resolve_variant
-
-    cfg, dec = model.cfg, model.decoder
-    b = embed.shape[0]
-    reads: list[torch.Tensor | None] = [None] * cfg.n_layers
-
-    def frozen(x: torch.Tensor, name: str) -> torch.Tensor:
-        return state.frozen[name].expand_as(x)
-
-    def inject(x: torch.Tensor, name: str) -> torch.Tensor:
-        return embed
-
-    def read_in(layer: int):
-        def fn(x: torch.Tensor, name: str) -> None:
-            reads[layer] = x
-        return fn
-
-    def replace_out(layer: int):
-        def fn(x: torch.Tensor, name: str) -> torch.Tensor:
-            live = ts.skip(layer, reads[layer])
-            return (state.mlp_out[layer] - ts.skip(layer, state.mlp_in[layer]) + live + deltas[layer]).to(x.dtype)
-        return fn
-
-    fns: dict[str, Any] = {name: frozen for name in state.frozen}
-    fns["hook_embed"] = inject
-    for layer in range(cfg.n_layers):
-        fns[ts.read_hook(layer)] = read_in(layer)
-        fns[ts.write_hook(layer)] = replace_out(layer)
-    ctx = build_context(model.hook_names, [], fns, batched=True)
-    v = resolve_variant(None, cfg)
-    ids = state.ids[None].expand(b, -1)
-    stop = cfg.n_layers - 1 if last_layer is None else last_layer
-    resid = dec.forward(ids, ctx, v, grad=grad, stop_after_layer=stop)  # [b, pos, d_model]
-    if last_layer is not None:
-        return [t for t in reads if t is not None], None
-    with torch.enable_grad() if grad else torch.inference_mode():
-        scale = state.final_scale.expand(b, -1, -1)
-        normed = dec.final_norm(resid, dec.conventions(v), lambda s: scale.to(s.dtype), unhooked)
-    return [t for t in reads if t is not None], normed
-
-
-def as_transcoder_set(transcoders: Any) -> TranscoderSet:
-    """`transcoders=` as a set: a TranscoderSet as it is, one transcoder or a list of them wrapped."""
-    if isinstance(transcoders, TranscoderSet) or hasattr(transcoders, "frozen_forward"):
+def as_replacement(transcoders: Any) -> ReplacementSet:
+    """`transcoders=` as a replacement set: a TranscoderSet or a CrossLayerTranscoder as it is, one transcoder or a
+    list (or {layer: transcoder}) of them wrapped in a TranscoderSet."""
+    if isinstance(transcoders, ReplacementSet):
         return transcoders
     if transcoders is None or (isinstance(transcoders, Sequence) and len(transcoders) == 0):
         raise TranscoderSetError(

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         return 0
     from ..features.bundled import bundled_sae_folder
     from ..features.evaluate import evaluate_sae
-    from ..formats.sae_io import load_sae
+    from ..features.load import load_sae
 
     sae = load_sae(bundled_sae_folder(args.sae, model) or args.sae, model=model)
     metrics = evaluate_sae(sae, resolve_corpus(args.corpus, model), model=model, tokens=args.tokens or None,

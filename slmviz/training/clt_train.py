@@ -31,7 +31,7 @@ and ends with the weights of a run never stopped (a resume inside a block runs t
 every block's end as well: SmolLM2's CLT checkpoint is 1.75 GB (146M weights and two Adam moments), ~12 s to write
 on a 2-core AMD EPYC (timed for the PLT set's 1.8 GB), where a 16k-token block ends every ~150 s.
 A resume with other arguments is refused, naming them. The finished CLT is saved in
-`out` (clt_io: circuit-tracer's layout, Gemma Scope 2's for a JumpReLU CLT with a skip path).
+`out` (formats.circuit_tracer: circuit-tracer's layout, Gemma Scope 2's for a JumpReLU CLT with a skip path).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def train_clt(model: Any, corpus: Any = "broad", d_sae: int = 1024, k: int = 16,
     resumed. `k`: features active per token *per layer* (TopK), or on average (BatchTopK). `pre_act_coefficient`:
     the weight of the pre-activation loss (pre_act_loss), which keeps k features per token active; 0 leaves it out."""
     from ..corpora.named import resolve_corpus
-    from ..formats.clt_io import load_clt
+    from ..replacement.load import load_clt
 
     out = Path(out)
     check_run(architecture, d_sae, k, tokens, batch_tokens, window, forward_tokens, buffer_tokens, "a CLT layer")

@@ -158,7 +158,7 @@ def prepare_sae_scans(model: Any, saes: dict[str, Any] | None = None, corpus: An
     weights. Returns {name: folder}."""
     from ..features.bundled import bundled_saes
     from ..features.dashboard import acts_hook
-    from ..formats.sae_io import load_sae
+    from ..features.load import load_sae
     from ..scans.scan import scan
 
     if saes is None:

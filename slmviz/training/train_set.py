@@ -59,8 +59,9 @@ from ..features.activations import (
     sae_batch_shape,
     sae_rows,
 )
-from ..formats.transcoder_io import SET_FILE
-from ..replacement.transcoder_set import READ_HOOK, WRITE_HOOK, TranscoderSet
+from ..formats.slmviz import SET_FILE
+from ..replacement.base import READ_HOOK, WRITE_HOOK
+from ..replacement.transcoder_set import TranscoderSet
 from .train_sae import (
     CHECKPOINT,
     SET_POSTFIX,
