@@ -42,8 +42,9 @@ test: model
 lint: setup
 	$(PY) -m ruff check .
 
+# The performance suite (bench/perf/run_all.py) into bench/results/perf.md; bench/README.md indexes the rest.
 bench: model
-	$(PY) bench/run_all.py
+	$(PY) bench/perf/run_all.py
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on any broken link, anchor or API
 # reference. NO_MKDOCS_2_WARNING silences Material's banner about its end of life (docs/contributing.md).

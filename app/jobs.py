@@ -12,7 +12,7 @@ thread, outside every queue; the request that started it only waits for it (in i
 app/main.py), showing its progress and partial results. A short request from another session is served at
 once, beside the job on the same cores (torch releases the GIL inside its kernels): measured with a `z`
 sweep running in the worker on this 2-core machine, while other agents loaded it, a Run-sized trace took
-0.1-1.0 s (bench/app_jobs.py measures it). What it costs: the job itself runs slower while short requests
+0.1-1.0 s (bench/studies/app_jobs.py measures it). What it costs: the job itself runs slower while short requests
 share the cores.
 
 - One long job at a time (WORKERS), in the order they were asked for: on two cores a second long job in

@@ -1,4 +1,10 @@
-"""Shared pieces of the side-by-side benchmarks: inputs, interleaved timing, result rows, machine facts.
+"""Shared pieces of the benchmarks: inputs, interleaved timing, result rows, machine facts, where results go.
+
+Every script under bench/ (perf/, peers/, studies/, tools/) starts with the same line,
+`sys.path.insert(0, str(Path(__file__).resolve().parents[1]))`, so `import common` finds this file from any group;
+importing it puts this checkout first on sys.path, so the scripts measure the slmviz beside them, not an installed
+one. Scripts of one group import each other by name (their own folder is on sys.path already); what two groups
+share lives here.
 
 Every script runs slmviz and transformers in one process on the same weights and the same token ids,
 warms both up, then times them in alternating rounds (slmviz, transformers, slmviz, ...) and reports
@@ -15,6 +21,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -24,7 +31,8 @@ import torch
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-if str(REPO) not in sys.path:  # `python bench/x.py` from a checkout without an installed slmviz
+RESULTS = BENCH_DIR / "results"  # every recorded table, JSON, figure and run log, whichever group wrote it
+if str(REPO) not in sys.path:  # `python bench/<group>/<script>.py` without an installed slmviz
     sys.path.insert(0, str(REPO))
 
 # Ordinary English prose, repeated to any length: the token ids every forward benchmark feeds both models.
@@ -162,6 +170,35 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def status_gb(key: str) -> float:
+    """/proc/self/status's `key` (VmRSS, VmHWM, ...) in GiB; the kernel reports kB (1024 bytes)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 2**20
+    raise KeyError(key)
+
+
+def reset_peak() -> float:
+    """Reset this process's peak resident set (VmHWM) to its current one and return that, in GiB: the peak read
+    afterwards is what the work after this call held, with whatever was already loaded counted once."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return status_gb("VmRSS")
+
+
+def head_of(path: Path, tokens: int, model) -> str:
+    """A temporary jsonl of the corpus's first documents, about `tokens` tokens of them (a short training run on
+    the full corpus would spend its time tokenising the whole of it for BatchTopK's threshold rows)."""
+    out = Path(tempfile.mkdtemp()) / "head.jsonl"
+    kept, n = [], 0
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        kept.append(line)
+        n += len(model.encode(json.loads(line)["text"]))
+        if n >= tokens:
+            break
+    out.write_text("\n".join(kept) + "\n", encoding="utf-8")
+    return str(out)
+
+
 def load_average() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -200,7 +237,7 @@ def verdict(r: Row) -> str:
 
 def results_table(rows: list[Row], reference: str = "transformers / bound",
                   ratio: Callable[[float | None], str] = fmt_ratio) -> str:
-    """The results files' table of Rows (bench/results.md, bench/gpu_results.md)."""
+    """The results files' table of Rows (make bench's bench/results/perf.md, and perf/gpu.py's)."""
     return markdown_table(["what", "slmviz", reference, "ratio", "target", "result", "notes"],
                           ([r.what, r.slmviz, r.reference, ratio(r.ratio), r.target, verdict(r), r.note]
                            for r in rows))
@@ -225,7 +262,7 @@ def print_rows(rows: list[Row]) -> None:
 
 def main(run: Callable[[argparse.Namespace], list[Row]], description: str,
          add_args: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
-    """Command line shared by every script: `--json PATH` also writes the rows for bench/run_all.py."""
+    """Command line shared by every script: `--json PATH` also writes the rows for bench/perf/run_all.py."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--json", type=Path, default=None, help="also write the result rows here")
     parser.add_argument("--repeats", type=int, default=7, help="timed rounds per measurement (median reported)")

@@ -139,12 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     p_trace.add_argument("--variant", default=None, help="preset name, e.g. post_norm")
     p_trace.add_argument("--save", default=None, help="write the trace to this .safetensors file")
 
+    from .replacement.prepared import PREPARED
+
     p_prepare = sub.add_parser("prepare", help="dequantize the bundled models into the cache (once each)")
     p_prepare.add_argument("--model", action="append", help="only this bundled model (repeatable; default: all)")
     p_prepare.add_argument("--force", action="store_true", help="dequantize again even if the folder is ready")
-    p_prepare.add_argument("--transcoders", default=None, choices=["plt", "clt"],
-                           help="also train this bundled model's full transcoder set into the cache (resumable; "
-                                "docs/features.md says how long it takes)")
+    p_prepare.add_argument("--transcoders", default=None, choices=list(PREPARED),
+                           help="also train this bundled model's prepared transcoder set into the cache: plt (the "
+                                "full set), plt-quick (minutes), clt (resumable; docs/features.md says how long each "
+                                "takes)")
 
     p_app = sub.add_parser("app", help="start the Gradio app")
     p_app.add_argument("--port", type=int, default=None, help="default: $GRADIO_SERVER_PORT or 7860")

@@ -17,7 +17,7 @@ FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_typ
 
 @dataclass(frozen=True)
 class Family:
-    """The conventions a model family fixes, as data (DESIGN.md "More model families").
+    """The conventions a model family fixes, as data (docs/correctness.md, the families).
 
     norm_placement: "pre" x + F(ln(x)) | "output" x + ln_post(F(x)) | "sandwich" x + ln_post(F(ln(x))).
     norm_offset: norms multiply by (offset + w); Gemma stores w around 0 and adds 1.

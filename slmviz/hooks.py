@@ -1,6 +1,6 @@
 """Hook names, their shapes, and the per-run context that captures and intervenes.
 
-Names follow TransformerLens so existing notebooks port over; DESIGN.md's table is reproduced in
+Names follow TransformerLens so existing notebooks port over; the table is reproduced in
 `LAYER_HOOKS` / `GLOBAL_HOOKS`, and tests/test_hooks.py runs the model and checks every name and shape.
 Shapes are for one prompt, no batch dimension. Dim names: pos, d_model, h (query heads), g (KV heads),
 d_head, d_mlp, pos_q, pos_k. `hook_k`/`hook_v` keep g KV heads (not expanded to h).
@@ -71,7 +71,7 @@ ALL_LAYER_HOOKS: dict[str, tuple[str, ...]] = {
     **_RESID_PRE, **_LN1, **_QKV, **_QK_NORM["head"], **_ATTENTION, **_LN1_POST, **_ATTN_OUT, **_LN2, **_MLP_IN,
     **_MLP, **_LN2_POST, **_MLP_OUT,
 }
-# Opt-in hooks (TransformerLens's names; DESIGN.md "Circuits"): the residual each head's query, each KV group's key
+# Opt-in hooks (TransformerLens's names; docs/circuits.md): the residual each head's query, each KV group's key
 # and value, and the MLP branch read *before* their norm. An edit of one changes that reader only (the residual
 # stream and the other heads keep theirs). They are h (or g) copies of the residual stream, so they are computed
 # only when named, in a list of names or as a key of hooks=: never in a default full trace (names=None) nor

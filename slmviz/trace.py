@@ -103,7 +103,7 @@ class Trace:
         """The first hook (in execution order) holding NaN or ±inf, then 'logits'; None if all finite.
 
         Masked attention scores are -inf by contract and do not count. Scanned once per trace (it reads
-        every captured tensor, ~1 s on a 512-token full trace) and remembered: traces are not modified.
+        every captured tensor) and remembered: traces are not modified.
         """
         if self._first_nonfinite is _UNSCANNED:
             self._first_nonfinite = self._scan_nonfinite()

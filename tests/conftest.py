@@ -33,7 +33,7 @@ TINY_ARCHS: dict[str, tuple[str, dict]] = {
     "qwen2_tied": ("Qwen2Config", {"tie_word_embeddings": True}),
     "mistral": ("MistralConfig", {"sliding_window": 4096}),
     "mistral_window": ("MistralConfig", {"sliding_window": 5}),
-    # Families with their own conventions (DESIGN.md "More model families"). hidden_size 80: sqrt(80) is not
+    # Families with their own conventions (docs/correctness.md, the families). hidden_size 80: sqrt(80) is not
     # exact in low precision, so an embedding scale in the wrong dtype would show. Gemma: MQA, sliding (window
     # 4) and global layers with different RoPE bases, query_pre_attn_scalar != head_dim.
     "gemma3": ("Gemma3TextConfig", {

@@ -4,7 +4,7 @@ Checked against references that do not share the graph's backward-injection code
 mlp.hook_in values (a plain forward), the frozen replacement model run forward with one node removed (linearity),
 a hand-written formula for the embedding -> layer-0 feature edges (attention with its pattern frozen), the closed
 form w·((I - Â)⁻¹ - I) of influence, and circuit-tracer 0.5.0's JSON field lists (frontend/graph_models.py).
-Not covered here: agreement with circuit-tracer's own numbers (bench/attribution_graph_circuit_tracer.py records
+Not covered here: agreement with circuit-tracer's own numbers (bench/peers/attribution_graph_circuit_tracer.py records
 that), cross-layer transcoders (tests/test_clt.py), bf16 models.
 """
 

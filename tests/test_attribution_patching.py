@@ -1,7 +1,7 @@
 """Attribution patching: the estimate is the directional derivative of the metric (checked by finite differences
 on a tiny model), exactly 0 where the two runs agree, and shaped like the exact sweep on every site.
 
-Does not cover: how good the estimate is on a real model (bench/patching.py measures its correlation with
+Does not cover: how good the estimate is on a real model (bench/perf/patching.py measures its correlation with
 the exact sweep on SmolLM2 and the README records it).
 """
 

@@ -22,7 +22,7 @@ from slmviz.loading import bundled, default_model
 
 GEMMA = "gemma-3-270m"
 PARIS = "The capital of France is"
-PARIS_CONTINUATION = " the capital of the country of France. It is the largest"  # DESIGN.md, transformers eager
+PARIS_CONTINUATION = " the capital of the country of France. It is the largest"  # transformers eager
 
 
 def test_bundled_models_are_smollm2_first_then_gemma():
@@ -156,7 +156,7 @@ def test_the_prepared_gemma_folder_is_a_gemma3_text_checkpoint():
 @pytest.mark.slow
 def test_transformers_reads_the_prepared_gemma_back_with_its_bos_and_greedy_continuation():
     """The saved tokenizer prepends <bos> (Gemma needs it) like the GGUF one, and the folder generates what
-    DESIGN.md records for the GGUF-loaded model."""
+    docs/correctness.md records for the GGUF-loaded model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

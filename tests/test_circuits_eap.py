@@ -1,7 +1,8 @@
-"""EAP and EAP-IG edge scores (DESIGN.md "Circuits") against the formula computed by hand with autograd, and a
+"""EAP and EAP-IG edge scores (docs/circuits.md) against the formula computed by hand with autograd, and a
 known structure found: the K-composition edge of an induction circuit trained here.
 
-Not covered here: exact edge patching itself (tests/test_circuits_edges.py), the bundled models (bench/circuits.py).
+Not covered here: exact edge patching itself (tests/test_circuits_edges.py), the bundled models
+(bench/perf/circuits.py).
 """
 
 from __future__ import annotations

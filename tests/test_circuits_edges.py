@@ -1,4 +1,4 @@
-"""The component graph and exact edge patching (DESIGN.md "Circuits"), on tiny models of every family.
+"""The component graph and exact edge patching (docs/circuits.md), on tiny models of every family.
 
 Each patched edge is checked against a hand-written hook that adds (a_u^corrupted - a_u^clean) to the destination's
 input; patching every edge into v against replacing v's whole input; the empty set and the full graph against the

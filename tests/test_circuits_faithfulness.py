@@ -1,5 +1,5 @@
 """The batched faithfulness curve against the plain path (issue 19, "a curve of 10 sizes >= 5x faster than 10
-separate patched forwards"; bench/circuits.py measures the speed, these tests the values).
+separate patched forwards"; bench/perf/circuits.py measures the speed, these tests the values).
 
 The curve runs every size as rows of one batch, and several rows share one copy of the pair's corrupted writes;
 each destination's input is computed without per-destination masking (a destination with no patched edge gets
@@ -7,7 +7,7 @@ x + 0, one with every edge patched its corrupted input + 0). Checked: each size 
 (within fp32 rounding: rows of one batch round like one row up to the kernels' blocking), the empty circuit is the
 corrupted metric and the full graph the clean one exactly, and the destination inputs of the batched reader equal
 x and the corrupted input bit for bit where nothing or everything is patched.
-Does not cover: speed (bench/circuits.py) or real models.
+Does not cover: speed (bench/perf/circuits.py) or real models.
 """
 
 from __future__ import annotations

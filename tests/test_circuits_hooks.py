@@ -1,4 +1,4 @@
-"""The opt-in input hooks (DESIGN.md "Circuits"): blocks.L.hook_q_input / hook_k_input / hook_v_input / hook_mlp_in.
+"""The opt-in input hooks (docs/circuits.md): blocks.L.hook_q_input / hook_k_input / hook_v_input / hook_mlp_in.
 
 They are computed only when named, show the residual each reader sees before its norm, and an edit of one reader's
 copy reaches that reader only. Not covered here: the circuits built on them (tests/test_circuits_edges.py).

@@ -2,7 +2,7 @@
 
 Fast tests use a tiny model (its word-level tokenizer has no names or digits, so only the induction task applies
 there); the slow ones check every task on both bundled models' tokenizers and that each task separates the clean
-and corrupted runs. Not covered: what the circuits found (bench/circuits.py, docs/circuits.md).
+and corrupted runs. Not covered: what the circuits found (bench/perf/circuits.py, docs/circuits.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Scope 2's clt/ folders, on synthetic folders for tiny models.
 
 Checked against: the formula written out by hand from the saved files' own tensors (read with safetensors, not
 through slmviz), and the features and graphs of the CLT before saving. Not covered here: circuit-tracer's own
-loader reading these files (bench/clt_circuit_tracer.py runs its load_clt on them), real Gemma Scope 2 downloads.
+loader reading these files (bench/peers/clt_circuit_tracer.py runs its load_clt on them), real Gemma Scope 2 downloads.
 """
 
 from __future__ import annotations

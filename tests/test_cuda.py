@@ -2,7 +2,7 @@
 attribution graphs and feature patching, each against the same computation on the CPU; then the other user-facing
 paths (train_sae, evaluate_sae / evaluate_transcoders, steering, dashboards, feature scans, patching, ablation,
 logit attribution and lens, circuits, the workbench's interventions), each on a GPU against the CPU. Skipped without
-CUDA (CI has none; bench/gpu_transcoders.py runs this file on a GPU machine and records the result).
+CUDA (CI has none; bench/perf/gpu_transcoders.py runs this file on a GPU machine and records the result).
 
 Independent references: the CPU run of the same seed (the coders' init and the batches' order come from CPU
 generators, so the two runs start equal and differ by float rounding only), the graph's linear model (edges +

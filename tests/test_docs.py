@@ -4,7 +4,9 @@
   target Markdown file (a heading of a file it includes, or an API object a `::: name` block renders, counts);
   an http(s) link is well-formed. Links inside code are not links.
 - mkdocs.yml's navigation and docs/ agree: every page in the nav exists, and every docs page is in the nav.
-- Measured figures are included from bench/, never copied: no row of bench/results.md appears in a page.
+- Measured figures are included from bench/, never copied: no row of bench/results/perf.md appears in a page.
+- bench/README.md indexes every benchmark script in its group's section, and every bench/ path that a page, the
+  README, a docstring or a test names exists.
 
 `make docs` (and .ci/run) builds the site with `mkdocs build --strict`, which also checks the API references;
 the slow test here runs the same build into a temporary folder.
@@ -26,6 +28,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 README = REPO / "README.md"
+BENCH = REPO / "bench"
 
 FENCE = re.compile(r"^ {0,4}(```|~~~).*?^ {0,4}\1", re.M | re.S)
 INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
@@ -166,15 +169,52 @@ def test_readme_is_a_landing_page():
 
 
 def test_measured_tables_are_included_not_copied():
-    """bench/results.md's rows reach the site only through docs/performance.md's include."""
-    assert '"../bench/results.md"' in (DOCS / "performance.md").read_text(encoding="utf-8")
-    rows = [line for line in (REPO / "bench" / "results.md").read_text(encoding="utf-8").splitlines()
+    """bench/results/perf.md's rows reach the site only through docs/performance.md's include."""
+    assert '"../bench/results/perf.md"' in (DOCS / "performance.md").read_text(encoding="utf-8")
+    rows = [line for line in (BENCH / "results" / "perf.md").read_text(encoding="utf-8").splitlines()
             if line.startswith("| ") and not line.startswith("| ---") and "|" in line[2:]]
     assert rows
     for page in [README, *doc_pages()]:
         text = page.read_text(encoding="utf-8")
         copied = [row for row in rows[1:] if row in text]
-        assert not copied, f"{page.relative_to(REPO)} copies bench/results.md rows: {copied[:2]}"
+        assert not copied, f"{page.relative_to(REPO)} copies bench/results/perf.md rows: {copied[:2]}"
+
+
+def test_the_bench_index_names_every_script_in_its_group():
+    """bench/README.md's section for each group (`## perf/: ...`) names every script in that folder, so a script
+    cannot be added unindexed or moved without its line. Does not check what the line says."""
+    index = (BENCH / "README.md").read_text(encoding="utf-8")
+    sections = {m.group(1): m.group(2) for m in re.finditer(r"^## (\w+)/:[^\n]*\n(.*?)(?=^## |\Z)", index, re.M | re.S)}
+    groups = sorted({p.parent.name for p in BENCH.glob("*/*.py")})
+    assert groups and set(groups) <= set(sections), f"bench/README.md has no section for {set(groups) - set(sections)}"
+    missing = [f"{g}/{p.name}" for g in groups for p in sorted((BENCH / g).glob("*.py"))
+               if f"`{p.name}`" not in sections[g]]
+    assert not missing, f"bench/README.md does not index {missing}"
+
+
+BENCH_FILE = re.compile(r"(?<![\w-])bench/[\w./-]+?\.(?:py|md|json|png|txt)\b")
+
+
+def test_every_bench_path_named_exists():
+    """A bench/ file named in the README, a docs page, a result table the docs include, or a docstring or comment of
+    the library, the app, the tests or the bench exists: bench/ was regrouped in 0.3, and a stale path sends a
+    reader to nothing. Does not cover CHANGELOG.md (its history keeps the paths of the day) or the JSON records."""
+    sources = [README, REPO / "mkdocs.yml", *DOCS.rglob("*.md"), *(BENCH / "results").glob("*.md"),
+               *BENCH.rglob("*.py"), *(REPO / "slmviz").rglob("*.py"), *(REPO / "app").rglob("*.py"),
+               *(REPO / "tests").glob("*.py")]
+    stale = sorted({(str(f.relative_to(REPO)), path) for f in sources
+                    for path in BENCH_FILE.findall(f.read_text(encoding="utf-8")) if not (REPO / path).exists()})
+    assert not stale, f"bench paths that do not exist: {stale[:10]}"
+
+
+def test_no_file_refers_to_a_design_document_outside_the_repository():
+    """The design notes the project started from are not in the repository, so a reference to them in a docstring, a
+    test or a page sends a reader nowhere: the docs pages hold what those notes said."""
+    name = "DESIGN" + ".md"  # spelled in two parts so this test does not find itself
+    sources = [README, *DOCS.rglob("*.md"), *BENCH.rglob("*.py"), *(REPO / "slmviz").rglob("*.py"),
+               *(REPO / "app").rglob("*.py"), *(REPO / "tests").glob("*.py")]
+    naming = sorted(str(f.relative_to(REPO)) for f in sources if name in f.read_text(encoding="utf-8"))
+    assert not naming, f"files that name {name}: {naming}"
 
 
 def test_the_hand_written_trace_signature_is_current():
@@ -202,4 +242,4 @@ def test_the_site_builds_strictly(tmp_path):
     assert (built / "assets" / "screenshot-run.png").is_file(), "the screenshots are copied into the site"
     assert 'src="../assets/screenshot-run.png"' in (built / "app" / "index.html").read_text(encoding="utf-8")
     performance = (built / "performance" / "index.html").read_text(encoding="utf-8")
-    assert "greedy generate" in performance and "<table>" in performance, "bench/results.md is included"
+    assert "greedy generate" in performance and "<table>" in performance, "bench/results/perf.md is included"

@@ -2,7 +2,7 @@
 eager-vs-sdpa difference (measured here, on the same inputs, not a constant); dtype errors and the slow-bf16
 warning; hooks and every variant in bf16.
 
-Not covered here: scans and patch sweeps in bf16 (tests/test_dtype_bulk.py) and fp16 (CUDA only; bench/gpu.py).
+Not covered here: scans and patch sweeps in bf16 (tests/test_dtype_bulk.py) and fp16 (CUDA only; bench/perf/gpu.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ Tolerances (each measured, see the numbers in the constants' comments):
 - SAEs spliced into a bf16 model: outputs exactly the bf16 model's (error term), pre-activations within SAE_TOL.
 
 Runs on the tiny random llama, and (slow) on SmolLM2. Not covered: the Ray engine in bf16 (it runs the same
-shard code), attribution patching in bf16, speed (bench/dtype.py).
+shard code), attribution patching in bf16, speed (bench/perf/dtype.py).
 """
 
 from __future__ import annotations

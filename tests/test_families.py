@@ -17,7 +17,7 @@ from slmviz.variants import PRESETS, VariantError, applies
 
 FAMILIES = ["gemma3", "qwen3", "olmo2"]
 IDS = torch.arange(3, 23)  # 20 tokens: past the tiny Gemma's 4-token window
-# Each family preset, and a tiny model it applies to (DESIGN.md "More model families").
+# Each family preset, and a tiny model it applies to (docs/correctness.md, the families).
 FAMILY_PRESETS = {
     "no_norm_offset": "gemma3", "no_embed_scale": "gemma3", "no_qk_norm": "gemma3", "qk_norm_after_rope": "gemma3",
     "rope_local_as_global": "gemma3", "pre_norm_only": "gemma3", "gelu_exact": "gemma3",
@@ -184,7 +184,7 @@ def test_gemma_3_270m_generates_like_transformers(gemma, gemma_reference):
 @pytest.mark.slow
 def test_gemma_family_presets_change_the_real_model(gemma):
     """Every Gemma preset moves the logits (KL > 0: faithful vs itself is exactly 0); no_sliding_window only
-    beyond the 512-token window. gelu_exact moves them least (~1e-6 nats, bench/variants_table.md)."""
+    beyond the 512-token window. gelu_exact moves them least (~1e-6 nats, bench/results/variants_table.md)."""
     short = gemma.encode(GEMMA_PROMPTS["short"])
     long = gemma.encode(GEMMA_PROMPTS["beyond_window"])
     faithful_short, faithful_long = gemma.logits(short), gemma.logits(long)

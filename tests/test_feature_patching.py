@@ -6,7 +6,7 @@ Checked against independent references on tiny models with small random SAEs: th
 hook_sae_acts_post); each exact cell equals a hand-written hook on a plain `trace`; the error-term splice leaves
 both unpatched metrics unchanged; several SAEs at once give each SAE's cells as that SAE alone does.
 A bf16 model gives the fp32 sweep within a stated tolerance. Does not cover: how well the estimate tracks the exact
-values on a real model with trained SAEs (bench/feature_patching.py measures it on SmolLM2).
+values on a real model with trained SAEs (bench/studies/feature_patching.py measures it on SmolLM2).
 """
 
 from __future__ import annotations

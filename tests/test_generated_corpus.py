@@ -134,3 +134,40 @@ def test_the_cli_names_each_corpus_and_split(tiny, tmp_path, monkeypatch):
     assert json.dumps({"text": "w1 heldout"}) in Path(mixed).read_text(encoding="utf-8").splitlines()
     assert resolve_corpus("balanced", tiny) == str(gc.corpus_dir(tiny, "balanced") / "train.jsonl")
     assert resolve_corpus("bench/modern_prose.txt") == "bench/modern_prose.txt"
+
+
+def test_slice_jobs_hold_every_kind_in_its_share_and_grow_by_prefix():
+    """The quick corpus's jobs: the first six are one seed of each kind, a larger slice holds a smaller one, and no
+    held-out seed is trained on."""
+    six, twenty = gc.slice_jobs(6), gc.slice_jobs(20)
+    kinds = list(dict.fromkeys(kind for kind, _ in gc.SEEDS))
+    assert sorted(job[2] for job in six) == sorted(kinds) and twenty[:6] == six
+    assert not any(gc.held_out(job[3]) for job in gc.slice_jobs(len(gc.SEEDS)))
+    assert all(gc.SEEDS[i] == (kind, text) for _, i, kind, text in twenty)
+
+
+def test_the_quick_corpus_is_a_slice_of_mixed_from_the_chat_corpus_own_parts(tiny, tmp_path, monkeypatch):
+    """Training split: the slice's chat lines dealt round-robin, spread over the broad corpus's first n/95 of its lines.
+    Held-out split: the broad held-out split whole with every held-out seed's lines. The parts are the chat corpus's
+    own files, so generating the full corpus later reuses them and generates nothing twice."""
+    from slmviz.corpora.broad import broad_corpus
+
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    parts = gc.corpus_dir(tiny) / "parts"
+    parts.mkdir(parents=True)
+    jobs = [(0, i, kind, text) for i, (kind, text) in enumerate(gc.SEEDS)]
+    for job in jobs:  # every part written already: nothing to generate, the lines known
+        gc._part(parts, job).write_text("".join(json.dumps({"text": f"{job[1]} {s}"}) + "\n" for s in range(3)))
+    train, heldout = gc.quick_corpus(tiny, n=6, progress=False)
+    lines = train.read_text(encoding="utf-8").splitlines()
+    chat = [json.dumps({"text": f"{job[1]} {s}"}) for s in range(3) for job in gc.slice_jobs(6)]
+    broad_train, broad_heldout = (p.read_text(encoding="utf-8").splitlines() for p in broad_corpus())
+    assert [x for x in lines if x in chat] == chat  # dealt: each job's first sample, then each one's second
+    assert [x for x in lines if x not in chat] == broad_train[:round(len(broad_train) * 6 / len(jobs))]
+    held = [json.dumps({"text": f"{job[1]} {s}"}) for job in jobs if gc.held_out(job[3]) for s in range(3)]
+    held_lines = heldout.read_text(encoding="utf-8").splitlines()
+    assert held and [x for x in held_lines if x in held] == held
+    assert [x for x in held_lines if x not in held] == broad_heldout
+    assert gc.quick_corpus(tiny, n=6, progress=False) == (train, heldout)  # written once
+    full_train, _ = gc.chat_corpus(tiny, progress=False)  # from the same parts, generating none
+    assert all(x in full_train.read_text(encoding="utf-8").splitlines() for x in chat)

@@ -1,4 +1,4 @@
-"""The hook contract: every name and shape in DESIGN.md, capture filters, interventions, and the identities
+"""The hook contract: every name and shape of docs/hook-names.md, capture filters, interventions, and the identities
 between hooks that must hold on every trace."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def trace(model):
 
 
 def test_every_hook_is_captured_with_its_contract_shape(trace, model):
-    """All 3 global + 22 per-layer names, for every layer, with DESIGN.md's shapes (no batch dimension)."""
+    """All 3 global + 22 per-layer names, for every layer, with docs/hook-names.md's shapes (no batch dimension)."""
     expected = hook_names(model.cfg.n_layers)
     assert trace.names == expected
     assert len(expected) == 3 + len(LAYER_HOOKS) * model.cfg.n_layers

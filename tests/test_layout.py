@@ -1,4 +1,4 @@
-"""The package's parts and the one-way flow between them (DESIGN.md, "Packaging and layout"), checked on the source.
+"""The package's parts and the one-way flow between them (docs/layout.md), checked on the source.
 
 Every top-level module or subpackage of slmviz is one *part*, and `PARTS` orders them: a part may import the
 parts listed before it, never one listed after it or beside it in the same row. This holds for every import

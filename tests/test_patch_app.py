@@ -5,7 +5,8 @@ run in this process.
 A long sweep runs in the app's job worker (app/jobs.py): another session's Run, started while it runs, finishes
 first (checked by order of completion, never by time).
 
-Does not cover: the page itself (tests/test_patch_browser.py clicks through it) nor sweep speed (bench/patching.py).
+Does not cover: the page itself (tests/test_patch_browser.py clicks through it) nor sweep speed
+(bench/perf/patching.py).
 """
 
 from __future__ import annotations

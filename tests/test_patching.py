@@ -2,7 +2,7 @@
 reference on every site, and the errors a user sees for bad input.
 
 Runs on a tiny random GQA model (4 query heads, 2 KV heads) except the SmolLM2 sanity check at the end.
-Does not cover: timing (bench/patching.py), attribution patching (tests/test_attribution_patching.py),
+Does not cover: timing (bench/perf/patching.py), attribution patching (tests/test_attribution_patching.py),
 agreement with TransformerLens itself (TL is not installed; the semantics are pinned by the identities).
 """
 

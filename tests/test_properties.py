@@ -1,4 +1,4 @@
-"""Property-based: random prompts under random valid variants keep every trace identity DESIGN.md lists.
+"""Property-based: random prompts under random valid variants keep every trace identity docs/correctness.md lists.
 
 Variants are composed field by field from the tuples in slmviz.variants (so a new field value is
 exercised without editing this file). Tiny random checkpoints of several architectures take random
@@ -105,7 +105,7 @@ def _dropped_norm(name: str, c, cfg) -> bool:
 
 
 def check_trace_invariants(model: slmviz.Model, t: slmviz.Trace, v: Variant) -> None:
-    """Every DESIGN.md identity on one full trace, under variant v."""
+    """Every identity of docs/correctness.md on one full trace, under variant v."""
     cfg, params, n = model.cfg, model.decoder.params, t.input_ids.numel()
     c = model.decoder.conventions(v)
     # Everything captured (in call order, which post-norm changes: the norm runs after its sub-layer), except

@@ -1,4 +1,4 @@
-"""Splicing SAEs and transcoders into trace / generate / stream / scan / patch (DESIGN.md "Features")."""
+"""Splicing SAEs and transcoders into trace / generate / stream / scan / patch (docs/features.md)."""
 
 from __future__ import annotations
 

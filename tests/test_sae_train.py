@@ -1,8 +1,8 @@
 """train_sae, evaluate_sae and the rows an SAE sees (slmviz.training.train_sae / evaluate / activations).
 
 On a tiny random LLaMA (built once for this module) and on synthetic activations; no real model is loaded here.
-Not covered: the bundled SAEs' quality (bench/results.md "Features" records evaluate_sae on held-out text) and
-training throughput (bench/sae_train.py).
+Not covered: the bundled SAEs' quality (bench/results/perf.md "Features" records evaluate_sae on held-out text) and
+training throughput (bench/peers/sae_train.py).
 """
 
 from __future__ import annotations
@@ -400,7 +400,7 @@ def test_command_line_trains_and_evaluates(tiny, corpus, tmp_path, capsys):
 def test_bundled_saes_are_listed_and_carry_their_command():
     """Every bundled SAE folder reads as an SAE whose cfg.json records the command that trained it (on "mixed" or
     "balanced": broad text and the model's own chat, named in the command and in corpus_name) and its evaluations on
-    the three held-out texts bench/bundle_sae.py measures (broad, chat, hand-written modern prose). The real-model
+    the three held-out texts bench/tools/bundle_sae.py measures (broad, chat, hand-written modern prose). The real-model
     checks (hooks exist, widths match) are in the slow test below."""
     from slmviz.features.bundled import BUNDLED_DIR, bundled_sae_folder, bundled_saes
 

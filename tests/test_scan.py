@@ -3,7 +3,7 @@ nothing, windows keep their offsets, save/load is exact, variant damage equals c
 
 Runs on the tiny random llama (tests/conftest.py) except one padding check on the real SmolLM2. Does not
 cover the Ray engine (tests/test_scan_ray.py), the app tab (tests/test_corpus_browser.py) or speed and
-memory (bench/scan.py).
+memory (bench/perf/scan.py).
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def test_a_run_killed_after_its_last_block_resumes_to_the_same_weights(tiny, cor
     _, _, _, meta = read_set_checkpoint(tmp_path / "cut")
     assert not any(v["cursor"]["finished"] for v in meta["layers"].values())
     monkeypatch.setattr(train_set, "threshold_rows_by_layer", real)
-    # finished where it stands from the checkpoint alone (bench/replacement_curve.py's way), it is the same set
+    # finished where it stands from the checkpoint alone (bench/studies/replacement_curve.py's way), it is the same set
     assert_same_coders(trained, train_set.SetRun.from_checkpoint(tmp_path / "cut").finish(tiny, corpus))
     resumed = train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
                                 skip=True, **SMALL)

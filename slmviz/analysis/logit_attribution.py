@@ -1,7 +1,7 @@
 """Direct logit attribution: how much each component's write into the residual stream adds to a logit difference.
 
 The final residual at a position is a sum of writes: the embedding, then each layer's attention and MLP output
-(`hook_attn_out`, `hook_mlp_out` are exactly what is added on every family, DESIGN.md). The logit difference
+(`hook_attn_out`, `hook_mlp_out` are exactly what is added on every family, docs/hook-names.md). The logit difference
 is `(W_U[answer] - W_U[wrong]) · norm(x)`, and the final norm is not linear, so the usual trick is applied:
 freeze its scale (the `ln_final.hook_scale` the run actually had at that position) and keep its weight. With
 the scale frozen the readout is a linear map, `direction · x`, and every write gets its share exactly:

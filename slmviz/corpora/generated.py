@@ -114,15 +114,29 @@ def chat_corpus(model: Any, folder: str | Path | None = None, progress: bool | C
     if train.is_file() and heldout.is_file():
         return train, heldout
     seeds = SEEDS if seeds is None else seeds
-    parts = folder / "parts"  # one file per (round, seed), written when its batch is done: a restart skips them
-    parts.mkdir(parents=True, exist_ok=True)
     jobs = [(r, i, kind, text) for r in range(rounds) for i, (kind, text) in enumerate(seeds)]
+    parts = generate_parts(model, folder / "parts", jobs, progress, samples, new_tokens, workers,
+                           desc=f"chat corpus ({model.name})")
+    for out, held in ((train, False), (heldout, True)):
+        _write_text(out, "".join(part.read_text(encoding="utf-8")
+                                 for job, part in zip(jobs, parts, strict=True) if held_out(job[3]) == held))
+    return train, heldout
+
+
+def generate_parts(model: Any, parts: Path, jobs: list[tuple[int, int, str, str]],
+                   progress: bool | Callable[[int, int], None] = True, samples: int = SAMPLES_PER_SEED,
+                   new_tokens: int = NEW_TOKENS, workers: int | None = None, desc: str = "chat corpus"
+                   ) -> list[Path]:
+    """Each job's part file (one JSON line a document), generating those not yet written into `parts` (one file per
+    (round, seed), written when its batch is done: a restart skips them). `progress`: True for a bar, or fn(done,
+    total)."""
+    parts.mkdir(parents=True, exist_ok=True)
     todo = [j for j in jobs if not _part(parts, j).is_file()]
     bar = None
     if progress is True:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), unit="seed", desc=f"chat corpus ({model.name})")
+        bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), unit="seed", desc=desc)
 
     def finished(n: int) -> None:
         if bar is not None:
@@ -133,13 +147,7 @@ def chat_corpus(model: Any, folder: str | Path | None = None, progress: bool | C
     _write_parts(model, parts, todo, samples, new_tokens, workers or generation_workers(model), finished)
     if bar is not None:
         bar.close()
-    tmp = {p: p.with_suffix(".tmp") for p in (train, heldout)}
-    with tmp[train].open("w", encoding="utf-8") as ft, tmp[heldout].open("w", encoding="utf-8") as fh:
-        for job in jobs:
-            (fh if held_out(job[3]) else ft).write(_part(parts, job).read_text(encoding="utf-8"))
-    for final, t in tmp.items():
-        t.replace(final)
-    return train, heldout
+    return [_part(parts, job) for job in jobs]
 
 
 def generation_workers(model: Any) -> int:
@@ -147,8 +155,8 @@ def generation_workers(model: Any) -> int:
     the CPU.
 
     Why: a step decodes 24 rows, and most of its ops are too small to gain from a second thread, while each split
-    still pays OpenMP's fork and join. Measured on this project's 2-core AMD EPYC with Gemma 3 270M: one seed on
-    two threads took ~80 s; two seeds at once on one thread each took 66-70 s together (34 s a seed). The text is
+    still pays OpenMP's fork and join, so two seeds at once on one thread each finish sooner than one after the
+    other on two threads (docs/features.md records the times). The text is
     the same: each row's numbers are one thread's dot products either way (seed 0's part, byte for byte), and
     each seed has its own generator. Pinned by tests/test_generated_corpus.py (workers 1 and 2 write the same
     corpus)."""
@@ -230,8 +238,7 @@ def balanced_corpus(model: Any) -> tuple[Path, Path]:
 
 
 def _mix(model: Any, kind: str, merge: Callable[[list[str], list[str]], list[str]]) -> tuple[Path, Path]:
-    """corpus_dir(model, kind)/{train,heldout}.jsonl: merge(broad lines, chat lines) of each split, written once (each
-    file beside, then renamed: a half-written corpus is never read)."""
+    """corpus_dir(model, kind)/{train,heldout}.jsonl: merge(broad lines, chat lines) of each split, written once."""
     from .broad import broad_corpus
 
     folder = corpus_dir(model, kind)
@@ -240,13 +247,79 @@ def _mix(model: Any, kind: str, merge: Callable[[list[str], list[str]], list[str
         return train, heldout
     chat = chat_corpus(model)
     broad = broad_corpus()
-    folder.mkdir(parents=True, exist_ok=True)
     for out, a, b in ((train, broad[0], chat[0]), (heldout, broad[1], chat[1])):
-        merged = merge(a.read_text(encoding="utf-8").splitlines(), b.read_text(encoding="utf-8").splitlines())
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text("\n".join(merged) + "\n", encoding="utf-8")
-        tmp.replace(out)
+        _write_lines(out, merge(a.read_text(encoding="utf-8").splitlines(), b.read_text(encoding="utf-8").splitlines()))
     return train, heldout
+
+
+def _write_lines(out: Path, lines: list[str]) -> None:
+    """`lines` into `out`, one a line (written beside, then renamed: _write_text)."""
+    _write_text(out, "\n".join(lines) + "\n")
+
+
+def _write_text(out: Path, text: str) -> None:
+    """`text` into `out`, written beside and then renamed: a half-written corpus is never read."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)
+
+
+QUICK_JOBS = 6  # the quick corpus's training jobs: one seed of each of the six kinds (bench/studies/quick_set_curve.py)
+
+
+def slice_jobs(n: int, rounds: int = ROUNDS, seeds: list[tuple[str, str]] | None = None
+               ) -> list[tuple[int, int, str, str]]:
+    """The first `n` of chat_corpus's training jobs (round, seed index, kind, seed; held-out seeds left out) in a
+    stratified order: within a round, each job ranks by its seed's place within its kind, (j + 0.5) / (seeds of that
+    kind), ties in SEEDS's kind order. Any prefix so holds each kind in about its share (the first 6: one of each),
+    and a larger slice holds a smaller one. The jobs keep their own (round, index), so their parts are chat_corpus's
+    own: the full corpus later reuses them."""
+    seeds = SEEDS if seeds is None else seeds
+    kinds = list(dict.fromkeys(kind for kind, _ in seeds))
+    count = {kind: sum(1 for k, _ in seeds if k == kind) for kind in kinds}
+    place, seen = [], dict.fromkeys(kinds, 0)
+    for kind, _ in seeds:
+        place.append((seen[kind] + 0.5) / count[kind])
+        seen[kind] += 1
+    jobs = [(r, i, kind, text) for r in range(rounds) for i, (kind, text) in enumerate(seeds) if not held_out(text)]
+    return sorted(jobs, key=lambda j: (j[0], place[j[1]], kinds.index(j[2])))[:n]
+
+
+def quick_corpus(model: Any, n: int = QUICK_JOBS, progress: bool | Callable[[int, int], None] = True
+                 ) -> tuple[Path, Path]:
+    """The quick replacement model's corpus ("quick"): "mixed" at a fraction of its length and its cost.
+
+    Training split: the chat corpus's first `n` training jobs (slice_jobs) interleaved with the broad corpus's training
+    split cut to its first n / (all jobs) of its lines, so chat keeps about "mixed"'s share (the broad corpus was
+    shuffled once: a prefix keeps every kind of text). Held-out split: "mixed"'s own, the broad held-out split whole
+    with the chat corpus's held-out seeds, so the quick set's feature scan and evaluation read what the full set's
+    read. The chat lines are dealt round-robin over the jobs (each job's first sample, then each one's second, ...),
+    so a run that reads only a prefix still meets every seed. The parts are the chat corpus's own (generated once,
+    shared with the full corpus); written once into corpus_dir(model, "quick")."""
+    from .broad import broad_corpus
+
+    folder = corpus_dir(model, "quick")
+    train, heldout = folder / "train.jsonl", folder / "heldout.jsonl"
+    if train.is_file() and heldout.is_file():
+        return train, heldout
+    all_jobs = [(r, i, kind, text) for r in range(ROUNDS) for i, (kind, text) in enumerate(SEEDS)]
+    held = [job for job in all_jobs if held_out(job[3])]
+    jobs = slice_jobs(n)
+    parts = generate_parts(model, corpus_dir(model) / "parts", jobs + held, progress,
+                           desc=f"quick corpus ({model.name})")
+    lines = [path.read_text(encoding="utf-8").splitlines() for path in parts]
+    chat_train, chat_heldout = _deal(lines[:len(jobs)]), [line for part in lines[len(jobs):] for line in part]
+    broad_train, broad_heldout = (path.read_text(encoding="utf-8").splitlines() for path in broad_corpus())
+    keep = round(len(broad_train) * n / len(all_jobs))
+    _write_lines(train, _interleave(broad_train[:keep], chat_train))
+    _write_lines(heldout, _interleave(broad_heldout, chat_heldout))
+    return train, heldout
+
+
+def _deal(parts: list[list[str]]) -> list[str]:
+    """The parts' lines dealt round-robin: every part's first line, then every part's second, ..."""
+    return [part[i] for i in range(max(map(len, parts), default=0)) for part in parts if i < len(part)]
 
 
 def _thin(lines: list[str], chars: int) -> list[str]:

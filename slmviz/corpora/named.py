@@ -7,6 +7,8 @@
   the broad corpus has no modern prose and no chat turns; coders trained on it explain the prompts users type worse.
 - "mixed": both, interleaved (what the prepared full sets train on; chat is ~10 % of it).
 - "balanced": half broad (thinned evenly), half chat, interleaved (what the bundled SAEs train on).
+- "quick": "mixed" cut short, from six of the chat corpus's seeds (what the quick replacement model trains on;
+  corpora.generated.quick_corpus); its held-out split is "mixed"'s.
 A path or a list of strings is returned as it is.
 """
 
@@ -14,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-NAMES = ("broad", "chat", "mixed", "balanced")
-MODEL_WRITTEN = ("chat", "mixed", "balanced")  # need the model's chat corpus (generated_corpus.chat_corpus) first
+NAMES = ("broad", "chat", "mixed", "balanced", "quick")
+MODEL_WRITTEN = ("chat", "mixed", "balanced", "quick")  # need the model's chat text (corpora.generated) first
 
 
 def resolve_corpus(corpus: Any, model: Any = None, split: str = "train") -> Any:
@@ -29,10 +31,11 @@ def resolve_corpus(corpus: Any, model: Any = None, split: str = "train") -> Any:
 
         train, heldout = broad_corpus()
         return train if split == "train" else heldout
-    from .generated import balanced_corpus, chat_corpus, mixed_corpus
+    from .generated import balanced_corpus, chat_corpus, mixed_corpus, quick_corpus
 
     if model is None:
         raise ValueError(f"corpus={corpus!r} is text a model writes: pass the model (it is generated once per model "
                          "and cached)")
-    paths = {"chat": chat_corpus, "mixed": mixed_corpus, "balanced": balanced_corpus}[corpus](model)
+    make = {"chat": chat_corpus, "mixed": mixed_corpus, "balanced": balanced_corpus, "quick": quick_corpus}
+    paths = make[corpus](model)
     return paths[0] if split == "train" else paths[1]

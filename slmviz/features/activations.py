@@ -29,7 +29,7 @@ from ..scans.batches import PAD_ID, Batch, Window, iter_windows
 from ..variants import resolve_variant
 
 # A row is massive when its norm exceeds this many times the median norm of its batch's other rows. Measured on
-# Bible windows of 128 tokens (bench/results.md "Features"): SmolLM2's first position sits at ~115x the median of
+# Bible windows of 128 tokens (bench/results/perf.md "Features"): SmolLM2's first position sits at ~115x the median of
 # the rest (layer 15: ~20 000 against ~173) while its other rows reach 1.6x (layer 3: 8.8x); Gemma 3 270M's
 # punctuation rows reach ~10x at layer 9, real tokens an SAE should reconstruct, and its first position ~15x.
 MASSIVE_FACTOR = 20.0
@@ -166,7 +166,7 @@ def sae_batch_shape(longest: int, source: Source) -> tuple[int, int]:
     Why fixed shapes: bf16 matmuls run in oneDNN, which (with ideep) caches a compiled primitive for every input
     shape it meets, up to 1024 of them. A stream of forwards padded to whatever each batch's longest window was
     met 27 shapes on the broad corpus and kept growing the process (train_sae's peak RSS 1.09x at 4x the tokens,
-    bench/sae_memory_shapes.py); at most LENGTH_BUCKETS shapes keep it flat. The cost is the padding: under a
+    bench/studies/sae_memory_shapes.py); at most LENGTH_BUCKETS shapes keep it flat. The cost is the padding: under a
     quarter window per short window (a document's last), none for full windows, which are most of them.
     Pinned by tests/test_sae_train.py::test_training_forwards_have_few_shapes.
     """

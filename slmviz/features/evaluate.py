@@ -1,9 +1,9 @@
-"""`slmviz.evaluate_sae`: SAEBench's core metrics of an SAE or transcoder on a corpus (DESIGN.md "Features").
+"""`slmviz.evaluate_sae`: SAEBench's core metrics of an SAE or transcoder on a corpus (docs/features.md).
 
     slmviz.evaluate_sae(sae, "heldout.jsonl", model=m)
     # {'explained_variance': 0.84, 'l0': 32.0, 'ce_loss_score': 0.95, 'kl_score': 0.94, 'frac_dead': 0.02, ...}
 
-Definitions (SAEBench's core eval, as DESIGN.md writes them), over every evaluated token, not per batch:
+Definitions (SAEBench's core eval), over every evaluated token, not per batch:
 - explained_variance = 1 - E||y - y_hat||^2 / (E||y||^2 - ||E y||^2), y the activation the SAE writes
   (hook_name_out: the input itself for an SAE, the MLP's output for a transcoder);
 - l0 = mean number of active features per token;

@@ -1,7 +1,7 @@
 """The SAE object: sparse autoencoders and transcoders with SAELens's formulas, parameter names and file format.
 
 An SAE reads one hook and reconstructs it; a transcoder reads one hook (the MLP's input, `blocks.L.mlp.hook_in`)
-and predicts another (`blocks.L.hook_mlp_out`). Formulas (SAELens 6.x, DESIGN.md "Features"):
+and predicts another (`blocks.L.hook_mlp_out`). Formulas (SAELens 6.x; docs/features.md):
 
     x' = x - b_dec if apply_b_dec_to_input else x
     h  = x' @ W_enc + b_enc                                   # hook_sae_acts_pre
@@ -14,7 +14,7 @@ Shapes: W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_out], b_dec [d_out],
 W_skip [d_out, d_in] (SAELens's orientation; Gemma Scope 2's `affine_skip_connection` is its transpose).
 
 Files: `save(folder)` writes SAELens 6's `cfg.json` + `sae_weights.safetensors` (formats.saelens), which
-`sae_lens.SAE.load_from_disk` reads (bench/sae_lens_roundtrip.py checks it); `load(folder)` reads them back. Other
+`sae_lens.SAE.load_from_disk` reads (bench/peers/sae_lens_roundtrip.py checks it); `load(folder)` reads them back. Other
 layouts (Gemma Scope 2, circuit-tracer's sets) are read by their format modules into the same plain data, a `spec`
 (the settings: SAE.spec) and SAELens-named tensors, from which `from_state` builds the SAE: it never knows which file
 it came from.

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from ..tokens import PromptError
-from .frozen import (  # noqa: F401  (Writes, writes_values: re-exported, as bench/longest_prompt.py imports them)
+from .frozen import (  # noqa: F401  (Writes, writes_values: re-exported, as bench/studies/longest_prompt.py imports them)
     AttributionGraphError,
     PromptState,
     Writes,
@@ -326,7 +326,7 @@ def graph_memory_bytes(n_pos: int, n_feat: int, n_logits: int, cap: int, batch_s
     - while features are chosen, the rows of the kept features and logits over *every* node, 4 * (cap + n_logits)
       * all nodes: what grows with a long prompt's active features and bounds its length; and partial_influences'
       [rows, rows] block and column chunk (it never copies the rows themselves).
-    bench/longest_prompt.py measures a process's peak against it (docs/features.md, "The longest prompt", and
+    bench/studies/longest_prompt.py measures a process's peak against it (docs/features.md, "The longest prompt", and
     docs/cross-layer-transcoders.md)."""
     cap = min(cap, n_feat)
     other = cfg.n_layers * n_pos + n_pos + n_logits  # error, embedding and logit nodes

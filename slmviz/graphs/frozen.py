@@ -154,7 +154,7 @@ class Writes:
 
 def writes_values(table_rows: int | torch.Tensor, n_writes: int | torch.Tensor, d_model: int) -> int | torch.Tensor:
     """Writes' size in fp32-sized values: the table's rows, and per write three int64 indices (two values each) and
-    the scale. Also what bench/longest_prompt.py counts a prompt's writes by, before any graph is built."""
+    the scale. Also what bench/studies/longest_prompt.py counts a prompt's writes by, before any graph is built."""
     return table_rows * d_model + 7 * n_writes
 
 

@@ -11,7 +11,8 @@ so the whole sweep costs about three forwards instead of one per cell.
 It is an estimate, and how good depends on how linear the model is over the patch: good for small activations
 such as one head's z or one position's key, poor for the residual stream, where a patch replaces the whole
 state of a position and everything downstream is far from linear. The correlation with the exact sweep is
-measured by bench/patching.py and recorded in bench/notes.md; `exact_correlation` measures it for one result.
+measured by bench/perf/patching.py and recorded in bench/results/notes.md; `exact_correlation` measures it for one
+result.
 Where the two runs' activations are equal the estimate is exactly 0 (the delta is 0).
 """
 

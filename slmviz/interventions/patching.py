@@ -10,7 +10,7 @@ information. Noising patches corrupted into clean: a cell that destroys it is ne
     r.values        # [n_layers, pos]: the metric after each single patch
     r.normalized    # (values - corrupted) / (clean - corrupted): 1 = fully restored, 0 = no effect
 
-Sites and result shapes (DESIGN.md, "Interventions"); `h` query heads, `g` KV heads (never padded to h):
+Sites and result shapes (docs/interventions.md); `h` query heads, `g` KV heads (never padded to h):
 
 | site | hook | cell | values |
 | --- | --- | --- | --- |

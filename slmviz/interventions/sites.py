@@ -1,6 +1,6 @@
 """Patching sites: which hook a sweep patches, the axes of one cell, and the result's shape.
 
-The table of sites and shapes is in slmviz.interventions.patching's docstring (and DESIGN.md, "Interventions").
+The table of sites and shapes is in slmviz.interventions.patching's docstring (and docs/interventions.md).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     threads torch has (`row_split_wins`), w is split into one block of rows per thread and multiplied as
     one batched matmul, which torch spreads over its threads: each thread streams its own contiguous half
     of the weights (over SmolLM2's weights on 2 AMD cores, 16-19 ms per pass against 44-48 ms for one
-    F.linear per matrix in bench/decode_floor.py's runs). Every output is still the dot product of a weight
+    F.linear per matrix in bench/perf/decode_floor.py's runs). Every output is still the dot product of a weight
     row with x, summed in another order than F.linear's: on SmolLM2's matrices they differ by up to ~6e-7
     relative, the size of fp32 rounding, which
     tests/test_conventions.py::test_cached_decoding_matches_one_full_forward bounds.
@@ -112,7 +112,7 @@ def probe_matrices(matrix_bytes: int) -> int:
     What breaks if the probe fits in the cache: it then measures cache bandwidth, where one core's F.linear keeps
     up, and picks F.linear for a model whose weights stream from memory. On this machine kind's AMD EPYC (32 MB
     of L3) the former 56 MB probe did exactly that, and decoding ran 2.4x slower than the split it passed over
-    (bench/results.md's floor rows: 33 ms of matmuls a step against a 14 ms split pass).
+    (bench/results/perf.md's floor rows: 33 ms of matmuls a step against a 14 ms split pass).
     Pinned by tests/test_fast_paths.py::test_the_kernel_probe_streams_from_memory_not_the_cache.
     """
     working_set = min(max(4 * last_level_cache_bytes(), 64 << 20), 512 << 20)
@@ -148,8 +148,8 @@ class OnlineChoice:
 
     Why runs, and why the first call after a switch is not counted: while F.linear's one-core product is the choice,
     the split's second thread sleeps, and a lone retried split pays its wake-up. Judged on such single calls the
-    split measured 3.5e-10 s per element on this machine kind's AMD EPYC, against 1.1e-10 when it runs every
-    call, and decoding stayed on F.linear at 2x the time of a step of splits (bench/generate.py).
+    split looks several times slower per element than when it runs every call, and decoding would stay on
+    F.linear at twice the time of a step of splits (bench/perf/generate.py; docs/performance.md).
     Pinned by tests/test_fast_paths.py::test_a_retried_runs_first_call_is_not_counted.
     """
 
@@ -203,14 +203,12 @@ ONE_ROW_KERNEL_ENV = "SLMVIZ_ONE_ROW_KERNEL"  # "split" or "linear": skip the me
 def row_split_wins() -> bool:
     """True if a one-row product is faster split into row blocks (bmm) than through F.linear, on this CPU.
 
-    Measured, not assumed: on the AMD EPYC machines of earlier sessions MKL ran F.linear's matrix-vector
-    product on one core and the split streamed SmolLM2's weights 2.5x faster (bench/decode_floor.py);
-    on an Intel Xeon of this kind F.linear used both cores and the split was 2.5x *slower* on Gemma's
-    [262144, 640] unembedding (135 vs 53 ms a pass, timed by hand; bench/gemma.py's evidence row shows the
-    unembedding's share of a step). On a busy machine (more runnable processes than cores) the split's
-    fork/join waits for the OS to run its second thread again, and it lost 25x to F.linear on this kind's AMD
-    EPYC at a load average of 6 (940 vs 35 ms over SmolLM2's weights). Both give the same numbers to fp32
-    rounding. Timed once per process on matrices the size of a decoder layer's ([768 · threads, 576] each, as
+    Measured, not assumed: on some CPUs MKL runs F.linear's matrix-vector product on one core and the split
+    streams the weights faster (bench/perf/decode_floor.py); on others F.linear uses every core and the split is
+    slower (bench/perf/gemma.py shows the unembedding's share of a step). On a busy machine (more runnable
+    processes than cores) the split's fork/join waits for the OS to run its second thread again and loses by an
+    order of magnitude. docs/performance.md records the figures. Both give the same numbers to fp32 rounding.
+    Timed once per process on matrices the size of a decoder layer's ([768 · threads, 576] each, as
     many as `probe_matrices` says: at least 4x the CPU's last-level cache, so the passes stream from memory as a
     model's weights do), the median of 5 alternating passes after a warm-up (~0.3 s), which also seeds the
     OnlineChoice that `linear` keeps updating from then on; $SLMVIZ_ONE_ROW_KERNEL=split|linear decides
@@ -263,7 +261,7 @@ def one_thread(device: torch.device) -> Iterator[None]:
     A decoding step's attention is three ops on a few thousand numbers (baddbmm, softmax, bmm), and ATen still
     splits each over every thread. Each split is an OpenMP fork/join: on a quiet machine a few µs, 90 of them a
     step; on a busy one (more runnable processes than cores) the join waits until the OS runs the other thread
-    again, ~1.5 ms each: a tiny 30-layer model's step took 61 ms on 2 threads and 5.8 ms on one. On one thread
+    again, which can cost a tiny 30-layer model's step ten times its one-thread time. On one thread
     they compute the same numbers (each output is one thread's dot product either way).
     Pinned by tests/test_fast_paths.py::test_one_thread_restores_the_thread_count_and_changes_no_number.
     """
@@ -306,8 +304,8 @@ def bf16_bulk_speedup() -> float:
     this CPU, measured once per process: above 1, bf16 is faster. The app offers its "fast (bf16)" switch for
     scans and sweeps from this (app/fast_mode.py).
 
-    A product of bulk size, not bf16_matmul_slowdown's small one: the small one measured 1.9-2.5x on this machine
-    kind's AMD EPYC under load and the big one 4-6x; a decision near a threshold must not flip between processes.
+    A product of bulk size, not bf16_matmul_slowdown's small one: the two ratios differ by a factor of two or more
+    on the same CPU, and a decision near a threshold must not flip between processes.
     The best of 5 alternating runs after a warm-up each (~0.1 s).
     """
     global _bf16_bulk_speedup

@@ -23,7 +23,7 @@ ATTRIBUTION_CAVEAT = ("A first-order (gradient) estimate, not a patched run: goo
                       "one head's z, poor for the residual stream, where a patch is large and the model far from "
                       "linear.")
 # Pearson r of attribution patching with the exact sweep, SmolLM2-135M-Instruct, the 12-token IOI pair of
-# bench/patching.py (`--groups attribution`, 2026-12-01); bench/notes.md. Shown when a result has no own r.
+# bench/perf/patching.py (`--groups attribution`), recorded in bench/results/notes.md. Shown when a result has no own r.
 MEASURED_CORRELATION = {"resid_pre": 0.58, "resid_mid": 0.59, "attn_out": 0.99, "mlp_out": 0.29,
                         "z": 0.99, "q": 0.83, "k": 0.92, "v": 1.00, "pattern": 0.99, "heads": 0.99}
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-READ_HOOK = "blocks.{L}.mlp.hook_in"  # what a PLT reads: the MLP's input after its norm's weight (DESIGN.md)
+READ_HOOK = "blocks.{L}.mlp.hook_in"  # what a PLT reads: the MLP's input after its norm's weight (docs/hook-names.md)
 WRITE_HOOK = "blocks.{L}.hook_mlp_out"  # what every layer's features write into: the MLP output they replace
 
 

@@ -30,10 +30,10 @@ from .transcoder_set import TranscoderSet
 
 def load_transcoders(source: str | os.PathLike, model: Any = None, width: str | None = None,
                      l0: str | None = None) -> ReplacementSet:
-    """A transcoder set from a prepared set's name ("plt", "clt": this model's, in $SLMVIZ_CACHE) or a folder in
-    slmviz's, circuit-tracer's or Gemma Scope 2's layout (module docstring). With `model=`, the set is checked
-    against the model (hooks, widths), moved to its device, and keeps a reference to it. `width` / `l0` choose among
-    a Gemma Scope 2 folder's several transcoders per layer."""
+    """A transcoder set from a prepared set's name ("plt", "plt-quick", "clt": this model's, in $SLMVIZ_CACHE) or a
+    folder in slmviz's, circuit-tracer's or Gemma Scope 2's layout (module docstring). With `model=`, the set is
+    checked against the model (hooks, widths), moved to its device, and keeps a reference to it. `width` / `l0`
+    choose among a Gemma Scope 2 folder's several transcoders per layer."""
     if isinstance(source, str) and source in PREPARED:
         if model is None:
             raise TranscoderSetError(f"load_transcoders({source!r}) loads a model's prepared set: pass model=")
@@ -48,8 +48,8 @@ def load_transcoders(source: str | os.PathLike, model: Any = None, width: str | 
     if not path.is_dir():
         raise TranscoderSetError(f"{str(path)!r} is not a folder; a transcoder set is a folder (slmviz: "
                                  f"{slmviz_layout.SET_FILE}; circuit-tracer: {circuit_tracer.CONFIG} + "
-                                 "layer_L.safetensors; Gemma Scope 2: transcoder_all/layer_L_width_W_l0_S/), or 'plt' "
-                                 "/ 'clt' with model=")
+                                 "layer_L.safetensors; Gemma Scope 2: transcoder_all/layer_L_width_W_l0_S/), or a "
+                                 f"prepared set's name ({', '.join(PREPARED)}) with model=")
     refuse_pickle(path, TranscoderSetError)
     if holds_clt(path):
         return load_clt(path, model=model)

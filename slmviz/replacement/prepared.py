@@ -14,7 +14,7 @@ from ..formats import slmviz as slmviz_layout
 from ..formats.checkpoint import run_finished
 from ..loading.bundled import cache_dir
 
-PREPARED = ("plt", "clt")  # names of a model's prepared sets
+PREPARED = ("plt", "plt-quick", "clt")  # names of a model's prepared sets (training.prepare.RECIPES)
 CLT_LAYOUTS = (circuit_tracer, gemma_scope)
 SET_LAYOUTS = (slmviz_layout, circuit_tracer, gemma_scope)
 
@@ -30,15 +30,15 @@ def holds_replacement(folder: Path) -> bool:
 
 
 def prepared_dir(model: Any, kind: str) -> Path:
-    """Where `slmviz prepare --transcoders` keeps a model's full set: $SLMVIZ_CACHE/transcoders/{model}/{kind}."""
+    """Where `slmviz prepare --transcoders` keeps a model's prepared set: $SLMVIZ_CACHE/transcoders/{model}/{kind}."""
     name = model if isinstance(model, str) else str(getattr(model, "name", ""))
     return cache_dir() / "transcoders" / name / kind
 
 
 def prepared_ready(model: Any, kind: str) -> bool:
-    """Whether the model's prepared `kind` set ("plt", "clt") is finished and can be loaded: a PLT set's file is
-    written at its run's end; a CLT's files are, and then its checkpoint says finished (so a CLT killed while its
-    files were written is not taken for one)."""
+    """Whether the model's prepared `kind` set ("plt", "plt-quick", "clt") is finished and can be loaded: a per-layer
+    set's file is written at its run's end; a CLT's files are, and then its checkpoint says finished (so a CLT killed
+    while its files were written is not taken for one)."""
     folder = prepared_dir(model, kind)
     if kind == "clt":
         return holds_clt(folder) and run_finished(folder) is not False

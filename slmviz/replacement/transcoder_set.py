@@ -39,7 +39,7 @@ def coder_layer(sae: Any, where: str = "") -> int:
     """The layer a transcoder replaces: it must read `blocks.L.mlp.hook_in` and write `blocks.L.hook_mlp_out`.
 
     Why so strict: an SAE of the residual stream, or a transcoder that reads `ln2.hook_normalized` (before the norm's
-    weight), runs at the right width and gives a graph of nothing (DESIGN.md, "blocks.L.mlp.hook_in")."""
+    weight), runs at the right width and gives a graph of nothing (docs/hook-names.md, "blocks.L.mlp.hook_in")."""
     hook_in, hook_out = str(getattr(sae, "hook_name", "")), str(getattr(sae, "hook_name_out", ""))
     m_in, m_out = _IN.fullmatch(hook_in), _OUT.fullmatch(hook_out)
     if not (m_in and m_out and m_in.group(1) == m_out.group(1)):

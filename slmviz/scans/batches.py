@@ -110,7 +110,7 @@ def plan_batches(windows: Iterable[Window], batch_tokens: int) -> Iterator[Batch
     also ends where the next window is more than MAX_PAD_FRACTION shorter than its longest, once it holds
     MIN_BATCH_TOKENS real tokens: on a corpus of mixed lengths (verses of 11 to 66 tokens) filling every
     batch to the budget padded a quarter of what ran, while batches of ≥ 256 tokens already run near this
-    CPU's peak tokens/s (bench/scan.py measures both).
+    CPU's peak tokens/s (bench/perf/scan.py measures both).
     """
     index = 0
     buffer: list[Window] = []

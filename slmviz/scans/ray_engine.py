@@ -7,7 +7,7 @@ safetensors (no pickled tensors in the results). The driver merges shard results
 same code as the local engine, so `engine="ray"` equals `engine="local"` exactly, provided each actor runs
 torch with the driver's thread count (done here: a GEMM's rounding may depend on how many threads split it).
 
-Ray pitfalls measured on this machine (DESIGN.md, Ray 2.60):
+Ray pitfalls measured on this machine (Ray 2.60):
 - output order is not preserved by default: `preserve_order` is switched on AND every result carries its
   shard index, and the driver re-orders with a small buffer, so order never depends on Ray's settings;
 - an unreachable `RAY_ADDRESS` makes `ray.init` retry forever: the address is probed first with a TCP

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 ENGINES = ("local", "ray")
 DEFAULT_WINDOW = 256
-DEFAULT_BATCH_TOKENS = 1024  # padded tokens per forward: this CPU's peak tokens/s is at 512-1024 (bench/scan.py)
+DEFAULT_BATCH_TOKENS = 1024  # padded tokens per forward: this CPU's peak tokens/s is at 512-1024 (bench/perf/scan.py)
 # With variants every batch also holds two [tokens, vocab] fp32 logits (faithful and variant): 2 x 512 x 49152
 # x 4 bytes = 0.2 GB on SmolLM2, where 2048 tokens would need 0.8 GB.
 DAMAGE_BATCH_TOKENS = 512

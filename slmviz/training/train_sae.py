@@ -605,7 +605,7 @@ def batch_top_k_cut(a: torch.Tensor, keep: int) -> torch.Tensor:
     every entry is a candidate: the answer is the same value as a top-k over all of `a`, only cheaper.
 
     Why: this runs in every BatchTopK step and in each layer's final threshold. On 512 x 4096 relu'd entries
-    (k 64) it takes ~4 ms against 36 ms for torch.topk over the flattened batch (bench/train_step.py, 2-core AMD
+    (k 64) it takes ~4 ms against 36 ms for torch.topk over the flattened batch (bench/studies/train_step.py, 2-core AMD
     EPYC, 2026-12-03), where the per-row candidates it replaced (each row's 4k largest, then the cut) took ~13 ms."""
     flat = a.reshape(-1)
     sample = flat[::CUT_SAMPLE_STRIDE]
@@ -703,7 +703,7 @@ def release_freed_memory() -> None:
     """Hand memory freed by the last block back to the OS (glibc's malloc_trim; a no-op elsewhere).
 
     Blocks and forward batches of varying shapes leave holes in glibc's heap, and a run's RSS crept up by ~20 %
-    over 300k tokens without this (bench/sae_train.py --memory measures the peak at 1x and 4x the tokens)."""
+    over 300k tokens without this (bench/peers/sae_train.py --memory measures the peak at 1x and 4x the tokens)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
@@ -719,7 +719,8 @@ def _linear_fit(x: torch.Tensor, y: torch.Tensor, ridge: float = 1e-3) -> tuple[
     The two products over the rows (x's covariance and its cross-covariance with y) run in fp32 and only the d x d
     solve in float64: on a block of SmolLM2's rows the result differs from an all-float64 fit by 1e-6 to 1e-5
     relative, with the same held-out EV to 7 digits, at a third of the time (the float64 copies and products took
-    ~1 s a layer inside a 30-layer run, a sixth of a short run's time; bench/train_transcoders.py). Returns float64."""
+    ~1 s a layer inside a 30-layer run, a sixth of a short run's time; bench/studies/train_transcoders.py).
+    Returns float64."""
     x, y = x.float(), y.float()
     xm, ym = x.mean(0), y.mean(0)
     xc = x - xm

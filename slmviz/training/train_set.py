@@ -25,9 +25,9 @@ last one, checked after each layer's steps on a block (after the last layer's, i
 at most that long of training, plus the forward of its block, which a resume runs again for the layers not yet past
 it. Not at every block's end: on SmolLM2's 30 layers each write is 1.8 GB (~12 s on a 2-core AMD EPYC's disk), and a
 block ends every ~70 s, so writing at each end took ~15 % of a run (38 of 377 s at 65k tokens a layer,
-bench/sparsify_compare.md). `checkpoint_every=0` writes after every layer's block (what the resume tests use). The
-finished set is saved in slmviz's layout (transcoder_set.save), and the checkpoint then keeps the configurations and
-cursors alone (SetRun.save_checkpoint).
+bench/results/sparsify_compare.md). `checkpoint_every=0` writes after every layer's block (what the resume tests
+use). The finished set is saved in slmviz's layout (transcoder_set.save), and the checkpoint then keeps the
+configurations and cursors alone (SetRun.save_checkpoint).
 """
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ class SetRun:
     @classmethod
     def from_checkpoint(cls, out: Path, device: str | torch.device = "cpu") -> SetRun:
         """The run out/checkpoint.safetensors holds, every layer's Trainer restored where it stood (to finish it
-        there: bench/replacement_curve.py scores a run's copied checkpoints this way)."""
+        there: bench/studies/replacement_curve.py scores a run's copied checkpoints this way)."""
         saved = read_set_checkpoint(Path(out))
         if saved is None:
             raise CheckpointError(f"{out} holds no {CHECKPOINT}")
