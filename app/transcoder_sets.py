@@ -1,11 +1,11 @@
-"""A model's full transcoder sets in the Circuits tab: each offered as one choice of the attribution graph, or built.
+"""A model's full transcoder sets for the attribution graph: each offered as one choice of its picker, or built.
 
 The set is the one `slmviz prepare --transcoders plt` makes (slmviz.training.prepare): a per-layer transcoder at
 every layer, kept in $SLMVIZ_CACHE/transcoders/{model}/plt. When it is there, the tab's transcoder picker offers it
 as one choice ("full set: 30 per-layer transcoders"), picked alone (every layer already has its transcoder, so a
 single transcoder beside it would be a second one for its layer). It is loaded once per model and kept in memory
-(SmolLM2's: about 600 MB), and each layer's coder is pinned in the Features tab's SAE store under the set's name for
-that layer (`{set name}/layer_{L}`), so a node's feature card and the workbench find it like any transcoder.
+(SmolLM2's: about 600 MB), and each layer's coder is pinned in the server's SAE store (app/saes.py) under the set's
+name for that layer (`{set name}/layer_{L}`), so a node's feature card and the workbench find it like any transcoder.
 
 Its cross-layer transcoder (`slmviz prepare --transcoders clt`, in .../clt) is offered the same way once it is
 there ("cross-layer transcoder: 30 layers"): its layer L's features are pinned as ts.feature_coder(L) (for the CLT,
@@ -13,16 +13,16 @@ its encoder exactly, each feature's writes summed into one decoder row), so a ca
 the feature's whole direct path to the logits. The tab does not build a CLT (hours of training, not minutes): that
 is `prepare`'s job.
 
-When the per-layer set is not there, the tab offers to build it: a long job in app/scan_jobs.py's RUNNER worker
+When the per-layer set is not there, the tab offers to build it: a long job in app/jobs.py's RUNNER worker
 (other sessions' requests are served meanwhile), shared by every session that presses Build for the same model, its
 progress in gr.Progress and the status line: the model's own chat and prose written first when the recipe's corpus
-is "mixed" (once per model, features.generated_corpus), then the tokens trained per layer with the layers' mean and
+is "mixed" (once per model, slmviz.corpora.generated), then the tokens trained per layer with the layers' mean and
 worst explained variance, then the feature scan prepared with the set. Cancel stops it at the next training step,
 the checkpoint stays, and Build again resumes from it (train_transcoders' resume; the status says from how many
 tokens per layer).
 
-The recipe is the model's fixed one (training.prepare.RECIPES); $SLMVIZ_SET_RECIPE (JSON, set by whoever starts the
-server) overrides it, and is what gives a model without a recipe its set (`d_sae`, `k`, `tokens`, and `corpus`: a
+The recipe is the model's fixed one (slmviz.training.prepare.RECIPES); $SLMVIZ_SET_RECIPE (JSON, set by whoever starts
+the server) overrides it, and is what gives a model without a recipe its set (`d_sae`, `k`, `tokens`, and `corpus`: a
 corpus name or a list of texts): the tiny models of the tests build a tiny set in seconds this way. A visitor
 cannot change it.
 """
@@ -37,16 +37,16 @@ from typing import Any
 
 import gradio as gr
 
-from slmviz.features.dashboard import acts_hook
+import slmviz
 from slmviz.features.prepared_scans import load_set_scan
 from slmviz.formats.checkpoint import trained_tokens
-from slmviz.replacement.load import load_transcoders
 from slmviz.replacement.prepared import prepared_dir, prepared_ready
 from slmviz.training.prepare import CORPUS, REQUIRED, prepare_transcoders, recipe
 
-from .corpus_tab import SCANS, session
-from .handlers import Handlers, readable_errors, write_model_corpus
-from .scan_jobs import RUNNER, JobCancelled, wait
+from .jobs import RUNNER
+from .models import AppContext
+from .saes import SAEStore, provide_feature_scan
+from .shared import readable_errors, session, wait_or_say, write_model_corpus
 
 KIND = "plt"  # the prepared set the tab builds (and ticks first)
 KINDS = ("plt", "clt")  # the prepared sets the tab offers, once there
@@ -94,11 +94,10 @@ def recipe_overrides() -> dict[str, Any]:
 class TranscoderSets:
     """The full sets on offer, loaded once per model; the Build and Cancel handlers of the tab's build panel."""
 
-    def __init__(self, handlers: Handlers, features: Any = None,
-                 offered: Callable[[Any], list[str]] | None = None):
-        self.h = handlers
-        self.features = features  # app.features_tab.FeatureHandlers: its SAE store gets the coders pinned
-        self.offered = offered or self.choices  # every choice of the picker (the Circuits tab's single ones too)
+    def __init__(self, ctx: AppContext, saes: SAEStore, offered: Callable[[Any], list[str]] | None = None):
+        self.ctx = ctx
+        self.saes = saes  # the coders get pinned in it, so a node's card finds them like any transcoder
+        self.offered = offered or self.choices  # every choice of the picker (the single transcoders too)
         self._loaded: dict[tuple[str, str], tuple[Any, dict[int, str]]] = {}  # (model, kind) -> (set, names)
         self._lock = threading.Lock()
 
@@ -130,7 +129,7 @@ class TranscoderSets:
 
     def load(self, model: Any, kind: str = KIND) -> tuple[Any, dict[int, str]]:
         """(the model's prepared `kind` set, {layer: its coder's name}), loaded on first use and kept; every coder
-        pinned in the Features tab's store under that name."""
+        pinned in the SAE store under that name."""
         self.check(model, kind)
         return self._load(model, kind)
 
@@ -148,26 +147,23 @@ class TranscoderSets:
     @readable_errors
     def refresh(self, source: str | None) -> Any:
         """On page load: tick the set when it was built since the server started (else leave the picker)."""
-        ticked = self.ticked(self.h.model(source))
+        ticked = self.ticked(self.ctx.model(source))
         return gr.update(value=ticked) if ticked else gr.skip()
 
     def _load(self, model: Any, kind: str) -> tuple[Any, dict[int, str]]:
         key = (self._key(model), kind)
         with self._lock:  # one load per model and kind, however many sessions ask at once
             if key not in self._loaded:
-                ts = load_transcoders(kind, model=model)
+                ts = slmviz.load_transcoders(kind, model=model)
                 # a card reads one layer's features (a CLT's: its encoder, each feature's writes summed), pinned under
                 # the name `prepare` gives the set's layers
                 coders = {layer: ts.feature_coder(layer) for layer in ts.layers}
                 names = {layer: f"{model.name}-{kind}/layer_{layer}" for layer in ts.layers}
                 scanned = load_set_scan(model, kind)  # prepared with the set: no card waits for a scan
-                if self.features is not None:
-                    from .features_tab import DASHBOARD_ROWS, TOP_K
-
-                    for layer, name in names.items():
-                        entry = self.features.saes.pin(model, name, coders[layer])
-                        if scanned is not None:
-                            SCANS.provide(model, [acts_hook(entry.sae)], scanned, TOP_K, entry.key + DASHBOARD_ROWS)
+                for layer, name in names.items():
+                    entry = self.saes.pin(model, name, coders[layer])
+                    if scanned is not None:
+                        provide_feature_scan(model, entry, scanned)
                 self._loaded[key] = (ts, names)
             return self._loaded[key]
 
@@ -198,14 +194,14 @@ class TranscoderSets:
     @readable_errors
     def offer(self, source: str | None) -> tuple:
         """The build panel for the session's model (its Build and Cancel buttons, its status line)."""
-        shown, text = self.panel(self.h.model(source))
+        shown, text = self.panel(self.ctx.model(source))
         return gr.update(visible=shown), gr.update(visible=shown), text
 
     @readable_errors
     def build(self, source: str | None, request: gr.Request,
               progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
         """Train (or resume) the model's full set as a shared long job; then offer it in the picker, alone."""
-        model = self.h.model(source, progress)
+        model = self.ctx.model(source, progress)
         args = self.args(model)
         who = session(request)
         n_layers = model.cfg.n_layers
@@ -233,14 +229,10 @@ class TranscoderSets:
 
         job = RUNNER.join((BUILD_KIND, self._key(model)), work, who, kind=BUILD_KIND)
         said = ""
-        try:
-            for _ in wait(job, who, progress):
-                if job.desc != said:
-                    said = job.desc
-                    yield gr.skip(), f"Building: {said}", gr.skip(), gr.skip()
-        except JobCancelled:
-            raise gr.Error("Cancelled; the checkpoint is kept: press Build to resume from it",
-                           print_exception=False) from None
+        for _ in wait_or_say(job, who, progress, "Cancelled; the checkpoint is kept: press Build to resume from it"):
+            if job.desc != said:
+                said = job.desc
+                yield gr.skip(), f"Building: {said}", gr.skip(), gr.skip()
         label = set_label(model)
         yield (gr.CheckboxGroup(choices=self.offered(model), value=[label]),
                f"Built {job.result}: pick **{label}** and build the graph.", gr.update(visible=False),

@@ -40,7 +40,7 @@ from .trace import Trace, TraceFormatError
 from .training.train import train_sae, train_transcoders
 from .variants import PRESETS, Variant, describe, resolve_variant, variants
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "__version__",

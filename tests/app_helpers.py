@@ -36,13 +36,20 @@ def free_port() -> int:
 
 @contextmanager
 def app_server(env: dict[str, str] | None = None, **launch_kwargs) -> Iterator[str]:
-    """Serve app.main.launch(port=<free>, **launch_kwargs) from a subprocess; yield its URL.
+    """Serve app.main.launch(port=<free>, **launch_kwargs) from a subprocess; yield its URL (app_process)."""
+    with app_process(env, **launch_kwargs) as (_, url):
+        yield url
+
+
+@contextmanager
+def app_process(env: dict[str, str] | None = None, **launch_kwargs) -> Iterator[tuple[subprocess.Popen, str]]:
+    """Serve app.main.launch(port=<free>, **launch_kwargs) from a subprocess; yield (the process, its URL).
 
     `env`: variables set for the server on top of this process's environment. Corpus scans (Corpus tab, mean
     ablation) go to a temporary folder and cover TEST_CORPUS_DOCS verses unless `env` says otherwise: tests
     never write into the user's cache, nor wait for the app's 1000-verse scan.
     The server's output goes to a log file that is shown if it fails to start. The process is
-    terminated (then killed) on exit, whatever the tests did.
+    stopped (stop_server) on exit, whatever the tests did.
     """
     port = free_port()
     kwargs = ", ".join([f"port={port}"] + [f"{k}={v!r}" for k, v in launch_kwargs.items()])
@@ -58,13 +65,14 @@ def app_server(env: dict[str, str] | None = None, **launch_kwargs) -> Iterator[s
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_until_serving(proc, url, Path(log.name))
-            yield url
+            yield proc, url
         finally:
             stop_server(proc)
 
 
 def stop_server(proc: subprocess.Popen) -> None:
-    """Ctrl-C first, so Gradio closes and the app's atexit cleanup of saved traces runs; then harder."""
+    """Ctrl-C first, so the app closes and its atexit cleanup of saved traces runs (it exits within a second:
+    tests/test_app_shutdown.py); then harder."""
     for send in (lambda: proc.send_signal(signal.SIGINT), proc.terminate, proc.kill):
         if proc.poll() is not None:
             return

@@ -19,7 +19,8 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import slmviz
-from app.handlers import FAITHFUL_WIDGETS, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, VARIANT_FIELDS, widget_value
+from app.models import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS
+from app.variant_fields import FAITHFUL_WIDGETS, VARIANT_FIELDS, widget_value
 from slmviz.variants import PRESETS
 
 pytestmark = pytest.mark.app
@@ -248,7 +249,7 @@ def test_with_both_bundled_models_loaded_the_server_stays_bounded(server, record
 
 
 def test_widget_values_round_trip_to_variants_and_a_wrong_count_says_what_is_expected():
-    from app.handlers import field_value, split_inputs, variant_from_fields
+    from app.variant_fields import field_value, split_inputs, variant_from_fields
 
     for name in PRESETS:
         assert variant_from_fields(preset_fields(name)) == PRESETS[name].variant
@@ -263,9 +264,9 @@ def test_model_loads_queue_apart_from_model_work_with_progress():
     """The load events use their own queue ("load"): a minute-long first Gemma load never takes the single
     "model" slot that every Run waits for; nor do the calls that decode for seconds ("decode")."""
     from app import main
-    from app.handlers import Handlers, ModelStore
+    from app.models import AppContext, ModelStore
 
-    demo = main.build(Handlers(ModelStore(), examples=main.load_examples()))
+    demo = main.build(AppContext(ModelStore()))
     ids = {fn.api_name: fn.concurrency_id for fn in demo.fns.values()}
     assert ids["load_model"] == ids["pick_model"] == "load"
     assert ids["run"] == ids["feature_prompt"] == "model"
@@ -275,7 +276,7 @@ def test_model_loads_queue_apart_from_model_work_with_progress():
 def test_a_slow_load_holds_up_neither_loaded_models_nor_a_second_request_for_it(monkeypatch):
     """ModelStore locks per model while loading: the startup model stays served, and two sessions asking for
     the model being loaded share one load."""
-    from app.handlers import ModelStore
+    from app.models import ModelStore
 
     store = ModelStore()
     startup = store.get()
@@ -298,12 +299,12 @@ def test_a_slow_load_holds_up_neither_loaded_models_nor_a_second_request_for_it(
 
 
 def test_preparing_a_bundled_model_reports_each_step_as_progress(monkeypatch):
-    from app import handlers as h
+    from app.tabs import model as model_tab
 
     calls = []
-    monkeypatch.setattr(h, "prepare_bundled", lambda name, log: [log(s) for s in ("assembling", "dequantizing",
-                                                                                   "saving", "ready at /x")])
-    h.Handlers.prepare(GEMMA, lambda fraction, desc: calls.append((fraction, desc)))
+    steps = ("assembling", "dequantizing", "saving", "ready at /x")
+    monkeypatch.setattr(model_tab, "prepare_bundled", lambda name, log: [log(s) for s in steps])
+    model_tab.ModelHandlers.prepare(GEMMA, lambda fraction, desc: calls.append((fraction, desc)))
     assert [d for _, d in calls] == ["Preparing gemma-3-270m once (dequantizing its GGUF, about a minute)",
                                      "gemma-3-270m: assembling", "gemma-3-270m: dequantizing", "gemma-3-270m: saving",
                                      "gemma-3-270m: ready at /x"]
@@ -312,7 +313,7 @@ def test_preparing_a_bundled_model_reports_each_step_as_progress(monkeypatch):
 
 def test_local_model_folders_load_only_with_the_flag(tiny_dir):
     """The flag lets /load_model (and --model) read a local folder; without it the store refuses."""
-    from app.handlers import ModelStore
+    from app.models import ModelStore
 
     with pytest.raises(ValueError, match="--allow-local-models"):
         ModelStore(allow_local=False).key(str(tiny_dir))
@@ -323,7 +324,7 @@ def test_local_model_folders_load_only_with_the_flag(tiny_dir):
 
 
 def test_hub_ids_are_validated_before_any_download():
-    from app.handlers import ModelStore
+    from app.models import ModelStore
 
     store = ModelStore()
     assert store.key("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -366,7 +367,7 @@ def test_launch_takes_the_port_from_the_argument_or_the_environment_and_loads_no
 def test_on_a_space_without_the_hub_the_app_falls_back_to_the_bundled_model(monkeypatch):
     import huggingface_hub.constants
 
-    from app.handlers import ModelStore
+    from app.models import ModelStore
 
     monkeypatch.setenv("SPACE_ID", "someone/slmviz")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # this machine has no hub access

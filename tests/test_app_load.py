@@ -17,7 +17,7 @@ import pytest
 from app_helpers import app_server
 from gradio_client import Client
 
-from app.handlers import FAITHFUL_WIDGETS
+from app.variant_fields import FAITHFUL_WIDGETS
 
 pytestmark = pytest.mark.app
 

@@ -28,7 +28,8 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import slmviz
-from app.circuits_tab import EXACT_MAX_EDGES, REFINE_SIZES, TASK_CHOICES, feature_table
+from app.tabs.circuits import EXACT_MAX_EDGES, REFINE_SIZES, TASK_CHOICES
+from app.tabs.graph_attribution import feature_table
 from slmviz import SAE
 from slmviz.circuits.tasks import induction_task
 from slmviz.features.load import load_sae
@@ -263,7 +264,7 @@ def test_the_bundled_model_fills_ioi_and_greater_than_and_refuses_exact(smol_ser
 
 def test_another_sessions_run_during_a_long_job_finishes_first_and_cancel_stops_it(smol_server):
     alice, bob = Client(smol_server, verbose=False), Client(smol_server, verbose=False)
-    from app.circuits_tab import EXAMPLE_ANSWER, EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_WRONG
+    from app.shared import EXAMPLE_ANSWER, EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_WRONG
 
     job = alice.submit(EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_ANSWER, EXAMPLE_WRONG, "eap-ig", 20, 30,
                        api_name="/circuit_run")

@@ -14,7 +14,7 @@ import re
 import pytest
 from app_helpers import CHROMIUM, NO_CHROMIUM, REPO, app_server
 
-from app.corpus_tab import corpus_docs
+from app.scans import corpus_docs
 
 pytestmark = pytest.mark.browser
 

@@ -13,7 +13,7 @@ import torch
 from app_helpers import REPO  # noqa: F401  (puts the repository on sys.path for `app`)
 
 from app import fast_mode
-from app.handlers import ModelStore
+from app.models import ModelStore
 from slmviz.model import params
 
 

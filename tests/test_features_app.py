@@ -21,8 +21,8 @@ from gradio_client.exceptions import AppError
 from safetensors.torch import save_file
 
 import slmviz
-from app.corpus_tab import corpus_docs
-from app.features_tab import SAEStore
+from app.saes import SAEStore
+from app.scans import corpus_docs
 from slmviz import SAE
 from slmviz.features.dashboard import firing_stats, search_features, top_features
 

@@ -75,7 +75,7 @@ def test_balanced_corpus_is_half_chat_and_keeps_every_kind_of_broad_text(tiny, t
         assert stride > 1 and kept == broad_lines[::stride]  # evenly thinned, in order
         share = sum(map(len, chat_lines[split])) / sum(map(len, lines))
         assert 0.3 < share < 0.7, share
-    from app.features_tab import train_corpus  # the app's "Train an SAE" panel reads the same file
+    from app.tabs.features_training import train_corpus  # the app's "Train an SAE" panel reads the same file
 
     assert train_corpus("balanced", tiny) == str(train) and train_corpus("broad") == str(broad_corpus()[0])
 

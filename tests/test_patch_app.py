@@ -2,7 +2,7 @@
 logit attribution, ablation, and readable errors. The numbers the app draws are checked against the library
 run in this process.
 
-A long sweep runs in the app's job worker (app/scan_jobs.py): another session's Run, started while it runs, finishes
+A long sweep runs in the app's job worker (app/jobs.py): another session's Run, started while it runs, finishes
 first (checked by order of completion, never by time).
 
 Does not cover: the page itself (tests/test_patch_browser.py clicks through it) nor sweep speed
@@ -22,8 +22,9 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import slmviz
-from app.corpus_tab import corpus_docs
-from app.patch_tab import EXAMPLE_ANSWER, EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_WRONG, parse_pairs
+from app.scans import corpus_docs
+from app.shared import EXAMPLE_ANSWER, EXAMPLE_CLEAN, EXAMPLE_CORRUPTED, EXAMPLE_WRONG
+from app.tabs.patch import parse_pairs
 from slmviz import plots
 from slmviz.interventions.ablation import ablation
 

@@ -1,4 +1,4 @@
-"""The app's shared background jobs (app/scan_jobs.py) and the corpus scans built on them (app/corpus_tab.py),
+"""The app's shared background jobs (app/jobs.py) and the corpus scans built on them (app/scans.py),
 in process on the tiny model: a job runs once for every visitor, stops when the last one leaves, keeps going
 while another still waits, and a stopped job starts again for the next visitor.
 
@@ -12,9 +12,9 @@ import threading
 import pytest
 from app_helpers import REPO  # noqa: F401 - puts the repo on sys.path for `app`
 
-from app import scan_jobs
-from app.corpus_tab import CorpusScans, scan_folder, scan_hooks
-from app.scan_jobs import Job, JobCancelled, Jobs, wait
+from app import jobs as jobs_module
+from app.jobs import Job, JobCancelled, Jobs, wait
+from app.scans import CorpusScans, scan_folder, scan_hooks
 
 
 def blocking_work(gate: threading.Event, reports: list[float]):
@@ -56,7 +56,7 @@ def test_a_job_stops_when_its_last_visitor_leaves_and_not_before():
 
 
 def test_a_watch_that_is_not_renewed_lapses(monkeypatch):
-    monkeypatch.setattr(scan_jobs, "ABANDONED_S", 0.05)
+    monkeypatch.setattr(jobs_module, "ABANDONED_S", 0.05)
     job = Job("k", blocking_work(threading.Event(), []))
     job.watch("alice")
     job.start()
@@ -64,8 +64,8 @@ def test_a_watch_that_is_not_renewed_lapses(monkeypatch):
 
 
 def test_waiting_renews_the_watch_reports_progress_and_re_raises_errors(monkeypatch):
-    monkeypatch.setattr(scan_jobs, "ABANDONED_S", 0.3)
-    monkeypatch.setattr(scan_jobs, "POLL_S", 0.02)
+    monkeypatch.setattr(jobs_module, "ABANDONED_S", 0.3)
+    monkeypatch.setattr(jobs_module, "POLL_S", 0.02)
     gate, seen = threading.Event(), []
     job = Jobs().join("k", blocking_work(gate, []), "alice")
     for ticks, _ in enumerate(wait(job, "alice", lambda fraction, desc: seen.append(desc)), start=1):
@@ -123,7 +123,7 @@ def test_mean_ablation_means_come_from_the_tab_scan_or_a_scan_of_just_those_hook
 
 
 def test_a_visitor_who_left_stops_waiting_even_if_its_request_goes_on(monkeypatch):
-    monkeypatch.setattr(scan_jobs, "POLL_S", 0.02)
+    monkeypatch.setattr(jobs_module, "POLL_S", 0.02)
     jobs, gate = Jobs(), threading.Event()
     job = jobs.join("k", blocking_work(gate, []), "alice")
     jobs.join("k", blocking_work(gate, []), "bob")
@@ -177,7 +177,7 @@ def test_a_queued_job_whose_visitor_left_never_starts_and_the_cancel_of_one_kind
 def test_closing_a_wait_leaves_the_job_at_once(monkeypatch):
     """Gradio's Cancel stops iterating the waiting handler and closes it: the job must stop, not wait for the
     watch to lapse."""
-    monkeypatch.setattr(scan_jobs, "POLL_S", 0.02)
+    monkeypatch.setattr(jobs_module, "POLL_S", 0.02)
     jobs, gate = Jobs(), threading.Event()
     job = jobs.submit(blocking_work(gate, []), "alice")
     waiting = wait(job, "alice")

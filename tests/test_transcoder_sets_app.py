@@ -24,7 +24,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import slmviz
-from app.circuits_tab import feature_table
+from app.tabs.graph_attribution import feature_table
 from app.transcoder_sets import MAX_FEATURE_NODES
 from slmviz import SAE
 from slmviz.features.prepared_scans import load_set_scan

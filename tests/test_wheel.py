@@ -27,10 +27,13 @@ LOCAL_WHEELS = Path("/opt/wheels")
 
 
 def test_every_package_folder_ships():
-    """pyproject lists packages by hand (app/ is mapped to slmviz_app); a new subpackage must be added there."""
+    """pyproject lists packages by hand (app/ is mapped to slmviz_app, app/tabs/ to slmviz_app.tabs); a new
+    subpackage must be added there."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
     folders = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "slmviz").rglob("__init__.py")}
-    assert set(config["packages"]) == folders | {"slmviz_app"}
+    app = {".".join(("slmviz_app", *p.parent.relative_to(REPO / "app").parts))
+           for p in (REPO / "app").rglob("__init__.py")}
+    assert set(config["packages"]) == folders | app
     assert config["package-dir"] == {"slmviz_app": "app"}
 
 

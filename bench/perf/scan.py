@@ -191,7 +191,7 @@ def memory_rows(args) -> list[Row]:
 
 def app_rows() -> list[Row]:
     import slmviz
-    from app.corpus_tab import corpus_docs, corpus_size, scan_hooks
+    from app.scans import corpus_docs, corpus_size, scan_hooks
 
     model = slmviz.load()
     docs = corpus_docs(corpus_size())

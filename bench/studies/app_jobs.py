@@ -1,4 +1,4 @@
-"""Short requests while a long job runs, timed from the outside through gradio_client (app/scan_jobs.py).
+"""Short requests while a long job runs, timed from the outside through gradio_client (app/jobs.py).
 
 Starts the app (tests/app_helpers.py), then: a Run of a short prompt when the server is idle; the same Run
 from 1 and from 4 other sessions at once while one session's `z` patch sweep of a 23-token pair (the prompts

@@ -20,22 +20,31 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+import slmviz
 from slmviz import plots
-from slmviz.interventions.ablation import ablation
 from slmviz.interventions.attribution import exact_correlation
-from slmviz.interventions.patching import DIRECTIONS, patch, patch_steps, suggest_answers
-from slmviz.interventions.result import PatchResult
+from slmviz.interventions.patching import DIRECTIONS, patch_steps, suggest_answers
 from slmviz.interventions.sites import SITES
 from slmviz.plots.patch import logit_attribution_bars
 
-from .corpus_tab import SCANS, session, wait_for_scan
-from .fast_mode import SWEEP_COST, dtype_for, fast_checkbox
-from .handlers import Handlers, display_frame, readable_errors, to_plot
-from .scan_jobs import RUNNER, Job, JobCancelled, wait
+from ..fast_mode import SWEEP_COST, dtype_for, fast_checkbox
+from ..jobs import RUNNER
+from ..models import AppContext
+from ..scans import SCANS, wait_for_scan
+from ..shared import (
+    EXAMPLE_ANSWER,
+    EXAMPLE_WRONG,
+    PICK_CELL,
+    Queues,
+    display_frame,
+    plot_click_js,
+    prompt_pair,
+    readable_errors,
+    session,
+    to_plot,
+    wait_or_say,
+)
 
-EXAMPLE_CLEAN = "When Mary and John went to the store, John gave a drink to"
-EXAMPLE_CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
-EXAMPLE_ANSWER, EXAMPLE_WRONG = " Mary", " John"
 SITE_CHOICES = [(f"{name}: {site.description}", name) for name, site in SITES.items()]
 METHOD_CHOICES = [("exact (one patched run per cell, batched)", "exact"),
                   ("attribution (gradient estimate, one forward + one backward)", "attribution")]
@@ -48,39 +57,21 @@ how much of the clean answer comes back (1 = all of it, 0 = none; TransformerLen
 The example pair swaps the second name of an indirect-object sentence. **Click a cell** to see that patched
 run's next tokens. Both prompts must have the same number of tokens."""
 
-# Attach plotly's click to #patch-cell / #patch-cell-show. Re-attached for a few seconds after every redraw
-# (Gradio may draw a new plot div); removeAllListeners keeps it to one handler per div.
-CLICK_JS = """
-() => {
-  const attach = () => {
-    const div = document.querySelector('#patch-plot .js-plotly-plot');
-    if (!div || !div.on) return;
-    if (div.removeAllListeners) div.removeAllListeners('plotly_click');
-    div.on('plotly_click', (ev) => {
-      const d = ev.points && ev.points[0] && ev.points[0].customdata;
-      const box = document.querySelector('#patch-cell textarea, #patch-cell input');
-      if (!d || !box) return;
-      box.value = Array.from(d).join(', ');
-      box.dispatchEvent(new Event('input', {bubbles: true}));
-      setTimeout(() => document.querySelector('#patch-cell-show').click(), 150);
-    });
-  };
-  let tries = 0;
-  const timer = setInterval(() => { attach(); if (++tries > 20) clearInterval(timer); }, 300);
-}
-"""
+CLICK_JS = plot_click_js(["patch-plot"], "patch-cell", "patch-cell-show", PICK_CELL)  # a cell: its [layer, pos, head]
+JOB_KIND = "patch"  # the tab's Cancel leaves only this kind of job
+CANCELLED = "Cancelled; press Run the sweep to start again"
 
 
 class PatchHandlers:
-    """The tab's handlers; model access and limits come from the page's Handlers."""
+    """The tab's handlers; model access and limits come from the page's AppContext."""
 
-    def __init__(self, handlers: Handlers):
-        self.h = handlers
+    def __init__(self, ctx: AppContext):
+        self.ctx = ctx
 
     def _prompts(self, clean: str, corrupted: str, source: str | None, progress: Any = None,
                  fast: bool | None = False) -> tuple:
-        model = self.h.model(source, progress, dtype_for(fast))
-        return model, self.h.checked_prompt(clean, model), self.h.checked_prompt(corrupted, model)
+        model = self.ctx.model(source, progress, dtype_for(fast))
+        return model, self.ctx.checked_prompt(clean, model), self.ctx.checked_prompt(corrupted, model)
 
     @readable_errors
     def suggest(self, clean: str, corrupted: str, source: str | None) -> tuple[str, str]:
@@ -91,22 +82,22 @@ class PatchHandlers:
     def sweep(self, clean: str, corrupted: str, answer: str, wrong: str, site: str, direction: str, method: str,
               fast: bool | None, source: str | None, request: gr.Request,
               progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
-        """The sweep is a long job (app/scan_jobs.py's RUNNER), waited for here in the page's "jobs" queue: other
+        """The sweep is a long job (app/jobs.py's RUNNER), waited for here in the page's "jobs" queue: other
         sessions' requests are served while it runs. The partial heatmap is redrawn as cells finish; Cancel
         closes this wait, which stops the job at its next batch of cells. `fast`: on the model's bf16 copy
         (app/fast_mode.py)."""
         model, clean, corrupted = self._prompts(clean, corrupted, source, progress, fast)
 
-        def work(report: Callable[..., None]) -> tuple[PatchResult, str, str, str]:
+        def work(report: Callable[..., None]) -> tuple[slmviz.PatchResult, str, str, str]:
             ans, wro = (answer, wrong) if (answer or "").strip() else suggest_answers(model, clean, corrupted)
             started = time.perf_counter()
             kw = dict(answer=ans, wrong=wro or None, site=site, model=model, direction=direction)
             if method == "attribution":
                 report(0.3, "Attribution patching: one forward and one backward pass")
-                result = patch(clean, corrupted, method="attribution", **kw)
+                result = slmviz.patch(clean, corrupted, method="attribution", **kw)
                 estimate_s = time.perf_counter() - started
                 report(0.6, "The exact sweep, to measure how good the estimate is")
-                exact = patch(clean, corrupted, **kw, progress=lambda done, total: report(
+                exact = slmviz.patch(clean, corrupted, **kw, progress=lambda done, total: report(
                     0.6 + 0.4 * done / max(total, 1), f"The exact sweep: {done}/{total} cells"))
                 note = (f"Attribution estimate in {estimate_s:.1f} s; its correlation with the exact sweep "
                         f"(computed too, {time.perf_counter() - started - estimate_s:.1f} s) is "
@@ -119,24 +110,24 @@ class PatchHandlers:
             assert result is not None
             return result, f"Done in {time.perf_counter() - started:.1f} s.", ans, wro
 
-        job = RUNNER.submit(work, session(request), kind="patch")
+        job = RUNNER.submit(work, session(request), kind=JOB_KIND)
         last = 0.0
-        for _ in waiting(job, session(request), progress):
+        for _ in wait_or_say(job, session(request), progress, CANCELLED):
             partial = job.partial
             if partial is not None and time.monotonic() - last >= REDRAW_EVERY_S:
                 last = time.monotonic()
-                yield to_plot(partial.plot()), self._status(partial, "Running..."), partial, gr.skip(), gr.skip()
+                yield to_plot(partial.plot()), self._status(partial, "Running...", model), partial, gr.skip(), gr.skip()
         result, note, answer, wrong = job.result
-        yield to_plot(result.plot()), self._status(result, note), result, answer, wrong
+        yield to_plot(result.plot()), self._status(result, note, model), result, answer, wrong
 
     @staticmethod
-    def _status(r: PatchResult, note: str) -> str:
-        precision = ", bf16" if str(getattr(r._run.get("model"), "dtype", "")) == "torch.bfloat16" else ""
+    def _status(r: slmviz.PatchResult, note: str, model: slmviz.Model) -> str:
+        precision = ", bf16" if str(getattr(model, "dtype", "")) == "torch.bfloat16" else ""
         return (f"**{r.site}** ({r.direction}, {r.method}{precision}): {r.metric_name} is {r.clean:.3f} on the "
                 f"clean prompt and {r.corrupted:.3f} on the corrupted one; {r.done}/{r.total} cells. {note}")
 
     @readable_errors
-    def cell(self, result: PatchResult | None, cell: str) -> tuple[pd.DataFrame, str]:
+    def cell(self, result: slmviz.PatchResult | None, cell: str) -> tuple[pd.DataFrame, str]:
         if result is None:
             raise ValueError("Run a sweep first, then click a cell of the heatmap")
         numbers = [int(x) for x in re.findall(r"-?\d+", cell or "")]
@@ -167,7 +158,7 @@ class PatchHandlers:
         def work(report: Callable[..., None]) -> tuple:
             ans, wro = (answer, wrong) if (answer or "").strip() else suggest_answers(model, clean, corrupted)
             report(0.1, "Patching every head's z at all positions")
-            heads = patch(clean, corrupted, answer=ans, wrong=wro or None, site="heads", model=model,
+            heads = slmviz.patch(clean, corrupted, answer=ans, wrong=wro or None, site="heads", model=model,
                           direction=direction, progress=lambda done, total: report(
                               0.1 + 0.6 * done / max(total, 1), f"Patching every head's z: {done}/{total} heads"))
             report(0.7, "Direct logit attribution on the clean prompt")
@@ -178,8 +169,8 @@ class PatchHandlers:
             fig_heads.update_layout(title={"text": "Direct logit attribution: the 20 largest heads (clean prompt)"})
             return to_plot(heads.plot()), to_plot(logit_attribution_bars(by_layer)), to_plot(fig_heads)
 
-        job = RUNNER.submit(work, session(request), kind="patch")
-        for _ in waiting(job, session(request), progress):
+        job = RUNNER.submit(work, session(request), kind=JOB_KIND)
+        for _ in wait_or_say(job, session(request), progress, CANCELLED):
             yield gr.skip(), gr.skip(), gr.skip()
         yield job.result
 
@@ -192,15 +183,15 @@ class PatchHandlers:
         if kind != "mean" or not hooks:  # nothing to scan (ablate() says what is missing)
             yield "Ablating..."
             return
-        model = self.h.model(source)
+        model = self.ctx.model(source)
         s, docs = yield from wait_for_scan(lambda who: SCANS.means(model, hooks, who), session(request), progress, 1)
         yield f"Means of {', '.join(hooks)} over {len(docs)} verses of the bundled corpus: ready. Ablating..."
 
     @readable_errors
     def ablate(self, prompt: str, heads: str, neurons: str, kind: str, source: str | None,
                progress: gr.Progress = gr.Progress()) -> tuple:  # noqa: B008
-        model = self.h.model(source, progress)
-        prompt = self.h.checked_prompt(prompt, model)
+        model = self.ctx.model(source, progress)
+        prompt = self.ctx.checked_prompt(prompt, model)
         head_pairs, neuron_pairs = parse_pairs(heads, "heads"), parse_pairs(neurons, "neurons")
         reference, n_docs = None, 0
         if kind == "mean" and ablated_hooks(heads, neurons):
@@ -210,7 +201,7 @@ class PatchHandlers:
                                  "API, call /patch_ablate_means with the same heads, neurons and kind first)")
             reference, n_docs = found[0], len(found[1])
         progress(0.2, desc="Building the ablation hooks")
-        hooks = ablation(heads=head_pairs, neurons=neuron_pairs, kind=kind, reference=reference, model=model)
+        hooks = slmviz.ablation(heads=head_pairs, neurons=neuron_pairs, kind=kind, reference=reference, model=model)
         progress(0.4, desc="Tracing with and without the ablation")
         before, after = model.trace(prompt, names=[]), model.trace(prompt, names=[], hooks=hooks)
         progress(0.6, desc="Greedy continuations")
@@ -221,14 +212,6 @@ class PatchHandlers:
                   + (f" (means over {n_docs} verses of the bundled corpus)" if kind == "mean" else "") + ".")
         return (display_frame(plots.next_token_table(before, 10)), display_frame(plots.next_token_table(after, 10)),
                 text_before, text_after, status)
-
-
-def waiting(job: Job, who: str, progress: Any) -> Iterator[None]:
-    """`wait` for a Patch tab job; a Cancel over the API (/patch_cancel) ends it with a message, not an error."""
-    try:
-        yield from wait(job, who, progress)
-    except JobCancelled:
-        raise gr.Error("Cancelled; press Run the sweep to start again", print_exception=False) from None
 
 
 def ablated_hooks(heads: str | None, neurons: str | None) -> list[str]:
@@ -249,16 +232,13 @@ def parse_pairs(text: str | None, what: str) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in pairs]
 
 
-def build_patch_tab(handlers: Handlers, source: gr.State, model_kw: dict, light_kw: dict | None = None,
-                    scan_kw: dict | None = None) -> None:
-    """The Patch tab, inside the page's `with gr.Tabs():`. Model work shares the page's model queue."""
-    ph = PatchHandlers(handlers)
+def build_patch_tab(ctx: AppContext, source: gr.State, queues: Queues) -> None:
+    """The Patch tab, inside the page's `with gr.Tabs():`. Model work shares the page's model queue; a long job's
+    request waits in the "jobs" queue, never the "model" one."""
+    ph = PatchHandlers(ctx)
     with gr.Tab("Patch", id="tab-patch"):
         gr.Markdown(INTRO)
-        with gr.Row():
-            clean = gr.Textbox(label="clean prompt", value=EXAMPLE_CLEAN, lines=2, elem_id="patch-clean")
-            corrupted = gr.Textbox(label="corrupted prompt (same number of tokens)", value=EXAMPLE_CORRUPTED,
-                                   lines=2, elem_id="patch-corrupted")
+        clean, corrupted = prompt_pair("patch")
         with gr.Row():
             answer = gr.Textbox(label="answer token", value=EXAMPLE_ANSWER, elem_id="patch-answer",
                                 info="One token, with its leading space; empty = suggested")
@@ -306,23 +286,22 @@ def build_patch_tab(handlers: Handlers, source: gr.State, model_kw: dict, light_
                 after_text = gr.Textbox(label="greedy continuation, ablated", lines=3, interactive=False,
                                         elem_id="patch-ablate-text")
 
-    suggest_btn.click(ph.suggest, [clean, corrupted, source], [answer, wrong], api_name="patch_suggest", **model_kw)
-    job_kw = scan_kw or model_kw  # a long job: its request waits in the "jobs" queue, never the "model" one
+    suggest_btn.click(ph.suggest, [clean, corrupted, source], [answer, wrong], api_name="patch_suggest", **queues.model)
     swept = run_btn.click(ph.sweep, [clean, corrupted, answer, wrong, site, direction, method, fast, source],
-                          [patch_plot, status, result, answer, wrong], api_name="patch_sweep", **job_kw)
+                          [patch_plot, status, result, answer, wrong], api_name="patch_sweep", **queues.jobs)
     swept.success(ph.heads_and_attribution, [clean, corrupted, answer, wrong, direction, fast, source],
-                  [heads_plot, dla_plot, dla_heads_plot], api_name="patch_heads", **job_kw)
+                  [heads_plot, dla_plot, dla_heads_plot], api_name="patch_heads", **queues.jobs)
 
     def cancel(request: gr.Request) -> str:
-        RUNNER.leave(session(request), kind="patch")  # also for an API client, whose request Gradio cannot stop
+        RUNNER.leave(session(request), kind=JOB_KIND)  # also for an API client, whose request Gradio cannot stop
         return "Cancelled."
 
-    cancel_btn.click(cancel, None, status, cancels=[swept], api_name="patch_cancel", **(light_kw or {}))
+    cancel_btn.click(cancel, None, status, cancels=[swept], api_name="patch_cancel", **queues.light)
     patch_plot.change(None, None, None, js=CLICK_JS)
     gr.on([cell_btn.click, cell.submit], ph.cell, [result, cell], [cell_top, cell_text], api_name="patch_cell",
-          **model_kw)
+          **queues.model)
     means = ablate_btn.click(ph.ablation_means, [ablate_heads, ablate_neurons, kind, source], ablate_status,
-                             api_name="patch_ablate_means", **(scan_kw or model_kw))
+                             api_name="patch_ablate_means", **queues.jobs)
     means.success(ph.ablate, [clean, ablate_heads, ablate_neurons, kind, source],
                   [before_top, after_top, before_text, after_text, ablate_status], api_name="patch_ablate",
-                  **model_kw)
+                  **queues.model)

@@ -1,0 +1,230 @@
+"""The attribution graph and its workbench: layout and events (for now shown inside the Circuits tab).
+
+One prompt's attribution graph over transcoder features (app/tabs/graph_attribution.py builds and prunes it; the
+model's full transcoder sets come from app/transcoder_sets.py), each feature node's page (the Features tab's card),
+and under it the workbench (app/tabs/graph_workbench.py): node cards, pins and the subgraph with its scores,
+supernodes, labels and interventions.
+
+Element ids (tests outside the repo use them): the graph: #circuit-attr-prompt, #circuit-attr-transcoders,
+#circuit-attr-nodes-kept, #circuit-attr-edges-kept, #circuit-attr-run, #circuit-attr-cancel, #circuit-attr-status,
+#circuit-attr-graph, #circuit-attr-nodes, #circuit-attr-json, #circuit-attr-node, #circuit-attr-open,
+#circuit-feature-card; the full set's build panel: #circuit-set-build, #circuit-set-cancel, #circuit-set-status; the
+workbench: #graph-plot (the graph, click a node), #graph-node-card, #graph-pin (pin / unpin the selected node),
+#graph-subgraph (the pinned nodes' plot), #graph-supernode-name, #graph-intervene, #graph-intervention-result; also
+#graph-node (the selected node id), #graph-node-show, #graph-table (the kept features, select one), #graph-clear,
+#graph-pin-top, #graph-pin-top-n, #graph-subgraph-status, #graph-supernode-members, #graph-supernode-add,
+#graph-label, #graph-label-save, #graph-intervene-nodes, #graph-intervene-value, #graph-intervene-number,
+#graph-intervene-mode, #graph-intervene-cancel, #graph-json, #graph-load.
+
+Clicking a node: plotly's click is not a Gradio event, so a few lines of page JavaScript (app/shared.py's
+plot_click_js) copy the node's id into a textbox and press its button.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+from gradio.context import Context
+
+from slmviz.plots.features import FEATURE_LINK
+
+from ..jobs import RUNNER
+from ..models import AppContext
+from ..saes import SAEStore
+from ..scans import SCANS
+from ..shared import PICK_FEATURE, PICK_NODE, Queues, html_click_js, plot_click_js, session
+from .graph_attribution import JOB_KIND, AttributionHandlers
+from .graph_workbench import MODE_CHOICES, VALUE_CHOICES, WorkbenchHandlers
+
+ATTR_PROMPT = "The capital of France is"
+NODE_THRESHOLD, EDGE_THRESHOLD = 0.95, 0.98  # SmolLM2's two transcoders: 0.8 keeps error nodes only
+PIN_TOP_N = 10
+FEATURE_CLICK_JS = html_click_js(FEATURE_LINK, "feature")  # a nearest feature's link on the card: its number
+GRAPH_CLICK_JS = plot_click_js(["circuit-attr-graph"], "circuit-attr-node", "circuit-attr-open", PICK_FEATURE)
+WORKBENCH_CLICK_JS = plot_click_js(["graph-plot", "graph-subgraph"], "graph-node", "graph-node-show", PICK_NODE)
+
+INTRO = """For one prompt with transcoders loaded: the active transcoder features at each position, one error node
+per layer and position (what the transcoders miss; a layer without a transcoder is all error), the token embeddings
+and the top logits, joined by their direct effects with attention patterns and norm scales frozen
+(circuit-tracer's semantics). **Click a feature node** in the plot, or select one in the table, to open its page
+(the Features tab's card)."""
+
+WORKBENCH_INTRO = """**Workbench.** Click a node (or select a feature in the table) to see its card. **Pin** the nodes
+that tell the story: the subgraph on the right shows them with the edges among them, and its scores are recomputed as
+Neuronpedia does (unpinned features merged into the error node of their layer and position). Group pinned nodes
+into a named **supernode**, edit a feature's **label** (automatic ones say `[auto]`), and **intervene**: set the
+selected features (or a supernode) to 0, −1×, 2× or a number and rerun the model. The JSON below carries the
+pins and supernodes (`qParams`) and the labels (`clerp`); load one back to continue."""
+
+
+def build_graph_section(ctx: AppContext, saes: SAEStore, features: Any, source: gr.State, queues: Queues) -> None:
+    """The attribution graph and the workbench, inside the tab that shows them; `features` is the Features tab's
+    FeatureHandlers (a feature node's page is its card). Long work waits in the "jobs" queue."""
+    ah = AttributionHandlers(ctx, saes, features)
+    model = ctx.store.get()
+    with gr.Accordion("Attribution graph: transcoder features of one prompt", open=True):
+        gr.Markdown(INTRO)
+        offered = ah.transcoders(model)
+        with gr.Row():
+            prompt = gr.Textbox(label="prompt", value=ATTR_PROMPT, elem_id="circuit-attr-prompt", scale=3)
+            names = gr.CheckboxGroup(offered, value=ah.ticked(model, offered), label="transcoders",
+                                     elem_id="circuit-attr-transcoders", scale=2)
+        no_set, said = ah.sets.panel(model)  # app/transcoder_sets.py: build the full set
+        set_status = gr.Markdown(said, elem_id="circuit-set-status")
+        with gr.Row():
+            set_build = gr.Button("Build the full transcoder set", elem_id="circuit-set-build", visible=no_set)
+            set_cancel = gr.Button("Cancel the build", elem_id="circuit-set-cancel", visible=no_set)
+        with gr.Row():
+            node_threshold = gr.Slider(0.5, 1.0, value=NODE_THRESHOLD, step=0.01, elem_id="circuit-attr-nodes-kept",
+                                       label="node threshold (fraction of the influence on the logits kept)")
+            edge_threshold = gr.Slider(0.5, 1.0, value=EDGE_THRESHOLD, step=0.01, label="edge threshold",
+                                       elem_id="circuit-attr-edges-kept")
+        with gr.Row():
+            build_btn = gr.Button("Build the attribution graph", variant="primary", elem_id="circuit-attr-run")
+            cancel_btn = gr.Button("Cancel", elem_id="circuit-attr-cancel")
+        status = gr.Markdown(elem_id="circuit-attr-status")
+        found = gr.State(None, time_to_live=3600)  # the session's graph: AttributionHandlers.attribution's dict
+        plot = gr.Plot(show_label=False, elem_id="circuit-attr-graph")
+        with gr.Row():
+            with gr.Column(scale=3):
+                nodes = gr.Dataframe(label="feature nodes, most influential first (select one)", interactive=False,
+                                     elem_id="circuit-attr-nodes", latex_delimiters=[], max_height=360,
+                                     headers=["layer", "feature", "position", "token", "activation", "transcoder"])
+            with gr.Column(scale=2):
+                json_file = gr.File(label="the graph (circuit-tracer's JSON)", elem_id="circuit-attr-json")
+                with gr.Row():
+                    node_box = gr.Textbox(label="feature node (click one in the graph, or layer_feature_position)",
+                                          elem_id="circuit-attr-node", scale=3)
+                    open_btn = gr.Button("Open its page", elem_id="circuit-attr-open", scale=1)
+        opened = gr.State(None)  # the transcoder whose card is open (its nearest features link to it)
+        opened_feature = gr.State(None)  # the Features tab's handler also returns the feature number
+        card = gr.HTML(elem_id="circuit-feature-card", js_on_load=FEATURE_CLICK_JS)
+        redraw_workbench = build_workbench(WorkbenchHandlers(ctx, saes), found, node_threshold, edge_threshold,
+                                           queues)
+
+    outputs = [plot, nodes, json_file, status, found]
+    built = build_btn.click(ah.attribution, [prompt, names, node_threshold, edge_threshold, source], outputs,
+                            api_name="circuit_attribution", **queues.jobs)
+
+    def cancel(request: gr.Request) -> str:
+        RUNNER.leave(session(request), kind=JOB_KIND)
+        SCANS.jobs.leave(session(request), kind="scan")  # a feature page waiting for its transcoder's scan
+        return "Cancelled."
+
+    repruned = gr.on([node_threshold.release, edge_threshold.release], ah.reprune,
+                     [found, node_threshold, edge_threshold], outputs[:4], api_name="circuit_prune", **queues.light)
+    redraw_workbench(built, repruned)  # pins, subgraph, supernodes, labels, interventions
+    on_card = {"show_progress_on": card}  # the scan's progress on the card, not on the node box
+    opening = [nodes.select(ah.select_feature, [found, source], [card, opened, node_box], api_visibility="private",
+                            **on_card, **queues.jobs),
+               gr.on([open_btn.click, node_box.submit], ah.open_feature, [found, node_box, source],
+                     [card, opened, node_box], api_name="circuit_feature", **on_card, **queues.jobs),
+               # the card's nearest features open their own page, as in the Features tab
+               card.click(features.open, [opened, source], [opened_feature, card], api_visibility="private",
+                          **on_card, **queues.jobs)]
+    cancel_btn.click(cancel, None, status, cancels=[built, *opening], api_name="circuit_attribution_cancel",
+                     **queues.light)
+    plot.change(None, None, None, js=GRAPH_CLICK_JS)
+    building = set_build.click(ah.sets.build, source, [names, set_status, set_build, set_cancel],
+                               api_name="circuit_set_build", **queues.jobs)
+    source.change(ah.sets.offer, source, [set_build, set_cancel, set_status], api_visibility="private",
+                  **queues.light)
+    page = Context.root_block  # a set built since the server started: ticked, and no Build button, on page load
+    if page is not None:
+        page.load(ah.sets.refresh, source, names, api_visibility="private")
+        page.load(ah.sets.offer, source, [set_build, set_cancel, set_status], api_visibility="private")
+    set_cancel.click(ah.sets.cancel, None, set_status, cancels=[building], api_name="circuit_set_cancel",
+                     **queues.light)
+    source.change(lambda: None, None, found, api_visibility="private", **queues.light)
+    source.change(ah.transcoder_choices, source, names, api_visibility="private", **queues.light)
+
+
+def build_workbench(wb: WorkbenchHandlers, found: gr.State, node_threshold: gr.Slider, edge_threshold: gr.Slider,
+                    queues: Queues) -> Any:
+    """The workbench's layout, under the attribution graph, and its events; returns wire(*events): after each of
+    those events (the graph built, re-pruned) the workbench redraws."""
+    with gr.Accordion("Workbench: inspect, pin, group, label and intervene", open=True):
+        gr.Markdown(WORKBENCH_INTRO)
+        with gr.Row():
+            with gr.Column(scale=3):
+                graph_plot = gr.Plot(show_label=False, elem_id="graph-plot")
+                table = gr.Dataframe(label="kept features, most influential first (select one; then Pin)",
+                                     interactive=False, elem_id="graph-table", latex_delimiters=[], max_height=300,
+                                     headers=["node", "layer", "position", "token", "activation", "label", "pinned"])
+            with gr.Column(scale=2):
+                with gr.Row():
+                    node = gr.Textbox(label="selected node (click one, or type ids separated by commas)",
+                                      elem_id="graph-node", scale=3)
+                    show = gr.Button("Show", elem_id="graph-node-show", scale=1, min_width=60)
+                with gr.Row():
+                    pin_btn = gr.Button("Pin / unpin", variant="primary", elem_id="graph-pin")
+                    clear_btn = gr.Button("Clear pins", elem_id="graph-clear")
+                with gr.Row():
+                    top_n = gr.Number(value=PIN_TOP_N, precision=0, minimum=1, label="n", elem_id="graph-pin-top-n",
+                                      min_width=80)
+                    top_btn = gr.Button("Pin the top n features by influence (and the top logit)",
+                                        elem_id="graph-pin-top")
+                card = gr.HTML(elem_id="graph-node-card")
+        with gr.Row():
+            with gr.Column(scale=3):
+                sub_plot = gr.Plot(show_label=False, elem_id="graph-subgraph")
+                sub_status = gr.Markdown(elem_id="graph-subgraph-status")
+            with gr.Column(scale=2):
+                with gr.Row():
+                    sn_name = gr.Textbox(label="supernode name", placeholder="say Paris",
+                                         elem_id="graph-supernode-name")
+                    sn_members = gr.Textbox(label="members (empty: the pinned nodes in no supernode)",
+                                            elem_id="graph-supernode-members")
+                sn_btn = gr.Button("Make the supernode", elem_id="graph-supernode-add")
+                with gr.Row():
+                    label_box = gr.Textbox(label="label of the selected feature (empty: automatic)",
+                                           elem_id="graph-label", scale=3)
+                    label_btn = gr.Button("Save label", elem_id="graph-label-save", scale=1, min_width=60)
+                json_file = gr.File(label="the graph with pins, supernodes and labels (JSON)", elem_id="graph-json")
+                load_file = gr.File(label="load a saved graph JSON", file_types=[".json"], type="filepath",
+                                    elem_id="graph-load")
+        gr.Markdown("**Intervene**: set the selected feature(s), named nodes or a supernode, and rerun the model.")
+        with gr.Row():
+            iv_nodes = gr.Textbox(label="nodes or supernode (empty: the selected node)",
+                                  elem_id="graph-intervene-nodes", scale=2)
+            iv_value = gr.Radio(VALUE_CHOICES, value="0", label="set to", elem_id="graph-intervene-value", scale=2)
+            iv_number = gr.Number(value=0.0, label="number", elem_id="graph-intervene-number", min_width=80, scale=1)
+            iv_mode = gr.Radio(MODE_CHOICES, value="constrained", label="mode", elem_id="graph-intervene-mode",
+                               scale=2)
+        with gr.Row():
+            iv_btn = gr.Button("Intervene", variant="primary", elem_id="graph-intervene")
+            iv_cancel = gr.Button("Cancel", elem_id="graph-intervene-cancel")
+        iv_result = gr.HTML(elem_id="graph-intervention-result")
+
+    thresholds = [node_threshold, edge_threshold]
+    views = [sub_plot, sub_status, table]
+    later = [graph_plot, json_file]
+    light = queues.light
+    table.select(wb.select, [found, *thresholds], [node, card, label_box], api_visibility="private", **light)
+    gr.on([show.click, node.submit], wb.card, [found, node, *thresholds], [card, label_box],
+          api_name="workbench_card", **light)
+    changes = [
+        pin_btn.click(wb.pin, [found, node, *thresholds], views, api_name="workbench_pin", **light),
+        clear_btn.click(wb.clear, [found, *thresholds], views, api_name="workbench_clear", **light),
+        top_btn.click(wb.pin_top, [found, top_n, *thresholds], views, api_name="workbench_pin_top", **light),
+        gr.on([sn_btn.click, sn_name.submit], wb.supernode, [found, sn_name, sn_members, *thresholds], views,
+              api_name="workbench_supernode", **light),
+        gr.on([label_btn.click, label_box.submit], wb.label, [found, node, label_box, *thresholds], [*views, card],
+              api_name="workbench_label", **light),
+        load_file.upload(wb.load, [found, load_file, *thresholds], views, api_name="workbench_load", **light),
+    ]
+    for i, change in enumerate(changes):  # then the graph plot and the JSON (one endpoint for API clients)
+        change.success(wb.graph_views, [found, *thresholds], later, **light,
+                       **({"api_name": "workbench_views"} if i == 0 else {"api_visibility": "private"}))
+    ran = iv_btn.click(wb.intervene, [found, iv_nodes, node, iv_value, iv_number, iv_mode], iv_result,
+                       api_name="workbench_intervene", **queues.jobs)
+    iv_cancel.click(wb.cancel, None, iv_result, cancels=[ran], api_name="workbench_cancel", **light)
+    graph_plot.change(None, None, None, js=WORKBENCH_CLICK_JS)
+    sub_plot.change(None, None, None, js=WORKBENCH_CLICK_JS)
+
+    def wire(*events: Any) -> None:
+        for event in events:
+            event.then(wb.render, [found, *thresholds], [*views, *later], api_visibility="private", **light)
+
+    return wire

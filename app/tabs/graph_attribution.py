@@ -1,0 +1,205 @@
+"""The Graph section's attribution graph: built over the picked transcoders (or a full set) as a long job, pruned
+by influence, and each feature node's page opened (the Features tab's card).
+
+The graph is slmviz.attribution_graph's (circuit-tracer's semantics); this module checks the inputs, runs it in
+app/jobs.py's worker (other sessions are served meanwhile; Cancel stops it at its next batch), and turns the pruned
+graph into the plot, the feature table, the JSON file and the status line. The session's graph lives in the
+section's gr.State (`found`: the graph, the transcoders' names by layer, the model), which the workbench
+(app/tabs/graph_workbench.py) reads and changes.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+import slmviz
+from slmviz.graphs.attribution import DEFAULT_MEMORY_BUDGET_GB
+
+from ..jobs import RUNNER
+from ..models import AppContext
+from ..saes import SAEStore
+from ..shared import display_frame, parse_thresholds, readable_errors, session, to_plot, wait_or_say
+from ..transcoder_sets import MAX_FEATURE_NODES, TranscoderSets, set_kind
+from .graph_cards import kept_features
+
+JOB_KIND = "attribution"  # the section's Cancel leaves only this kind of job
+CANCELLED = "Cancelled; press Run to start again"
+# No cap on the prompt's length beyond the model's own: attribution_graph reports each backward batch, so a long
+# graph shows its progress and Cancel stops it at the next batch. What bounds it is memory (the dense adjacency
+# grows with the square of the nodes, ~160 per token on SmolLM2 with both transcoders): attribution_graph refuses a
+# prompt whose estimate exceeds ATTR_MEMORY_GB, saying the estimate (SmolLM2, both transcoders: 97 tokens 3.58 GiB,
+# 131 tokens 5.79 GiB, so the 4 GiB default stops near 100 tokens). Measured here over both SmolLM2 transcoders
+# (tokens with the BOS): 6 tokens 5 s, 15 tokens 31 s, 25 tokens 36 s, on a 2-core machine at load average ~10.
+ATTR_MEMORY_GB = DEFAULT_MEMORY_BUDGET_GB
+
+
+class AttributionHandlers:
+    """Building, pruning and reading the session's attribution graph. Transcoders come from the server's SAEStore,
+    full sets from app/transcoder_sets.py, and a feature's page from the Features tab's handlers (`features`)."""
+
+    def __init__(self, ctx: AppContext, saes: SAEStore, features: Any):
+        self.ctx = ctx
+        self.saes = saes
+        self.features = features  # app.tabs.features.FeatureHandlers: its feature page (show, open)
+        self.sets = TranscoderSets(ctx, saes, offered=self.transcoders)  # the model's full sets
+
+    def transcoders(self, model: Any) -> list[str]:
+        """The transcoders on offer for `model` (bundled, $SLMVIZ_SAE_DIRS, loaded in the Model tab), then its full
+        set when prepared (app/transcoder_sets.py), one choice."""
+        names = []
+        for name in self.saes.names(model):
+            try:
+                if self.saes.get(model, name).sae.is_transcoder:
+                    names.append(name)
+            except Exception:  # noqa: BLE001 - one that does not load is simply not offered
+                continue
+        return names + self.sets.choices(model)
+
+    def ticked(self, model: Any, offered: list[str]) -> list[str]:
+        """What the picker ticks first: the full set alone when there is one, else every single transcoder."""
+        return self.sets.ticked(model) or [n for n in offered if not self.sets.is_set(model, n)]
+
+    @readable_errors
+    def transcoder_choices(self, source: str | None) -> gr.CheckboxGroup:
+        model = self.ctx.model(source)
+        names = self.transcoders(model)
+        return gr.CheckboxGroup(choices=names, value=self.ticked(model, names))
+
+    @readable_errors
+    def attribution(self, prompt: str, names: list[str] | None, node_threshold: float | None,
+                    edge_threshold: float | None, source: str | None, request: gr.Request,
+                    progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+        """The prompt's attribution graph over the picked transcoders (a long job), pruned by influence."""
+        model = self.ctx.model(source, progress)
+        text = self.ctx.checked_prompt(prompt, model)
+        offered = self.transcoders(model)
+        if not names:
+            have = (f"this model has {', '.join(offered)}" if offered else
+                    f"none is loaded for {model.name}: load one in the Model tab")
+            raise ValueError(f"An attribution graph needs transcoders (its nodes are their features): tick at least "
+                             f"one ({have})")
+        unknown = [n for n in names if n not in offered]
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))} is not a transcoder for {model.name}; the transcoders "
+                             f"on offer are {', '.join(offered) or 'none'}")
+        thresholds = parse_thresholds(node_threshold, edge_threshold)
+        model.encode(text)  # too long for the model: a readable error now, not from the job
+        full = [n for n in names if self.sets.is_set(model, n)]
+        if full and len(names) > 1:
+            raise ValueError(f"{full[0]!r} already has a transcoder at every layer: pick it alone, or untick it to "
+                             f"pick {', '.join(n for n in names if n != full[0])}")
+        kind = set_kind(model, full[0]) if full else None
+        if kind:
+            self.sets.check(model, kind)  # not built yet: a readable error now, not from the job
+        entries = [] if full else [self.saes.get(model, n) for n in names]
+        layers: dict[int, str] = {}
+        for entry in entries:
+            layer = int(entry.sae.hook_name.split(".")[1])
+            if layer in layers:
+                raise ValueError(f"{layers[layer]} and {entry.name} both read layer {layer}; pick one per layer")
+            layers[layer] = entry.name
+
+        def work(report: Callable[..., None]) -> dict[str, Any]:
+            started = time.perf_counter()
+            transcoders = [e.sae for e in entries]
+            if full:  # loaded once per model (the first graph waits for it), then kept
+                report(0.01, f"Loading the {full[0]}")
+                transcoders, names_of = self.sets.load(model, kind)
+                layers.update(names_of)
+            report(0.02, f"The attribution graph over {', '.join(names)}: one forward, then one backward per batch "
+                         "of targets (the top logits, then every active feature)")
+
+            def attributed(done: int, total: int) -> None:  # raises JobCancelled once no one waits: the graph stops
+                report(0.02 + 0.96 * done / max(total, 1), f"attributed {done:,} of {total:,} targets (the top "
+                       "logits, then the active features), one backward per batch")
+
+            cap = MAX_FEATURE_NODES if full else None  # a full set: the most influential features only
+            graph = slmviz.attribution_graph(text, transcoders=transcoders, model=model, max_feature_nodes=cap,
+                                             memory_budget_gb=ATTR_MEMORY_GB, progress=attributed)
+            return {"graph": graph, "layers": layers, "model": model, "seconds": time.perf_counter() - started,
+                    "scores": graph.scores(), "picked": names, "cap": cap}
+
+        job = RUNNER.submit(work, session(request), kind=JOB_KIND)
+        said = ""
+        for _ in wait_or_say(job, session(request), progress, CANCELLED):
+            if job.desc != said:
+                said = job.desc
+                yield gr.skip(), gr.skip(), gr.skip(), f"Running: {said}", gr.skip()
+        found = job.result
+        yield (*self._pruned(found, *thresholds), found)
+
+    def _pruned(self, found: dict[str, Any], node_threshold: float, edge_threshold: float) -> tuple:
+        """(plot, feature table, JSON file, status) of the graph pruned at these thresholds."""
+        graph = found["graph"]
+        pruned = graph.prune(node_threshold, edge_threshold)
+        path = pruned.save_json(self.ctx.output_path("attribution-graph.json"))
+        nodes = pruned.kept_nodes
+        counts = nodes["kind"].value_counts()
+        scores = found.get("scores") or {}
+        over = (", ".join(found["picked"]) if "picked" in found else
+                ", ".join(found["layers"][k] for k in sorted(found["layers"])))
+        scored = (f"**Replacement score {scores['replacement']:.3f}, completeness {scores['completeness']:.3f}** "
+                  "(circuit-tracer's scores of the unpruned graph: the share of the influence that avoids error "
+                  "nodes, and of each node's inputs that are not errors; 1 when the transcoders explain "
+                  "everything). " if scores else "")
+        capped = f" (at most {found['cap']:,}, the most influential: max_feature_nodes)" if found.get("cap") else ""
+        status = (f"{scored}**{graph.prompt!r}**: {graph.n_features} active features{capped} over {over}; computed in "
+                  f"{found['seconds']:.1f} s. Pruned to {node_threshold:g} of the influence on the logits (edges "
+                  f"{edge_threshold:g}): {int(counts.get('feature', 0))} features, {int(counts.get('error', 0))} "
+                  f"error nodes, {int(counts.get('embedding', 0))} embeddings, {int(counts.get('logit', 0))} "
+                  f"logits. Select a feature to open its page; the JSON is circuit-tracer's graph format.")
+        fig = pruned.plot()
+        for trace in fig.data:  # an edge's end points sit on its nodes: hovering and clicking there means the node
+            if trace.mode == "lines":
+                trace.hoverinfo = "skip"
+        return to_plot(fig), display_frame(feature_table(pruned, found["layers"])), str(path), status
+
+    @readable_errors
+    def reprune(self, found: dict | None, node_threshold: float | None, edge_threshold: float | None) -> tuple:
+        """The threshold sliders: prune the graph again (no model run)."""
+        if not found:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return self._pruned(found, *parse_thresholds(node_threshold, edge_threshold))
+
+    @readable_errors
+    def open_feature(self, found: dict | None, node: str, source: str | None, request: gr.Request,
+                     progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+        """A feature node ('layer_feature_position', or 'layer, feature'): its page, the Features tab's card
+        (its corpus contexts come from that tab's feature scan, run once per transcoder)."""
+        if not found:
+            raise ValueError("Build the attribution graph first, then select a feature")
+        numbers = [int(x) for x in re.findall(r"\d+", node or "")]
+        if len(numbers) < 2:
+            raise ValueError(f"A feature node is 'layer_feature_position' (its id) or 'layer, feature'; got {node!r}")
+        layer, feature = numbers[:2]
+        if layer not in found["layers"]:
+            raise ValueError(f"Layer {layer} has no transcoder in this graph (its nodes there are error nodes); "
+                             f"the transcoders read layers {', '.join(map(str, sorted(found['layers'])))}")
+        name = found["layers"][layer]
+        for f, card in self.features.show(name, feature, source, request, progress):
+            if isinstance(card, str):  # else a no-op update while the feature scan runs
+                yield card, name, f"{layer}_{f}"
+            else:
+                yield gr.skip(), name, gr.skip()
+
+    @readable_errors
+    def select_feature(self, evt: gr.SelectData, found: dict | None, source: str | None, request: gr.Request,
+                       progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+        row = evt.row_value or []
+        if len(row) < 2:
+            raise ValueError("Select a row of the feature table")
+        yield from self.open_feature(found, f"{row[0]}, {row[1]}", source, request, progress)
+
+
+def feature_table(pruned: Any, layers: dict[int, str]) -> pd.DataFrame:
+    """The kept feature nodes, most influential first: layer, feature, position, token, activation, transcoder."""
+    nodes = kept_features(pruned)
+    return pd.DataFrame({"layer": nodes["layer"].astype(int), "feature": nodes["feature"].astype(int),
+                         "position": nodes["position"].astype(int), "token": nodes["token"],
+                         "activation": nodes["activation"].round(3), "transcoder": nodes["layer"].map(layers)})

@@ -1,0 +1,252 @@
+"""The graph workbench's handlers: read the attribution graph as Neuronpedia's viewer lets people (node cards,
+pins and the subgraph with its scores, supernodes, labels) and test the story by setting features and rerunning
+the model, offline.
+
+Every number comes from slmviz.graphs.workbench / slmviz.graphs.intervene (the library a notebook uses: g.pin,
+g.subgraph(), g.supernode, g.label, g.intervene, g.load_json), every figure from slmviz.plots.subgraph, and every
+card from app/tabs/graph_cards.py. The workbench's state (pins, supernodes, edited labels) lives on the session's
+graph, the one the Graph section built (its gr.State `found`); a handler checks its input before it changes
+anything, so bad input is a toast and the state stays as it was. An intervention (two forwards and two short
+greedy continuations) is a job of app/jobs.py's worker, like the graph itself, so other sessions are served
+meanwhile. The layout and events are app/tabs/graph.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import gradio as gr
+
+from slmviz.graphs.intervene import intervene, resolve
+from slmviz.graphs.view import graph_view
+from slmviz.graphs.workbench import feature_labels
+from slmviz.plots.subgraph import subgraph_figure, workbench_figure
+
+from ..jobs import RUNNER
+from ..models import AppContext
+from ..saes import SAEStore, finished_feature_scan
+from ..shared import display_frame, parse_thresholds, readable_errors, session, to_plot, wait_or_say
+from .graph_cards import intervention_html, is_feature, node_card, node_table, split_ids, subgraph_status
+
+JOB_KIND = "intervention"  # the workbench's Cancel leaves only this kind of job
+VALUE_CHOICES = [("0 (switch off)", "0"), ("−1× (flip)", "-1x"), ("2× (double)", "2x"), ("a number", "number")]
+MODE_CHOICES = [("constrained (patterns, norms, errors frozen)", "constrained"), ("free (the model rerun)", "free")]
+CONTINUATION_TOKENS = 8
+
+
+class WorkbenchHandlers:
+    """The workbench's handlers; the graph comes from the Graph section's `found` state, its transcoders' entries
+    and feature scans from the server's SAEStore."""
+
+    def __init__(self, ctx: AppContext, saes: SAEStore):
+        self.ctx = ctx
+        self.saes = saes
+
+    # --- the graph and its views --------------------------------------------------------------------------------
+    @staticmethod
+    def _found(found: dict | None) -> dict[str, Any]:
+        if not found or "graph" not in found:
+            raise ValueError("Build the attribution graph first (the button above), then use the workbench")
+        return found
+
+    def _pruned(self, found: dict, node_threshold: Any, edge_threshold: Any) -> Any:
+        """The graph pruned at the sliders' thresholds (kept between calls; it shares the workbench state)."""
+        key = parse_thresholds(node_threshold, edge_threshold)
+        cached = found.get("wb_pruned")
+        if cached is None or cached[0] != key:
+            cached = (key, found["graph"].prune(*key))
+            found["wb_pruned"] = cached
+        self._use_scans(found)
+        return cached[1]
+
+    def _entries(self, found: dict) -> dict[int, Any]:
+        """{layer: the SAEStore's entry} of the graph's transcoders."""
+        model = found["model"]
+        out = {}
+        for layer, name in found.get("layers", {}).items():
+            try:
+                out[layer] = self.saes.get(model, name)
+            except Exception:  # noqa: BLE001 - an SAE that no longer loads: no scan, no card contexts
+                continue
+        return out
+
+    def _scan(self, found: dict, layer: int) -> Any:
+        """The cached feature scan of the layer's transcoder (None until the Features tab has run it)."""
+        entry = self._entries(found).get(layer)
+        if entry is None:
+            return None
+        done = finished_feature_scan(found["model"], entry)
+        return done[0] if done else None
+
+    def _coder(self, found: dict, layer: int) -> tuple[Any, Any]:
+        """(the layer's transcoder, its cached feature scan or None): what a feature's card reads."""
+        entry = self._entries(found).get(layer)
+        sae = entry.sae if entry is not None else getattr(found["graph"].transcoders, "coders", {}).get(layer)
+        return sae, self._scan(found, layer)
+
+    def _card(self, found: dict, pruned: Any, node: str) -> str:
+        return node_card(found, pruned, node, lambda layer: self._coder(found, layer))
+
+    def _use_scans(self, found: dict) -> None:
+        graph = found["graph"]
+        for layer in found.get("layers", {}):
+            if layer not in graph.scans:
+                scan = self._scan(found, layer)
+                if scan is not None:
+                    graph.use_scans({layer: scan})
+
+    def _views(self, found: dict, node_threshold: Any, edge_threshold: Any) -> tuple:
+        """(subgraph plot, subgraph status, feature table) of the current state: what a change shows first."""
+        pruned = self._pruned(found, node_threshold, edge_threshold)
+        labels = feature_labels(pruned)
+        sg = pruned.subgraph()
+        return to_plot(subgraph_figure(sg)), subgraph_status(pruned, sg), display_frame(node_table(pruned, labels))
+
+    @readable_errors
+    def graph_views(self, found: dict | None, node_threshold: float | None, edge_threshold: float | None) -> tuple:
+        """(graph plot, JSON file) of the current state, chained after every change: the larger graph is drawn and
+        the JSON written after the subgraph shows (the subgraph's redraw is what a click waits for)."""
+        if not found or "graph" not in found:
+            return gr.skip(), gr.skip()
+        pruned = self._pruned(found, node_threshold, edge_threshold)
+        path = self.ctx.output_path("attribution-graph-workbench.json")
+        path.write_text(json.dumps(pruned.to_json(slug=path.stem)))  # compact: written again after every change
+        return to_plot(workbench_figure(graph_view(pruned, feature_labels(pruned)))), str(path)
+
+    @readable_errors
+    def render(self, found: dict | None, node_threshold: float | None, edge_threshold: float | None) -> tuple:
+        """Draw the workbench for the graph just built or re-pruned (nothing yet: no change)."""
+        if not found or "graph" not in found:
+            return tuple(gr.skip() for _ in range(5))
+        return (*self._views(found, node_threshold, edge_threshold),
+                *self.graph_views(found, node_threshold, edge_threshold))
+
+    # --- the node card ------------------------------------------------------------------------------------------
+    @readable_errors
+    def card(self, found: dict | None, node: str, node_threshold: float | None,
+             edge_threshold: float | None) -> tuple[str, str]:
+        """The selected node's card, and its label for the label box."""
+        found = self._found(found)
+        pruned = self._pruned(found, node_threshold, edge_threshold)
+        node = (node or "").strip()
+        if not node:
+            raise ValueError("Click a node in the graph (or select one in the table) first")
+        return self._card(found, pruned, node), (pruned.label(node) if is_feature(pruned, node) else "")
+
+    @readable_errors
+    def select(self, evt: gr.SelectData, found: dict | None, node_threshold: float | None,
+               edge_threshold: float | None) -> tuple[str, str, str]:
+        """A row of the feature table: that node becomes the selected one."""
+        row = evt.row_value or []
+        if not row:
+            raise ValueError("Select a row of the table")
+        node = str(row[0])
+        card, label = self.card(found, node, node_threshold, edge_threshold)
+        return node, card, label
+
+    # --- pins, supernodes, labels -------------------------------------------------------------------------------
+    @readable_errors
+    def pin(self, found: dict | None, node: str, node_threshold: float | None, edge_threshold: float | None) -> tuple:
+        """Pin the selected node(s) (ids separated by commas), or unpin them if they are all pinned already."""
+        found = self._found(found)
+        graph = found["graph"]
+        ids = split_ids(node)
+        if not ids:
+            raise ValueError("Click a node in the graph (or type its id) to pin it")
+        if all(i in graph.pinned for i in ids):
+            graph.unpin(*ids)
+        else:
+            graph.pin(*ids)
+        return self._views(found, node_threshold, edge_threshold)
+
+    @readable_errors
+    def clear(self, found: dict | None, node_threshold: float | None, edge_threshold: float | None) -> tuple:
+        found = self._found(found)
+        found["graph"].clear_pins()
+        return self._views(found, node_threshold, edge_threshold)
+
+    @readable_errors
+    def pin_top(self, found: dict | None, n: float | None, node_threshold: float | None,
+                edge_threshold: float | None) -> tuple:
+        """Pin the n kept features with the largest influence on the logits, and the most probable logit."""
+        found = self._found(found)
+        try:
+            count = int(n) if n is not None and float(n) == int(n) else None
+        except (TypeError, ValueError, OverflowError):
+            count = None
+        if count is None or count < 1:
+            raise ValueError(f"The number of nodes to pin must be a whole number of at least 1, got {n!r}")
+        pruned = self._pruned(found, node_threshold, edge_threshold)
+        pruned.pin_top(count, logit=True)
+        return self._views(found, node_threshold, edge_threshold)
+
+    @readable_errors
+    def supernode(self, found: dict | None, name: str, members: str, node_threshold: float | None,
+                  edge_threshold: float | None) -> tuple:
+        """Group the named members (default: the pinned nodes in no supernode yet) under a name."""
+        found = self._found(found)
+        ids = split_ids(members)
+        found["graph"].supernode(name, ids if ids else None)
+        return self._views(found, node_threshold, edge_threshold)
+
+    @readable_errors
+    def label(self, found: dict | None, node: str, text: str, node_threshold: float | None,
+              edge_threshold: float | None) -> tuple:
+        """Set the selected feature's label ("" goes back to the automatic one); redraw and show its card."""
+        found = self._found(found)
+        graph = found["graph"]
+        node = (node or "").strip()
+        if not node:
+            raise ValueError("Click a feature node first, then edit its label")
+        graph.label(node, text or "")
+        pruned = self._pruned(found, node_threshold, edge_threshold)
+        return (*self._views(found, node_threshold, edge_threshold), self._card(found, pruned, node))
+
+    @readable_errors
+    def load(self, found: dict | None, file: Any, node_threshold: float | None, edge_threshold: float | None) -> tuple:
+        """Take a saved JSON's pins, supernodes and labels (refused, with nothing changed, if it was made for
+        another model, transcoder set or prompt)."""
+        found = self._found(found)
+        if not file:
+            raise ValueError("Choose a graph JSON to load")
+        path = file if isinstance(file, str) else getattr(file, "name", file)
+        found["graph"].load_json(path)
+        return self._views(found, node_threshold, edge_threshold)
+
+    # --- interventions ------------------------------------------------------------------------------------------
+    @readable_errors
+    def intervene(self, found: dict | None, nodes: str, selected: str, value: str, number: float | None, mode: str,
+                  request: gr.Request, progress: gr.Progress = gr.Progress()) -> Iterator[str]:  # noqa: B008
+        """Set the features (ids or supernode names, default: the selected node) and rerun the model: the top
+        logits and a greedy continuation beside the original ones (a job of the worker)."""
+        found = self._found(found)
+        graph = found["graph"]
+        targets = split_ids(nodes) or split_ids(selected)
+        if not targets:
+            raise ValueError("Click a feature node (or name nodes or a supernode) to intervene on")
+        if value not in ("0", "-1x", "2x", "number"):
+            raise ValueError(f"Pick a value: 0, -1x, 2x or a number (got {value!r})")
+        amount: Any = value
+        if value == "number":
+            if number is None:
+                raise ValueError("Type the number to set the features to")
+            amount = number
+        if mode not in ("constrained", "free"):
+            raise ValueError(f"Pick a mode: constrained or free (got {mode!r})")
+        resolve(graph, {t: amount for t in targets})  # every check now, a readable error before the job
+
+        def work(report: Callable[..., None]) -> Any:
+            report(0.1, f"Rerunning the model with {', '.join(targets)} set ({mode})")
+            return intervene(graph, {t: amount for t in targets}, constrained=mode == "constrained",
+                             continuation=CONTINUATION_TOKENS)
+
+        job = RUNNER.submit(work, session(request), kind=JOB_KIND)
+        for _ in wait_or_say(job, session(request), progress, "Cancelled; press Intervene to start again"):
+            yield gr.skip()
+        yield intervention_html(job.result, targets, mode)
+
+    def cancel(self, request: gr.Request) -> str:
+        RUNNER.leave(session(request), kind=JOB_KIND)
+        return "<p>Cancelled.</p>"
