@@ -28,10 +28,10 @@ from typing import Any
 
 from slmviz import SAE, Scan, bundled_saes, load_sae
 from slmviz.features.dashboard import acts_hook
+from slmviz.features.prepared_scans import load_sae_scan
 from slmviz.formats import gemma_scope
 from slmviz.formats.saelens import CFG_FILENAME
 from slmviz.model_api import HUB_ID_PATTERN
-from slmviz.training.prepare import load_sae_scan
 
 from .jobs import Job
 from .scans import SCANS
@@ -66,7 +66,7 @@ def fingerprint(sae: SAE) -> str:
 
 
 def provide_prepared_scan(model: Any, entry: Entry) -> Entry:
-    """A bundled SAE's feature scan prepared with the model's full set (features.prepared.prepare_sae_scans: the
+    """A bundled SAE's feature scan prepared with the model's full set (features.prepared_scans.prepare_sae_scans: the
     set's corpus, modern prose and chat rather than King James verses), served as its card's scan: no visitor waits.
     Without one (or for other weights), the card scans the bundled verses on first use, as before."""
     if finished_feature_scan(model, entry) is None:

@@ -38,9 +38,10 @@ from typing import Any
 import gradio as gr
 
 import slmviz
+from slmviz.features.prepared_scans import load_set_scan
+from slmviz.formats.checkpoint import trained_tokens
 from slmviz.replacement.prepared import prepared_dir, prepared_ready
-from slmviz.training.prepare import CORPUS, REQUIRED, load_set_scan, prepare_transcoders, recipe
-from slmviz.training.train_set import checkpoint_tokens
+from slmviz.training.prepare import CORPUS, REQUIRED, prepare_transcoders, recipe
 
 from .jobs import RUNNER
 from .models import AppContext
@@ -207,7 +208,7 @@ class TranscoderSets:
 
         def work(report: Callable[..., None]) -> str:
             write_model_corpus(model, args.get("corpus", CORPUS), report, share=0.1)
-            resumed = checkpoint_tokens(prepared_dir(model, KIND))  # where Build resumes a cancelled build
+            resumed = trained_tokens(prepared_dir(model, KIND))  # where Build resumes a cancelled build
             since = f", resumed from its checkpoint at {resumed:,} tokens per layer" if resumed else ""
             report(0.1, f"Training transcoders at all {n_layers} layers from one forward per batch{since}")
 

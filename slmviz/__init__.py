@@ -37,8 +37,7 @@ from .replacement.transcoder_set import TranscoderSet
 from .scans.scan import Scan, scan
 from .tokens import PromptError
 from .trace import Trace, TraceFormatError
-from .training.train_sae import train_sae
-from .training.train_set import train_transcoders
+from .training.train import train_sae, train_transcoders
 from .variants import PRESETS, Variant, describe, resolve_variant, variants
 
 __version__ = "0.3.0"

@@ -8,19 +8,23 @@ linear model (tests/test_clt.py's check) for the trained CLT.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import build_tiny_model
 
 import slmviz
 from slmviz.corpora.named import resolve_corpus
-from slmviz.features.activations import Source, checked_corpus, plan_blocks
+from slmviz.formats.checkpoint import CheckpointError, read_checkpoint
 from slmviz.graphs.attribution import attribution_graph
 from slmviz.replacement.clt import CrossLayerTranscoder
 from slmviz.replacement.load import load_clt
-from slmviz.training.clt_train import CLTTrainer, clt_block_rows, read_clt_checkpoint
-from slmviz.training.train_sae import CheckpointError
-from slmviz.training.train_set import train_transcoders
+from slmviz.training.clt_objective import pre_act_loss
+from slmviz.training.config import TrainConfig
+from slmviz.training.loop import Run
+from slmviz.training.rows import block_rows, checked_corpus, plan_blocks
+from slmviz.training.train import train_transcoders
 
 SMALL = dict(d_sae=48, k=4, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512, progress=False,
              dtype="float32", checkpoint_every=0)
@@ -77,22 +81,23 @@ def test_the_saved_clt_is_the_trainers_prediction_in_model_units(tiny, corpus, t
     assert seen[-1]["explained_variance"] > seen[0]["explained_variance"] + 0.1, [s["explained_variance"] for s in seen]
     assert seen[-1]["l0"] == 4 and seen[-1]["l0_total"] == 4 * tiny.cfg.n_layers
     assert clt.architecture == "topk" and clt.k == 4 and (out / "W_dec_0.safetensors").is_file()
-    cfg, tensors, meta = read_clt_checkpoint(out)
-    assert tensors == {}  # finished: the weights are the saved CLT's, so train the same run again, keeping its trainer
-    n = tiny.cfg.n_layers
-    sources = {L: Source(f"blocks.{L}.mlp.hook_in", f"blocks.{L}.hook_mlp_out", 16, 128, 512) for L in range(n)}
-    trainer = CLTTrainer(cfg, torch.device("cpu"), {})
-    again = trainer.run(tiny, checked_corpus(resolve_corpus(corpus, tiny)), sources, tmp_path / "again", False, 600)
+    checkpoint = read_checkpoint(out)
+    assert checkpoint.tensors == {}  # finished: the weights are the saved CLT's; train the run again, keeping its Run
+    cfg = TrainConfig.from_json(checkpoint.config)
+    run = Run(cfg)
+    again = run.train(tiny, checked_corpus(resolve_corpus(corpus, tiny)), tmp_path / "again", False, 600)
     for k, v in clt.tensors().items():
         assert torch.equal(again.tensors()[k], v), k
-    block = next(plan_blocks(tiny.tokenizer, corpus, sources[0]))
-    rows = clt_block_rows(tiny, block, sources)
-    s_in = torch.tensor(trainer.scale_in)[None, :, None]
-    s_out = torch.tensor(trainer.scale_out)[None, :, None]
+    trainer = run.trainers["clt"]
+    objective = trainer.objective
+    block = next(plan_blocks(tiny, corpus, cfg))
+    rows = block_rows(tiny, block, cfg, run.readers)["clt"]
+    s_in = torch.tensor(objective.scale_in)[None, :, None]
+    s_out = torch.tensor(objective.scale_out)[None, :, None]
     with torch.no_grad():
         x = rows.x[:64] * s_in
-        hs, norms = trainer.pre(x)
-        y_hat = trainer.decode([trainer.activate(L, h) for L, h in enumerate(hs)], norms, x) / s_out
+        hs, norms = objective.pre(x)
+        y_hat = objective.decode([objective.activate(L, h) for L, h in enumerate(hs)], norms, x) / s_out
         formula = clt(rows.x[:64].transpose(0, 1)).transpose(0, 1)  # [rows, n, d]
     assert torch.allclose(formula, y_hat, atol=1e-4, rtol=1e-4), (formula - y_hat).abs().max()
     expected = ((y_hat - rows.y[:64]) * s_out).pow(2).sum(-1).mean(0).sum()
@@ -111,13 +116,13 @@ def test_a_clt_run_killed_mid_block_resumes_to_the_same_weights(tiny, corpus, tr
     args = dict(kind="clt", corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk", skip=True)
     with pytest.raises(KeyboardInterrupt):
         train_transcoders(tiny, **args, **{**SMALL, "progress": stop})
-    _, _, meta = read_clt_checkpoint(tmp_path / "cut")
-    assert meta["cursor"]["batch"] > 0 and not meta["cursor"]["finished"], meta["cursor"]
+    cursor = read_checkpoint(tmp_path / "cut").coders["clt"]["cursor"]
+    assert cursor["batch"] > 0 and not cursor["finished"], cursor
     resumed = train_transcoders(tiny, **args, **SMALL)
     for k, v in trained[0].tensors().items():
         assert torch.equal(resumed.tensors()[k], v), k
-    cfg, tensors, meta = read_clt_checkpoint(tmp_path / "cut")
-    assert meta["cursor"]["finished"] and tensors == {}  # the finished run's checkpoint keeps no weights
+    checkpoint = read_checkpoint(tmp_path / "cut")
+    assert checkpoint.finished and checkpoint.tensors == {}  # the finished run's checkpoint keeps no weights
     from safetensors import safe_open
 
     with safe_open(str(tmp_path / "cut" / "checkpoint.safetensors"), framework="pt") as f:
@@ -141,7 +146,7 @@ def test_clt_checkpoints_wait_for_checkpoint_every_not_each_block_end(tiny, corp
     with pytest.raises(KeyboardInterrupt):
         train_transcoders(tiny, kind="clt", corpus=corpus, tokens=1200, out=tmp_path / "cut",
                           architecture="batchtopk", skip=True, **{**SMALL, "progress": stop, "checkpoint_every": 3600})
-    assert read_clt_checkpoint(tmp_path / "cut") is None
+    assert read_checkpoint(tmp_path / "cut") is None
 
 
 def test_a_prepared_clt_is_ready_only_once_its_run_says_finished(tiny, trained, tmp_path, monkeypatch):
@@ -157,10 +162,8 @@ def test_a_prepared_clt_is_ready_only_once_its_run_says_finished(tiny, trained, 
     assert not prepared_ready(tiny, "clt") and run_finished(folder) is None
     shutil.copytree(trained[1], folder)
     assert prepared_ready(tiny, "clt") and run_finished(folder) is True
-    cfg, _, meta = read_clt_checkpoint(folder)
-    trainer = CLTTrainer(cfg, torch.device("cpu"), {})
-    trainer.scale_in, trainer.scale_out = meta["scale_in"], meta["scale_out"]
-    trainer.save_checkpoint(folder)  # an unfinished cursor: as if killed between the files and the last checkpoint
+    run = Run(TrainConfig.from_json(read_checkpoint(folder).config))
+    run.save_checkpoint(folder)  # an unfinished cursor: as if killed between the files and the last checkpoint
     assert run_finished(folder) is False and not prepared_ready(tiny, "clt")
 
 
@@ -170,6 +173,8 @@ def test_what_a_clt_cannot_be_trained_as_is_refused(tiny, corpus, tmp_path):
     with pytest.raises(ValueError, match="no file format"):
         train_transcoders(tiny, kind="clt", corpus=corpus, tokens=100, out=tmp_path / "b", architecture="topk",
                           skip=True, **SMALL)
+    with pytest.raises(ValueError, match="pre_act_coefficient"):
+        train_transcoders(tiny, corpus=corpus, tokens=100, out=tmp_path / "plt", pre_act_coefficient=0.1, **SMALL)
 
 
 def test_the_command_line_trains_a_clt(tiny, corpus, tmp_path, capsys):
@@ -188,32 +193,32 @@ def test_the_command_line_trains_a_clt(tiny, corpus, tmp_path, capsys):
 
 
 def test_the_pre_activation_loss_is_anthropics_and_keeps_k_features_per_token(tiny, corpus, trained, tmp_path):
-    """clt_train.pre_act_loss against Anthropic's formula written from the raw weights, Σ_L mean over rows of
+    """clt_objective.pre_act_loss against Anthropic's formula written from the raw weights, Σ_L mean over rows of
     Σ_f relu(-(x_L W_enc[L] + b_enc[L]))_f |W_dec[L][f]| (the decoder norm over every layer f writes); and what it
     is for: features pushed below zero on every row get no gradient from the reconstruction and stay there, while
-    with the loss they come back above zero and BatchTopK keeps k again (clt_train.pre_act_loss's docstring)."""
-    from slmviz.training.clt_train import pre_act_loss
-
+    with the loss they come back above zero and BatchTopK keeps k again (clt_objective.pre_act_loss's docstring)."""
     torch.manual_seed(0)
     n, d, f = 3, 8, 24
-    base = read_clt_checkpoint(trained[1])[0].__dict__
+    base = TrainConfig.from_json(read_checkpoint(trained[1]).config)
+    hooks = tuple((f"blocks.{L}.mlp.hook_in", f"blocks.{L}.hook_mlp_out") for L in range(n))
     x, y = torch.randn(64, n, d), torch.randn(64, n, d)
 
-    def trainer_with(coefficient: float) -> CLTTrainer:
-        cfg = type(read_clt_checkpoint(trained[1])[0])(**{**base, "n_layers": n, "d_model": d, "d_sae": f, "k": 4,
-                                                            "lr": 1e-2, "pre_act_coefficient": coefficient})
-        t = CLTTrainer(cfg, torch.device("cpu"), {})
-        t.initialise(x, y)
+    def trainer_with(coefficient: float):
+        cfg = dataclasses.replace(base, hooks=hooks, d_in=d, d_out=d, d_sae=f, k=4, lr=1e-2,
+                                  pre_act_coefficient=coefficient)
+        t = Run(cfg).trainers["clt"]
+        c = t.objective
+        c.initialise(x, y)
         with torch.no_grad():  # every feature just below zero on every row: as if pushed down by the reconstruction
             for L in range(n):
-                t.b_enc[L] -= (x[:, L] @ t.W_enc[L] + t.b_enc[L]).max(0).values + 0.02
+                c.b_enc[L] -= (x[:, L] @ c.W_enc[L] + c.b_enc[L]).max(0).values + 0.02
         return t
 
-    t = trainer_with(0.0)
+    c = trainer_with(0.0).objective
     with torch.no_grad():
-        by_hand = sum((-(x[:, L] @ t.W_enc[L] + t.b_enc[L])).relu() @ t.W_dec[L].flatten(1).norm(dim=-1)
+        by_hand = sum((-(x[:, L] @ c.W_enc[L] + c.b_enc[L])).relu() @ c.W_dec[L].flatten(1).norm(dim=-1)
                       for L in range(n)).mean()
-        assert float(pre_act_loss(t.pre(x)[0])) == pytest.approx(float(by_hand), rel=1e-5)
+        assert float(pre_act_loss(c.pre(x)[0])) == pytest.approx(float(by_hand), rel=1e-5)
     l0 = {}
     for coefficient in (0.0, 1.0):
         t = trainer_with(coefficient)
@@ -221,30 +226,3 @@ def test_the_pre_activation_loss_is_anthropics_and_keeps_k_features_per_token(ti
         assert seen[0]["l0"] == 0 and (seen[0]["pre_act"] > 0) == (coefficient > 0)
         l0[coefficient] = seen[-1]["l0"]
     assert l0[0.0] == 0 and l0[1.0] == 4, l0
-
-
-def test_a_clt_checkpoint_from_before_the_pre_activation_loss_resumes_as_without_it(tiny, corpus, trained, tmp_path):
-    """A checkpoint whose configuration has no pre_act_coefficient (written before it existed) reads as 0, so its
-    run resumes and its prepared CLT loads; a resume with another coefficient is refused, naming it."""
-    import json
-    import shutil
-
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    from slmviz.training.clt_train import STATE_KEY
-
-    folder = tmp_path / "old"
-    shutil.copytree(trained[1], folder)
-    path = folder / "checkpoint.safetensors"
-    with safe_open(str(path), framework="pt") as f:
-        meta = json.loads(f.metadata()[STATE_KEY])
-    del meta["config"]["pre_act_coefficient"]
-    save_file({}, str(path), metadata={STATE_KEY: json.dumps(meta)})
-    assert read_clt_checkpoint(folder)[0].pre_act_coefficient == 0.0
-    args = dict(kind="clt", corpus=corpus, tokens=1200, out=folder, architecture="batchtopk", skip=True)
-    assert torch.equal(train_transcoders(tiny, **args, **SMALL).W_enc, trained[0].W_enc)  # finished: loaded
-    with pytest.raises(CheckpointError, match="pre_act_coefficient: 0.0 there, 0.5 now"):
-        train_transcoders(tiny, **args, pre_act_coefficient=0.5, **SMALL)
-    with pytest.raises(ValueError, match="pre_act_coefficient"):
-        train_transcoders(tiny, corpus=corpus, tokens=100, out=tmp_path / "plt", pre_act_coefficient=0.1, **SMALL)

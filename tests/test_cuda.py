@@ -28,7 +28,7 @@ from slmviz.features.sae import SAE
 from slmviz.graphs.attribution import attribution_graph
 from slmviz.graphs.intervene import intervene
 from slmviz.replacement.load import load_clt, load_transcoders
-from slmviz.training.train_set import train_transcoders
+from slmviz.training.train import train_transcoders
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 

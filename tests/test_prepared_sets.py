@@ -1,9 +1,10 @@
-"""features.prepared: a model's full set prepared into $SLMVIZ_CACHE (the recipe, overrides for a model without one)
-and the feature scan prepared with it, on a tiny random LLaMA in a temporary cache.
+"""training.prepare and features.prepared_scans: a model's full set prepared into $SLMVIZ_CACHE (the recipe,
+overrides for a model without one) and the feature scan prepared with it, on a tiny random LLaMA in a temporary
+cache.
 
 Independent references: slmviz.scan of the same documents with the set spliced (for the prepared scan), and the set
 the first call saved (for the second call, which loads instead of training). Does not cover: the bundled models'
-recipes run for real (an hour of training: docs/features.md), nor the "mixed" corpus (features.generated_corpus).
+recipes run for real (an hour of training: docs/features.md), nor the "mixed" corpus (corpora.generated).
 """
 
 from __future__ import annotations
@@ -15,21 +16,19 @@ from conftest import build_tiny_model
 import slmviz
 from slmviz import SAE
 from slmviz.features.dashboard import acts_hook
-from slmviz.formats.slmviz import SET_FILE
-from slmviz.replacement.prepared import prepared_dir
-from slmviz.training.prepare import (
-    RECIPES,
+from slmviz.features.prepared_scans import (
     SCAN_CHARS,
     SCAN_TOP_K,
     load_sae_scan,
     load_set_scan,
     prepare_sae_scans,
-    prepare_transcoders,
-    recipe,
     sae_scan_dir,
     scan_docs,
 )
-from slmviz.training.train_sae import CheckpointError
+from slmviz.formats.checkpoint import CheckpointError
+from slmviz.formats.slmviz import SET_FILE
+from slmviz.replacement.prepared import prepared_dir
+from slmviz.training.prepare import RECIPES, prepare_transcoders, recipe
 
 CORPUS = [" ".join(f"w{(i * 7 + j * 3) % 120}" for j in range(20 + i % 13)) for i in range(40)]
 TINY = dict(d_sae=32, k=4, tokens=1500, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512,
@@ -96,3 +95,17 @@ def test_an_saes_scan_is_prepared_once_for_its_weights(tiny, tmp_path, monkeypat
     assert load_sae_scan(tiny, "resid_l1", other) is None  # made for other weights: not read
     prepare_sae_scans(tiny, {"resid_l1": other}, corpus=CORPUS, progress=False)  # replaced for the new weights
     assert load_sae_scan(tiny, "resid_l1", other) is not None and load_sae_scan(tiny, "resid_l1", sae) is None
+
+
+def test_a_prepared_name_beside_the_trainers_kinds_trains_the_kind_its_recipe_names(tiny, tmp_path, monkeypatch):
+    """A recipe keyed by another prepared name ("plt-quick") carries `kind=` (the trainer's): the set is trained as
+    that kind, kept under its own name's folder and loaded by that name; without `kind=` the trainer refuses it."""
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    monkeypatch.setitem(RECIPES, ("tiny", "plt-quick"), dict(kind="plt", corpus=CORPUS, **TINY))
+    ts = prepare_transcoders(tiny, "plt-quick", progress=False, scan_progress=False)
+    assert (prepared_dir(tiny, "plt-quick") / SET_FILE).is_file() and not prepared_dir(tiny, "plt").exists()
+    assert ts.name == "tiny-plt-quick" and ts.layers == [0, 1]
+    loaded = slmviz.load_transcoders("plt-quick", model=tiny)
+    assert torch.equal(loaded.coder(1).W_dec, ts.coder(1).W_dec)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        prepare_transcoders(tiny, "other", progress=False, corpus=CORPUS, **TINY)

@@ -95,18 +95,31 @@ def test_the_clts_load_their_tensors_from_both_layouts(tiny):
     assert (plain.name, plain.W_skip, plain.input_hook) == ("tiny_llama-clt", None, "mlp.hook_in")
 
 
+def test_a_gemma_scope_clt_keeps_its_name(tiny, tmp_path):
+    """A CLT saved in Gemma Scope 2's layout loads under its own name (config.json's slmviz_name), with no checkpoint
+    beside it; a folder that names nothing (another writer's, a checkpoint unfinished or absent) takes its folder's."""
+    clt = load_transcoders(DATA / "clt", model=tiny)
+    clt.name = "renamed"
+    clt.save(tmp_path / "copy", format="gemma-scope-2")
+    assert load_transcoders(tmp_path / "copy", model=tiny).name == "renamed"
+    config = json.loads((tmp_path / "copy" / "config.json").read_text())
+    del config["slmviz_name"]
+    (tmp_path / "copy" / "config.json").write_text(json.dumps(config))
+    assert load_transcoders(tmp_path / "copy", model=tiny).name == "copy"
+
+
 @pytest.mark.parametrize("folder,graph", [("plt", "graph.json"), ("clt", "graph_clt.json")])
 def test_the_saved_sets_give_the_saved_graphs_and_their_workbench_state(tiny, folder, graph):
     """The attribution graph of make_fixtures' prompt over each saved set: the nodes (ids, activations, influence)
     and links 0.2.0 saved, to fp32 rounding; load_json takes back its pins, supernodes and hand-written label.
 
-    0.2.0's Gemma Scope 2 layout (clt/) keeps no name, so the CLT loads named after its folder: graph_clt.json was
-    made with the CLT before it was saved, named "tiny_llama-clt", the name load_json checks."""
+    The sets load under the names the graphs record, which load_json checks: 0.2.0's Gemma Scope 2 layout (clt/)
+    keeps no name in its config.json, and the CLT takes it from the finished run's checkpoint beside it
+    (gemma_scope.clt_name)."""
     ts = load_transcoders(DATA / folder, model=tiny)
     saved = json.loads((DATA / graph).read_text())
     if folder == "clt":
-        assert ts.name == "clt"
-        ts.name = saved["metadata"]["transcoder_list"][0]
+        assert saved["metadata"]["transcoder_list"] == [ts.name] == ["tiny_llama-clt"]
     g = slmviz.attribution_graph(PROMPT, transcoders=ts, model=tiny, progress=False)
     new = g.to_json(slug=Path(graph).stem)
     assert new["metadata"] == saved["metadata"]
@@ -149,4 +162,8 @@ def test_saving_what_was_loaded_writes_the_same_bytes(tiny, tmp_path, folder, sa
                "clt_circuit_tracer": "circuit-tracer"}[folder]
         load_transcoders(path, model=tiny).save(tmp_path, format=fmt)
     for name in same:
+        if folder == "clt" and name == "config.json":  # 0.2.0's, plus the name it kept only in its checkpoint
+            assert json.loads((tmp_path / name).read_text()) == {**json.loads((path / name).read_text()),
+                                                                  "slmviz_name": "tiny_llama-clt"}
+            continue
         assert (tmp_path / name).read_bytes() == (path / name).read_bytes(), name

@@ -17,10 +17,10 @@ from safetensors.torch import load_file, save_file
 
 import slmviz
 from slmviz.features.sae import SAE
+from slmviz.formats.checkpoint import CheckpointError, read_checkpoint
 from slmviz.replacement.load import load_transcoders
 from slmviz.replacement.transcoder_set import TranscoderSet, TranscoderSetError
-from slmviz.training.train_sae import CheckpointError, train_sae
-from slmviz.training.train_set import read_set_checkpoint, train_transcoders
+from slmviz.training.train import train_sae, train_transcoders
 
 SMALL = dict(d_sae=48, k=4, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512, progress=False,
              dtype="float32", checkpoint_every=0)
@@ -74,31 +74,41 @@ def test_one_pass_equals_each_layer_trained_alone(tiny, corpus, trained, tmp_pat
             assert torch.allclose(got, t, rtol=1e-4, atol=1e-6), (L, name, float((got - t).abs().max()))
 
 
+def stop_at_layer_1_in_block_1():
+    """A progress callback that interrupts the run at layer 1's first step of block 1. Each layer steps through a
+    whole block before the next layer does, so that step comes after the third change of the layer that stepped
+    (block 0: layer 0, then 1; block 1: layer 0, then 1)."""
+    last: dict[int, int] = {}
+    stepped: list[int] = []
+
+    def stop(stats):
+        layer = next(L for L, f in stats["layers"].items() if f["tokens"] != last.get(L))
+        last.update({L: f["tokens"] for L, f in stats["layers"].items()})
+        if not stepped or stepped[-1] != layer:
+            stepped.append(layer)
+        if stepped == [0, 1, 0, 1]:
+            raise KeyboardInterrupt
+
+    return stop
+
+
 def test_a_run_killed_mid_block_resumes_to_the_same_weights(tiny, corpus, trained, tmp_path):
     """Stopped inside a block (after one layer's steps of it and before the next layer's: the checkpoint on disk
     then holds a set half way through the block), resumed, it ends with exactly the uninterrupted run's weights."""
-    calls = []
-
-    def stop(stats):
-        calls.append(stats["tokens"])
-        if len(calls) == 4:  # block 1, layer 1 of 2: the checkpoint on disk has layer 0 past block 1, layer 1 not
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
         train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
-                          skip=True, **{**SMALL, "progress": stop})
-    _, _, _, meta = read_set_checkpoint(tmp_path / "cut")
-    cursors = {L: v["cursor"] for L, v in meta["layers"].items()}
-    where = {L: (c["block"], c["batch"]) for L, c in cursors.items()}
-    assert where["0"] > where["1"] == (1, 0), cursors  # layer 0 is through block 1, layer 1 not started on it
+                          skip=True, **{**SMALL, "progress": stop_at_layer_1_in_block_1()})
+    cursors = {name: v["cursor"] for name, v in read_checkpoint(tmp_path / "cut").coders.items()}
+    where = {name: (c["block"], c["batch"]) for name, c in cursors.items()}
+    assert where["L0"] > where["L1"] == (1, 0), cursors  # layer 0 is through block 1, layer 1 not started on it
     resumed = train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
                                 skip=True, **SMALL)
     assert_same_coders(trained, resumed)
     again = train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
                               skip=True, **SMALL)  # finished: loaded, not re-run
     assert_same_coders(trained, again)
-    _, _, tensors, meta = read_set_checkpoint(tmp_path / "cut")
-    assert tensors == {} and all(v["cursor"]["finished"] for v in meta["layers"].values())  # no weights kept twice
+    checkpoint = read_checkpoint(tmp_path / "cut")  # finished: no weights kept twice
+    assert checkpoint.tensors == {} and all(v["cursor"]["finished"] for v in checkpoint.coders.values())
     with pytest.raises(CheckpointError, match="d_sae"):
         train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
                           skip=True, **{**SMALL, "d_sae": 32})
@@ -107,39 +117,31 @@ def test_a_run_killed_mid_block_resumes_to_the_same_weights(tiny, corpus, traine
 def test_checkpoints_wait_for_checkpoint_every_not_each_block_end(tiny, corpus, tmp_path):
     """A checkpoint is written once `checkpoint_every` seconds have passed, not at every block's end (a real set's is
     1.8 GB): stopped in its second block, a run with an hour's interval has written none, and starts over."""
-    calls = []
-
-    def stop(stats):
-        calls.append(stats["tokens"])
-        if len(calls) == 4:  # block 1, layer 1 of 2: past block 0's end
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
         train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
-                          skip=True, **{**SMALL, "progress": stop, "checkpoint_every": 3600})
-    assert read_set_checkpoint(tmp_path / "cut") is None
+                          skip=True, **{**SMALL, "progress": stop_at_layer_1_in_block_1(), "checkpoint_every": 3600})
+    assert read_checkpoint(tmp_path / "cut") is None
 
 
 def test_a_run_killed_after_its_last_block_resumes_to_the_same_weights(tiny, corpus, trained, tmp_path,
                                                                       monkeypatch):
-    """Killed after the last step and before the set is saved (in BatchTopK's threshold pass): the last block's end
-    writes no checkpoint, so the resume retrains that block from the one before and ends with the same weights."""
-    from slmviz.training import train_set
+    """Killed after the last step and before the set is saved (in BatchTopK's threshold pass): the checkpoint on
+    disk is not a finished one, and the resume ends with the same weights."""
+    from slmviz.training import loop
 
-    real = train_set.threshold_rows_by_layer
+    real = loop.threshold_rows
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(train_set, "threshold_rows_by_layer", killed)
+    monkeypatch.setattr(loop, "threshold_rows", killed)
     with pytest.raises(KeyboardInterrupt):
         train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
                           skip=True, **SMALL)
-    _, _, _, meta = read_set_checkpoint(tmp_path / "cut")
-    assert not any(v["cursor"]["finished"] for v in meta["layers"].values())
-    monkeypatch.setattr(train_set, "threshold_rows_by_layer", real)
+    assert not any(v["cursor"]["finished"] for v in read_checkpoint(tmp_path / "cut").coders.values())
+    monkeypatch.setattr(loop, "threshold_rows", real)
     # finished where it stands from the checkpoint alone (bench/studies/replacement_curve.py's way), it is the same set
-    assert_same_coders(trained, train_set.SetRun.from_checkpoint(tmp_path / "cut").finish(tiny, corpus))
+    assert_same_coders(trained, loop.Run.from_checkpoint(tmp_path / "cut").finish(tiny, corpus))
     resumed = train_transcoders(tiny, corpus=corpus, tokens=1200, out=tmp_path / "cut", architecture="batchtopk",
                                 skip=True, **SMALL)
     assert_same_coders(trained, resumed)

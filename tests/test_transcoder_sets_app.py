@@ -27,12 +27,12 @@ import slmviz
 from app.tabs.graph_attribution import feature_table
 from app.transcoder_sets import MAX_FEATURE_NODES
 from slmviz import SAE
+from slmviz.features.prepared_scans import load_set_scan
+from slmviz.formats.checkpoint import read_checkpoint
 from slmviz.formats.slmviz import SET_FILE
 from slmviz.loading.bundled import cache_dir
 from slmviz.model_api import load_folder
 from slmviz.replacement.load import load_transcoders
-from slmviz.training.prepare import load_set_scan
-from slmviz.training.train_set import read_set_checkpoint
 
 pytestmark = pytest.mark.app
 
@@ -117,8 +117,8 @@ def test_a_build_reports_progress_cancel_keeps_its_checkpoint_and_build_again_re
     while not job.done():
         time.sleep(0.1)
     assert not (set_folder(cache) / SET_FILE).exists()  # stopped mid-way: no set, a checkpoint
-    *_, meta = read_set_checkpoint(set_folder(cache))
-    kept = sum(layer["cursor"]["tokens"] for layer in meta["layers"].values()) // len(meta["layers"])
+    coders = read_checkpoint(set_folder(cache)).coders
+    kept = sum(coder["cursor"]["tokens"] for coder in coders.values()) // len(coders)
     assert kept > 0  # what Build resumes from
     # Build again: resumed from the checkpoint (its first report is past it) to the finished set, now ticked alone
     again = alice.submit(api_name="/circuit_set_build")
@@ -256,7 +256,7 @@ def test_a_bundled_saes_card_reads_the_scan_prepared_with_the_set(tmp_path):
     into a temporary cache that links the bundled model); the Features tab's card of transcoder_l6 reads it at once
     (its documents are those six), never scanning King James verses first."""
     from slmviz.features.load import load_sae
-    from slmviz.training.prepare import prepare_sae_scans
+    from slmviz.features.prepared_scans import prepare_sae_scans
 
     (tmp_path / SMOL).symlink_to(SMOL_FOLDER)
     with pytest.MonkeyPatch.context() as mp:

@@ -49,7 +49,7 @@ from slmviz import TranscoderSet, train_transcoders
 from slmviz.corpora.named import resolve_corpus
 from slmviz.corpora.reading import iter_documents
 from slmviz.scans.batches import iter_windows
-from slmviz.training.train_sae import fastest_dtype
+from slmviz.training.config import fastest_dtype
 
 CTX = 128
 SIDE = Path(__file__).with_name("sparsify_side.py")

@@ -17,7 +17,7 @@ on the CPU; and the CUDA tests of test_families.py and test_tokenizerless.py) an
 
 Rows, each a fresh run of `train_transcoders(..., device="cuda")` on the broad corpus in the measured dtype
 (`fastest_dtype`: bf16 on a GPU that has it), batch_tokens 4096:
-- the prepared PLT recipe's shape (features.prepared: 4,096 features per layer, k 64, skip);
+- the prepared PLT recipe's shape (training.prepare: 4,096 features per layer, k 64, skip);
 - the prepared CLT recipe's shape (512 per layer, k 32, skip, pre-activation loss), parameter-matched to it;
 - a CLT 8x wider (4,096 per layer, 1.17B parameters): what issue 25's width would cost on one GPU.
 Reported: the training loop's tokens/s (a token is one row at every layer, for both kinds, as
@@ -67,7 +67,7 @@ def one_run(kind: str, d_sae: int, k: int, tokens: int, model_dir: Path, device:
     import slmviz
     from slmviz import train_transcoders
     from slmviz.corpora.broad import broad_corpus
-    from slmviz.training.train_sae import fastest_dtype
+    from slmviz.training.config import fastest_dtype
 
     cuda = device == "cuda"
     model = slmviz.load(model_dir, device=device)

@@ -47,8 +47,8 @@ def load_set(model, which: str):
     """The transcoder set and, for the prepared set, its feature scan (what the automatic labels read)."""
     if which == "bundled":
         return [slmviz.load_sae(name, model=model) for name in BUNDLED_PAIR], None
+    from slmviz.features.prepared_scans import load_set_scan
     from slmviz.replacement.load import load_transcoders
-    from slmviz.training.prepare import load_set_scan
 
     ts = load_transcoders(which, model=model)
     found = load_set_scan(model, which)

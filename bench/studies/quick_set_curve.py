@@ -46,10 +46,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py, which puts this checkout first
 from common import RESULTS, cpu_model, load_average, markdown_table  # noqa: E402
-from slmviz.features.prepared_scans import SCAN_CHARS, SCAN_DOCS  # noqa: E402
 
 import slmviz  # noqa: E402
 from slmviz.corpora import generated as gc  # noqa: E402
+from slmviz.features.prepared_scans import SCAN_CHARS, SCAN_DOCS  # noqa: E402
 
 HERE = RESULTS  # the recorded JSON and tables
 
@@ -172,9 +172,9 @@ class PhaseClock:
 
 def run_point(args) -> None:
     from replacement_curve import score_point, write_point
-    from slmviz.features.prepared_scans import SCAN_TOP_K, _load_scan, _save_scan, scan_docs
 
     from slmviz.features.dashboard import acts_hook
+    from slmviz.features.prepared_scans import SCAN_TOP_K, _load_scan, _save_scan, scan_docs
     from slmviz.scans.scan import scan
     from slmviz.training.prepare import RECIPES
 

@@ -33,14 +33,15 @@ from replacement_scores import graph_report
 import slmviz
 from slmviz import TranscoderSet
 from slmviz.corpora.named import resolve_corpus
-from slmviz.training.train_set import CHECKPOINT, SetRun
+from slmviz.formats.checkpoint import CHECKPOINT
+from slmviz.training.loop import Run
 
 
 def finished_set(model, snapshot: Path, corpus) -> tuple[TranscoderSet, int]:
     """The set a run's checkpoint would give if the run ended there; and the tokens each layer had trained on."""
     with tempfile.TemporaryDirectory() as tmp:
         os.symlink(snapshot.resolve(), Path(tmp) / CHECKPOINT)
-        run = SetRun.from_checkpoint(Path(tmp))
+        run = Run.from_checkpoint(Path(tmp))
     tokens = min(t.cursor.tokens for t in run.trainers.values())
     ts = run.finish(model, corpus)
     return TranscoderSet({L: ts.coder(L) for L in ts.layers}, name=f"{ts.name}@{tokens}"), tokens

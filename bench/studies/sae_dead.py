@@ -36,11 +36,12 @@ def main() -> None:
 
     import slmviz
     from slmviz.corpora.reading import iter_documents
-    from slmviz.features.activations import batch_ids, forward_hooks, sae_rows
+    from slmviz.features.activations import batch_ids, sae_rows
     from slmviz.features.bundled import bundled_sae_folder
     from slmviz.features.evaluate import Totals
     from slmviz.scans.batches import iter_windows, plan_batches
     from slmviz.training.cli import resolve_corpus
+    from slmviz.training.rows import forward_hooks
 
     model = slmviz.load(args.model)
     sae = slmviz.load_sae(bundled_sae_folder(args.sae, model) or args.sae, model=model)

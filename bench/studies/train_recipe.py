@@ -1,7 +1,7 @@
 """How long a prepared set's recipe takes with the trainer as it is now, trained into a folder of its own (the
 prepared set in $SLMVIZ_CACHE is left alone), and what the result scores on held-out text.
 
-It runs exactly what `slmviz prepare --transcoders KIND` runs (features.prepared.recipe on the "mixed" corpus,
+It runs exactly what `slmviz prepare --transcoders KIND` runs (training.prepare.recipe on the "mixed" corpus,
 train_transcoders) and prints the wall time of the train_transcoders call, then the held-out evaluation of the set
 (per-layer EV, L0, dead fraction; every layer replaced at once). Resumable: run it again with the same --out after
 a stop, and it continues (the time printed is then that of the last leg only, so the log keeps each leg's).

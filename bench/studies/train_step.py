@@ -25,21 +25,24 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py, which puts this checkout first
 from common import Row, interleaved, main
 
-from slmviz.training.train_sae import TrainConfig, Trainer, batch_top_k_cut, fastest_dtype
+from slmviz.training.config import TrainConfig, fastest_dtype
+from slmviz.training.loop import Trainer
+from slmviz.training.sae_objective import SAEObjective
+from slmviz.training.sparse import batch_top_k_cut
 
 ROWS, D_MODEL, D_SAE, K = 512, 576, 4096, 64
 
 
 def trainer(dtype: str) -> tuple[Trainer, torch.Tensor, torch.Tensor]:
-    cfg = TrainConfig(model="bench", hook="in", hook_out="out", d_in=D_MODEL, d_out=D_MODEL, d_sae=D_SAE, k=K,
+    cfg = TrainConfig(kind="sae", model="bench", hooks=(("in", "out"),), d_in=D_MODEL, d_out=D_MODEL, d_sae=D_SAE, k=K,
                       architecture="batchtopk", tokens=10**9, lr=2e-3, batch_tokens=ROWS, seed=0, dtype=dtype,
                       window=128, forward_tokens=4096, buffer_tokens=16_384, dead_window=10**9,
                       aux_coefficient=1 / 32, lr_decay=0.2, corpus="synthetic", massive_factor=10.0, skip=True)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(8 * ROWS, D_MODEL, generator=g)
-    y = x @ torch.randn(D_MODEL, D_MODEL, generator=g) / D_MODEL**0.5 + torch.randn(8 * ROWS, D_MODEL, generator=g)
-    t = Trainer(cfg, torch.device("cpu"), {})
-    t.initialise(x, y)
+    x = torch.randn(8 * ROWS, 1, D_MODEL, generator=g)  # [rows, layers, d]: one layer
+    y = x @ torch.randn(D_MODEL, D_MODEL, generator=g) / D_MODEL**0.5 + torch.randn(8 * ROWS, 1, D_MODEL, generator=g)
+    t = Trainer(SAEObjective(cfg, cfg.hooks, torch.device("cpu")))
+    t.objective.initialise(x, y)
     return t, x, y
 
 

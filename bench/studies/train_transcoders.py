@@ -34,9 +34,11 @@ from common import Row, head_of, main
 
 import slmviz
 from slmviz.corpora.broad import broad_corpus
-from slmviz.features.activations import Source, plan_blocks
-from slmviz.training.train_sae import TrainConfig, Trainer, _autocast, fastest_dtype, training_batches
-from slmviz.training.train_set import block_rows_by_layer, train_transcoders
+from slmviz.training.config import TrainConfig, autocast, fastest_dtype
+from slmviz.training.loop import Trainer, training_batches
+from slmviz.training.rows import block_rows, plan_blocks
+from slmviz.training.sae_objective import SAEObjective
+from slmviz.training.train import train_transcoders
 
 
 def run(args: argparse.Namespace) -> list[Row]:
@@ -65,27 +67,26 @@ def run(args: argparse.Namespace) -> list[Row]:
                         speedup, ">= 3", speedup >= 3, f"{one_pass:.1f} s vs {separate:.1f} s"))
 
     # The floor: the block's shared forward, then each layer's steps alone, on the same rows.
-    sources = {L: Source(f"blocks.{L}.mlp.hook_in", f"blocks.{L}.hook_mlp_out", 128, 1024, buffer)
-               for L in layers}
-    block = next(iter(plan_blocks(model.tokenizer, corpus, sources[layers[0]])))
     dtype = args.dtype or fastest_dtype(torch.device("cpu"))  # what train_transcoders ran in: forward and steps
+    cfg = TrainConfig(kind="plt", model=model.name, hooks=tuple((f"blocks.{L}.mlp.hook_in", f"blocks.{L}.hook_mlp_out")
+                                                               for L in layers),
+                      d_in=576, d_out=576, d_sae=args.d_sae, k=args.k, architecture="batchtopk", tokens=args.tokens,
+                      lr=1e-3, batch_tokens=512, seed=0, dtype=dtype, window=128, forward_tokens=1024,
+                      buffer_tokens=buffer, dead_window=500_000, aux_coefficient=1.0, lr_decay=0.2, corpus="",
+                      massive_factor=20.0, skip=True)
+    block = next(iter(plan_blocks(model, corpus, cfg)))
     t = time.perf_counter()
-    with _autocast(torch.device("cpu"), dtype):
-        block_rows = block_rows_by_layer(model, block, sources)
+    with autocast(torch.device("cpu"), dtype):
+        rows = block_rows(model, block, cfg, cfg.coders())
     forward = time.perf_counter() - t
     steps = 0.0
-    for L in layers:
-        cfg = TrainConfig(model=model.name, hook=sources[L].hook, hook_out=sources[L].hook_out, d_in=576, d_out=576,
-                          d_sae=args.d_sae, k=args.k, architecture="batchtopk", tokens=args.tokens, lr=1e-3,
-                          batch_tokens=512, seed=0, dtype=dtype, window=128, forward_tokens=1024,
-                          buffer_tokens=buffer, dead_window=500_000, aux_coefficient=1.0, lr_decay=0.2,
-                          corpus="", massive_factor=20.0, skip=True)
-        trainer = Trainer(cfg, torch.device("cpu"), {})
-        r = block_rows[L]
-        trainer.initialise(r.x, r.y)
+    for name, pairs in cfg.coders().items():
+        trainer = Trainer(SAEObjective(cfg, pairs, torch.device("cpu")))
+        coder, r = trainer.objective, rows[name]
+        coder.initialise(r.x, r.y)
         t = time.perf_counter()
         for idx in training_batches(torch.arange(r.x.shape[0]), 512):
-            trainer.step(r.x[idx] * trainer.scale_in, r.y[idx] * trainer.scale_out)
+            trainer.step(coder.inputs(r.x[idx]), coder.targets(r.y[idx]))
         steps += time.perf_counter() - t
     floor = forward + steps
     scale = args.tokens / max(sum(b.n_tokens for b in block.batches), 1)

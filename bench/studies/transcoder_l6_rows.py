@@ -37,7 +37,7 @@ def explained(pred: torch.Tensor, y: torch.Tensor) -> float:
 
 def main() -> None:
     import slmviz
-    from slmviz.features.activations import forward_hooks
+    from slmviz.training.rows import forward_hooks
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(RESULTS / "transcoder_l6_rows.md"))

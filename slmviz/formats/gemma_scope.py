@@ -28,7 +28,8 @@ file per layer, as circuit-tracer's load_gemma_scope_2_clt reads them:
                                    w_dec [d_sae, n_layers, d_model] (slots j < L unused: circuit-tracer slices
                                    w_dec[:, L:], and so does slmviz; slmviz writes zeros there),
                                    affine_skip_connection [d_model, d_model] (x @ it, `_affine` folders only)
-    config.json                    optional; hf_hook_point_in / _out name the transformers modules when present
+    config.json                    optional; hf_hook_point_in / _out name the transformers modules when present;
+                                   slmviz_name (slmviz's own key) the CLT's name (clt_name)
 
 Gemma Scope 2's CLTs read the pre-MLP norm's output (`blocks.L.mlp.hook_in`). circuit-tracer 0.5.0's
 load_gemma_scope_2_clt loops `for layer_idx in range(max(paths.keys()))`: with the layers 0..n-1 it reads 0..n-2 and
@@ -46,6 +47,7 @@ from typing import Any
 import torch
 
 from ..errors import CLTError, SAEError, TranscoderSetError
+from .checkpoint import CheckpointError, read_checkpoint
 from .circuit_tracer import check_clt_tensor, clt_layer_count, refuse_negative_thresholds
 from .files import read_json, read_safetensors, write_json, write_safetensors
 
@@ -71,6 +73,7 @@ HF_HOOK_POINTS = [
 ]
 FOLDER_NAME = re.compile(r"layer_(\d+)_width_([0-9]+[kmKM]?)_l0_([A-Za-z0-9.]+?)(_affine)?$")
 CLT_FILE = "params_layer_{L}.safetensors"
+CLT_NAME_KEY = "slmviz_name"  # the CLT's name in its config.json (slmviz's own key: other readers ignore it)
 _CLT_FILE = re.compile(r"params_layer_(\d+)\.safetensors$")
 # Gemma Scope 2's config.json hook points a CLT may read -> the local hook slmviz reads it at.
 _CLT_INPUT = {re.compile(r"pre_feedforward_layernorm\.output$"): "mlp.hook_in",
@@ -224,9 +227,11 @@ def read_clt(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     affine = SKIP in raw
     if config.get("affine_connection") and not affine or folder.name.endswith("_affine") and not affine:
         raise CLTError(f"{first}: an affine CLT, but no {SKIP}")
-    spec = {"architecture": "jumprelu", "input_hook": _clt_input_hook(config, folder / CONFIG), "name": folder.name,
+    spec = {"architecture": "jumprelu", "input_hook": _clt_input_hook(config, folder / CONFIG),
+            "name": clt_name(folder, config),
             "metadata": {"source": "gemma-scope-2", "folder": str(folder),
-                         **{k: v for k, v in config.items() if isinstance(v, str | int | float | bool)}}}
+                         **{k: v for k, v in config.items()
+                            if isinstance(v, str | int | float | bool) and k != CLT_NAME_KEY}}}
     per_layer: dict[str, list[torch.Tensor]] = {"W_enc": [], "b_enc": [], "b_dec": [], "threshold": []}
     if affine:
         per_layer["W_skip"] = []
@@ -248,6 +253,25 @@ def read_clt(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         if affine:
             per_layer["W_skip"].append(get(SKIP, (d_model, d_model), "[d_model, d_model]").T)
     return spec, {**{k: torch.stack(v) for k, v in per_layer.items()}, **tensors}
+
+
+def clt_name(folder: Path, config: dict[str, Any]) -> str:
+    """The name the CLT in a Gemma Scope 2 `folder` loads with: config.json's CLT_NAME_KEY (write_clt writes it);
+    else, for a folder 0.2.0 trained (its config.json names nothing), the name in the header of the finished training
+    run's checkpoint beside the files; else the folder's name.
+
+    Why: an attribution graph records the name of the set it was built with, and load_json refuses the graph against
+    a set of another name; a CLT saved in this layout and loaded back under its folder's name would no longer take
+    back its own graphs (tests/test_saved_files.py pins 0.2.0's graph_clt.json against its clt/ folder)."""
+    if config.get(CLT_NAME_KEY):
+        return str(config[CLT_NAME_KEY])
+    try:
+        run = read_checkpoint(folder, tensors=False)
+    except CheckpointError:
+        run = None  # a checkpoint this version cannot read names nothing; the CLT's own files still load
+    if run is not None and run.finished and run.config.get("name"):
+        return str(run.config["name"])
+    return folder.name
 
 
 def write_clt(folder: Path, spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
@@ -274,5 +298,6 @@ def write_clt(folder: Path, spec: dict[str, Any], tensors: dict[str, torch.Tenso
     write_json(folder / CONFIG, {
         "architecture": "jump_relu", "affine_connection": skip is not None, "n_layers": n, "d_sae": d_sae,
         "hf_hook_point_in": "model.layers.{L}.pre_feedforward_layernorm.output",
-        "hf_hook_point_out": "model.layers.{L}.post_feedforward_layernorm.output"})
+        "hf_hook_point_out": "model.layers.{L}.post_feedforward_layernorm.output",
+        **({CLT_NAME_KEY: spec["name"]} if spec.get("name") else {})})
     return folder

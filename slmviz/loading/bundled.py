@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 Log = Callable[[str], None]
 
@@ -46,6 +47,13 @@ class Bundled:
 
 def cache_dir() -> Path:
     return Path(os.environ.get("SLMVIZ_CACHE", Path.home() / ".cache" / "slmviz"))
+
+
+def prepared_dir(model: Any, kind: str) -> Path:
+    """Where `slmviz prepare --transcoders` keeps a model's full set: $SLMVIZ_CACHE/transcoders/{model}/{kind}
+    (replacement.prepared loads it from there; features.prepared_scans keeps the set's feature scan inside it)."""
+    name = model if isinstance(model, str) else str(getattr(model, "name", ""))
+    return cache_dir() / "transcoders" / name / kind
 
 
 def _smollm2_gguf(scratch: Path, log: Log) -> Path:

@@ -12,9 +12,10 @@ from typing import Any
 from ..formats import circuit_tracer, gemma_scope
 from ..formats import slmviz as slmviz_layout
 from ..formats.checkpoint import run_finished
-from ..loading.bundled import cache_dir
+from ..loading.bundled import prepared_dir
 
-PREPARED = ("plt", "plt-quick", "clt")  # names of a model's prepared sets (training.prepare.RECIPES)
+PREPARED = ("plt", "plt-quick", "clt")  # names of a model's prepared sets (training.prepare.RECIPES), each in
+# loading.bundled.prepared_dir
 CLT_LAYOUTS = (circuit_tracer, gemma_scope)
 SET_LAYOUTS = (slmviz_layout, circuit_tracer, gemma_scope)
 
@@ -27,12 +28,6 @@ def holds_clt(folder: Path) -> bool:
 def holds_replacement(folder: Path) -> bool:
     """Whether `folder` holds a CLT or a per-layer set in a layout slmviz reads."""
     return holds_clt(folder) or folder.is_dir() and any(layout.holds_transcoder_set(folder) for layout in SET_LAYOUTS)
-
-
-def prepared_dir(model: Any, kind: str) -> Path:
-    """Where `slmviz prepare --transcoders` keeps a model's prepared set: $SLMVIZ_CACHE/transcoders/{model}/{kind}."""
-    name = model if isinstance(model, str) else str(getattr(model, "name", ""))
-    return cache_dir() / "transcoders" / name / kind
 
 
 def prepared_ready(model: Any, kind: str) -> bool:

@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import Any
 
-# chat / mixed / balanced: the model's own text (features.generated_corpus), written once per model and cached
+# chat / mixed / balanced: the model's own text (corpora.generated), written once per model and cached
 CORPORA = {"broad": "the broad corpus's training split (corpora.broad.broad_corpus)",
            "chat": "the model's own chat and prose", "mixed": "broad and chat interleaved",
            "broad-heldout": "broad's held-out split", "chat-heldout": "chat's held-out split",
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
     model = slmviz.load(args.model)
     if args.command == "train-transcoders":
-        from .train_set import train_transcoders
+        from .train import train_transcoders
 
         argv = sys.argv[1:] if argv is None else argv
         layers = "all" if args.layers == "all" else [int(x) for x in args.layers.split(",")]
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         print(f"saved {ts!r} to {args.out}")
         return 0
     if args.command == "train-sae":
-        from .train_sae import train_sae
+        from .train import train_sae
 
         argv = sys.argv[1:] if argv is None else argv
         sae = train_sae(

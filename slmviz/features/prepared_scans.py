@@ -1,0 +1,132 @@
+"""The feature scans prepared once into $SLMVIZ_CACHE, so that a feature card shows its top contexts at once: the scan
+of a model's prepared transcoder set (every coder spliced at once; kept in the set's folder, `scan/`), and the scans
+of its bundled SAEs (kept per SAE with the digest of the weights they were made with).
+
+Every scan reads the same documents (`scan_docs`): the first SCAN_DOCS documents of the held-out split of the set's
+corpus, each cut to its first SCAN_CHARS characters (the broad corpus's documents are whole source files), with
+SCAN_TOP_K contexts per feature. What bounds them: a scan costs per token and per coder (the features' histograms
+and top-k), so a set of 30 coders over 1,000 whole documents would take hours where 200 cut ones take minutes, and
+at an L0 of 64 over 4,096 features a feature still fires hundreds of times in them: enough for its top 10 contexts
+(docs/features.md, "Full transcoder sets").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..loading.bundled import cache_dir, prepared_dir
+
+CORPUS = "mixed"  # the corpus the prepared sets train on (training.prepare), whose held-out split the scans read
+SCAN_DOCS, SCAN_CHARS, SCAN_TOP_K, SCAN_FOLDER = 200, 400, 10, "scan"
+
+
+def scan_docs(model: Any, corpus: Any = CORPUS, n: int = SCAN_DOCS, chars: int = SCAN_CHARS) -> list[str]:
+    """The documents a prepared scan reads: the first `n` of the corpus's held-out split (a corpus name), or of the
+    file or list given, each cut to its first `chars` characters."""
+    from ..corpora.named import resolve_corpus
+    from ..corpora.reading import iter_documents
+
+    return [doc[:chars] for doc in iter_documents(resolve_corpus(corpus, model, split="heldout"), limit=n)]
+
+
+def prepare_set_scan(model: Any, ts: Any, kind: str = "plt", corpus: Any = CORPUS, n_docs: int = SCAN_DOCS,
+                     progress: Any = True) -> tuple[Any, list[str]]:
+    """The feature scan of every coder of the prepared set `ts` (slmviz.scan, the set spliced: error terms on, so
+    each coder reads the model's own input, as when scanned alone), kept beside the set in
+    $SLMVIZ_CACHE/transcoders/{model}/{kind}/scan with the documents it read; computed once, then read.
+    Returns (Scan, docs): what a feature card takes (features.dashboard.feature_card(scan=, docs=))."""
+    found = load_set_scan(model, kind)
+    if found is not None:
+        return found
+    docs = scan_docs(model, corpus, n_docs)
+    s = _scan(model, list(ts), docs, progress)
+    _save_scan(s, docs, prepared_dir(model, kind) / SCAN_FOLDER)
+    return s, docs
+
+
+def load_set_scan(model: Any, kind: str = "plt") -> tuple[Any, list[str]] | None:
+    """(Scan, docs) prepared with the model's `kind` set, or None when there is none yet."""
+    return _load_scan(prepared_dir(model, kind) / SCAN_FOLDER)
+
+
+def sae_scan_dir(model: Any, name: str) -> Path:
+    """Where a bundled SAE's prepared feature scan is kept: $SLMVIZ_CACHE/feature_scans/{model}/{name}."""
+    model_name = model if isinstance(model, str) else str(getattr(model, "name", ""))
+    return cache_dir() / "feature_scans" / model_name / name
+
+
+def weights_digest(sae: Any) -> str:
+    """sha1 of an SAE's tensors: a prepared scan is read only for the weights it was made with."""
+    h = hashlib.sha1()
+    for name, tensor in sorted(sae.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def prepare_sae_scans(model: Any, saes: dict[str, Any] | None = None, corpus: Any = CORPUS, n_docs: int = SCAN_DOCS,
+                      progress: Any = True) -> dict[str, Path]:
+    """The feature scan of each SAE in `saes` ({name: SAE}; default: the model's bundled ones) over the same
+    documents as a set's scan (scan_docs), kept in sae_scan_dir with its weights' digest; computed once per
+    weights. Returns {name: folder}."""
+    from .bundled import bundled_saes
+    from .load import load_sae
+
+    if saes is None:
+        saes = {name: load_sae(name, model=model) for name in bundled_saes(model)}
+    docs = None
+    for name, sae in saes.items():
+        if load_sae_scan(model, name, sae) is None:
+            docs = docs if docs is not None else scan_docs(model, corpus, n_docs)
+            _save_scan(_scan(model, [sae], docs, progress), docs, sae_scan_dir(model, name),
+                       weights=weights_digest(sae))
+    return {name: sae_scan_dir(model, name) for name in saes}
+
+
+def load_sae_scan(model: Any, name: str, sae: Any) -> tuple[Any, list[str]] | None:
+    """(Scan, docs) prepared for the SAE `name` with these weights, or None (none yet, or other weights)."""
+    folder = sae_scan_dir(model, name)
+    try:
+        made_for = json.loads((folder / "weights.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return _load_scan(folder) if made_for == weights_digest(sae) else None
+
+
+def _scan(model: Any, coders: list[Any], docs: list[str], progress: Any) -> Any:
+    """slmviz.scan of `docs` with `coders` spliced, over each coder's feature activations."""
+    from ..scans.scan import scan
+    from .dashboard import acts_hook
+
+    return scan(docs, hooks=[acts_hook(c) for c in coders], saes=coders, model=model, top_k=SCAN_TOP_K,
+                progress=progress)
+
+
+def _save_scan(s: Any, docs: list[str], folder: Path, weights: str | None = None) -> None:
+    """The scan, its documents (and the weights it was made with) written aside, then renamed into `folder`: a
+    half-written scan is never read. An older one there (other weights) is replaced."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    s.save(tmp)
+    (tmp / "docs.json").write_text(json.dumps(docs), encoding="utf-8")
+    if weights is not None:
+        (tmp / "weights.json").write_text(json.dumps(weights), encoding="utf-8")
+    if folder.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process finished first: keep its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_scan(folder: Path) -> tuple[Any, list[str]] | None:
+    from ..scans.scan import Scan
+
+    if not (folder / "scan.safetensors").is_file() or not (folder / "docs.json").is_file():
+        return None
+    return Scan.load(folder), json.loads((folder / "docs.json").read_text(encoding="utf-8"))
