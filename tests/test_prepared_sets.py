@@ -109,3 +109,24 @@ def test_a_prepared_name_beside_the_trainers_kinds_trains_the_kind_its_recipe_na
     assert torch.equal(loaded.coder(1).W_dec, ts.coder(1).W_dec)
     with pytest.raises(ValueError, match="kind must be one of"):
         prepare_transcoders(tiny, "other", progress=False, corpus=CORPUS, **TINY)
+
+
+def test_a_second_build_of_a_models_sets_is_refused_while_one_runs_and_loses_nothing(tiny, tmp_path, monkeypatch):
+    """While one build holds the model's lock (another process's `slmviz prepare`, or the app's job), preparing any
+    of its sets is refused with a message that says to wait; the refused call wrote nothing, and once the first build
+    is done the same call prepares its set."""
+    from filelock import FileLock
+
+    from slmviz.training.prepare import LOCK_FILE, PrepareBusyError
+
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    monkeypatch.setitem(RECIPES, ("tiny", "plt-quick"), dict(kind="plt", corpus=CORPUS, **TINY))
+    other = FileLock(prepared_dir(tiny, "plt").parent / LOCK_FILE)
+    prepared_dir(tiny, "plt").parent.mkdir(parents=True)
+    with other:  # a file lock held by another holder: the same call from another process is refused alike
+        with pytest.raises(PrepareBusyError, match="another build of tiny's prepared transcoders is running"):
+            prepare_transcoders(tiny, "plt-quick", progress=False, scan_progress=False)
+        assert not prepared_dir(tiny, "plt-quick").exists()
+    ts = prepare_transcoders(tiny, "plt-quick", progress=False, scan_progress=False)
+    assert (prepared_dir(tiny, "plt-quick") / SET_FILE).is_file() and ts.layers == [0, 1]
+    prepare_transcoders(tiny, "plt-quick", progress=False, scan_progress=False)  # the lock was released

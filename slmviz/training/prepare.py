@@ -1,7 +1,8 @@
-"""The full transcoder sets of the bundled models, prepared once into $SLMVIZ_CACHE by one command.
+"""The prepared transcoder sets of the bundled models, each trained once into $SLMVIZ_CACHE by one command.
 
     slmviz prepare --transcoders plt [--model SmolLM2-135M-Instruct]     # or: make transcoders
     ts = slmviz.load_transcoders("plt", model=m)
+    slmviz prepare --transcoders plt-quick                              # a smaller set, ready in minutes
 
 A set is hundreds of MB (SmolLM2's: 30 layers x (2 x 4096 x 576 + 576²) fp32 weights), too much for the repository
 or the wheel, so it is *trained* here from a fixed recipe (RECIPES), seeded, on the "mixed" corpus (the broad
@@ -14,7 +15,11 @@ it is: docs/features.md ("Full transcoder sets").
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+from filelock import FileLock, Timeout
 
 from ..features.prepared_scans import CORPUS, prepare_sae_scans, prepare_set_scan
 from ..formats.checkpoint import CheckpointError
@@ -29,6 +34,16 @@ RECIPES: dict[tuple[str, str], dict[str, Any]] = {
                                            seed=0),
     ("gemma-3-270m", "plt"): dict(d_sae=4096, k=64, tokens=300_000, architecture="batchtopk", skip=True,
                                   batch_tokens=512, buffer_tokens=16_384, lr=2e-3, dead_window=100_000, seed=0),
+    # The quick set: the full recipe at a quarter of the width and an eighth of the tokens, on the "quick" corpus
+    # (six of the chat corpus's seeds instead of 95), so a fresh machine has a readable graph in minutes.
+    # bench/studies/quick_set_curve.py holds the curve behind the choice; docs/features.md ("The quick set") its cost
+    # and scores.
+    ("SmolLM2-135M-Instruct", "plt-quick"): dict(kind="plt", corpus="quick", d_sae=1024, k=64, tokens=65_536,
+                                                 architecture="batchtopk", skip=True, batch_tokens=512,
+                                                 buffer_tokens=16_384, lr=2e-3, dead_window=100_000, seed=0),
+    ("gemma-3-270m", "plt-quick"): dict(kind="plt", corpus="quick", d_sae=1024, k=64, tokens=65_536,
+                                        architecture="batchtopk", skip=True, batch_tokens=512, buffer_tokens=16_384,
+                                        lr=2e-3, dead_window=100_000, seed=0),
     # As many parameters as the PLT recipe (512 x (30 + 465) x 576 = 146M, training.clt_objective), the same corpus,
     # tokens and settings. The pre-activation loss keeps its k: without it the features per token fell far below it
     # (docs/cross-layer-transcoders.md has the probes that chose the coefficient).
@@ -37,6 +52,11 @@ RECIPES: dict[tuple[str, str], dict[str, Any]] = {
                                            pre_act_coefficient=0.03, seed=0),
 }
 REQUIRED = ("d_sae", "k", "tokens")  # what a recipe must fix; the rest defaults as in train_transcoders
+LOCK_FILE = ".prepare.lock"  # in $SLMVIZ_CACHE/transcoders/{model}/: one build of a model's prepared sets at a time
+
+
+class PrepareBusyError(RuntimeError):
+    """Another process (or job) is preparing one of this model's sets right now."""
 
 
 def recipe(model: Any, kind: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -63,9 +83,39 @@ def prepare_transcoders(model: Any, kind: str = "plt", progress: Any = True, sca
     `overrides`: train_transcoders arguments over the recipe (`corpus=` replaces CORPUS: a corpus name, a file or a
     list of texts); they are what makes a set for a model without a recipe (recipe()). `scan_progress`: the scan's
     fn(docs done, total) (default: a bar when `progress` is True, else none)."""
+    args = recipe(model, kind, overrides)
+    with build_lock(model, kind):
+        return _prepare(model, kind, args, progress, scan_progress)
+
+
+@contextmanager
+def build_lock(model: Any, kind: str) -> Iterator[None]:
+    """Hold the model's build lock for the block: taken at once, or refused with PrepareBusyError.
+
+    Why one lock for all of a model's sets, not one per set: the quick and the full set share the chat corpus's part
+    files and the bundled SAEs' scans, which two builds at once would write together; and on a 2-core machine the
+    second build would only halve the first's speed. The lock is an OS file lock (released when its process dies, so
+    a killed build never leaves it held); each set's checkpoint stays its own, so a refused build loses nothing."""
+    path = prepared_dir(model, kind).parent / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(path, blocking=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        name = model if isinstance(model, str) else getattr(model, "name", "this model")
+        raise PrepareBusyError(f"another build of {name}'s prepared transcoders is running (it holds {path}); wait "
+                               f"for it to finish, then prepare {kind!r} again: it resumes from its checkpoint, "
+                               "nothing is lost") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _prepare(model: Any, kind: str, args: dict[str, Any], progress: Any, scan_progress: Any) -> Any:
+    """prepare_transcoders' work, under the model's build lock."""
     from ..corpora.named import resolve_corpus
 
-    args = recipe(model, kind, overrides)
     trains = args.pop("kind", kind)  # a prepared name other than the trainer's kinds (plt-quick) names it in its recipe
     corpus_name = args.pop("corpus", CORPUS)
     out = prepared_dir(model, kind)
