@@ -359,8 +359,8 @@ def render(results: Path, chat_report: Path, reference: tuple[int, ...] = (), ru
                      f"{_s(ph.get('scan'))} ({ph.get('scan_tokens', 0):,})", "—", "not yet scored", "not yet scored",
                      "—", "—", "—", ", ".join(x.split()[0] for x in loads[:1] + loads[-1:]) if loads else "—"])
     width = json.loads((HERE / "replacement_width.json").read_text())["points"]
-    for pt in (p for p in width if p["d_sae"] in reference):  # bench/replacement_width.py's points, not re-run
-        rows.append([f"mixed-d{pt['d_sae']}@{pt['tokens']} (bench/replacement_width.json: AMD EPYC, not re-run "
+    for pt in (p for p in width if p["d_sae"] in reference):  # bench/studies/replacement_width.py's points, not re-run
+        rows.append([f"mixed-d{pt['d_sae']}@{pt['tokens']} (bench/results/replacement_width.json: AMD EPYC, not re-run "
                      "here)", "mixed", f"{pt['d_sae']:,}", f"{pt['tokens']:,}", "—",
                      "—" if pt.get("train_seconds") is None else f"{pt['train_seconds']:.0f} (train+threshold+save)",
                      "—", "—", "—", "—", _span(pt, "replacement"), _span(pt, "completeness"), _ev(pt, "broad"),
@@ -430,7 +430,7 @@ def main() -> None:
     t.add_argument("results", type=Path, nargs="?", default=HERE / "quick_set_curve.json")
     t.add_argument("--chat", type=Path, default=HERE / "quick_set_chat.json")
     t.add_argument("--reference", type=int, nargs="*", default=[1024],
-                   help="widths of bench/replacement_width.json's points to add as reference rows")
+                   help="widths of bench/results/replacement_width.json's points to add as reference rows")
     t.add_argument("--runs", type=Path, default=None, help="also list the points trained there but not yet scored")
     args = p.parse_args()
     if args.command == "table":
