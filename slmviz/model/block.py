@@ -187,8 +187,7 @@ class Block:
     def _norm(self, slot: str, hook: LayerHooks, c: Conventions) -> Norm:
         """The residual-stream norm in `slot` under conventions c, firing that slot's hooks."""
         if c.norm == "none":
-            return lambda v: skip_norm(v, None, 0.0, "rms", hook.callback(f"{slot}.hook_scale"),
-                                       hook.callback(f"{slot}.hook_normalized"))
+            return lambda v: skip_norm(v, hook.callback(f"{slot}.hook_scale"), hook.callback(f"{slot}.hook_normalized"))
         weight = self.norm_factor(slot, c.norm_offset, c.norm_weight_in_fp32)
         on_scale, on_normalized = hook.callback(f"{slot}.hook_scale"), hook.callback(f"{slot}.hook_normalized")
         eps = self.cfg.norm_eps

@@ -195,7 +195,7 @@ class Decoder:
     ) -> torch.Tensor:
         """ln_final under conventions c (removed by the no_norm variant). The logit lens reads layers through it."""
         if c.norm == "none":
-            return skip_norm(x, None, 0.0, "rms", on_scale, on_normalized)
+            return skip_norm(x, on_scale, on_normalized)
         return normalize(x, self.final_norm_factor(c), self.cfg.norm_eps, c.norm_type, on_scale, on_normalized,
                          c.norm_weight_in_fp32)
 

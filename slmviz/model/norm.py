@@ -101,15 +101,8 @@ def normalize(
     return weight * seen
 
 
-def skip_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    norm_type: str = "rms",
-    on_scale: Callable[[torch.Tensor], torch.Tensor] = unhooked,
-    on_normalized: Callable[[torch.Tensor], torch.Tensor] = unhooked,
-    weight_in_fp32: bool = False,
-) -> torch.Tensor:
+def skip_norm(x: torch.Tensor, on_scale: Callable[[torch.Tensor], torch.Tensor] = unhooked,
+              on_normalized: Callable[[torch.Tensor], torch.Tensor] = unhooked) -> torch.Tensor:
     """The `no_norm` variant: the value passes unchanged (no weight either). Hooks see scale = 1."""
     if on_scale is not unhooked:
         on_scale(torch.ones(x.shape[:-1] + (1,), dtype=x.dtype, device=x.device))
