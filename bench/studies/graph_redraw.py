@@ -31,7 +31,7 @@ from common import REPO, cpu_model
 sys.path.insert(0, str(REPO / "tests"))
 from app_helpers import CHROMIUM, CHROMIUM_ARGS, app_server, recording_page, tick_one_bundled_transcoder
 
-from app.tabs.graph_readable import GL_FROM, KIND_LOOK, LABELLED, MIN_WEIGHT_DEFAULT, payload_figure
+from app.tabs.graph_readable import GL_FROM, KIND_LOOK, LABELLED, MIN_WEIGHT_DEFAULT, draw, payload_figure
 from slmviz.plots.attribution import KIND_STYLE, NEGATIVE, POSITIVE
 
 TIMEOUT_MS = 300_000
@@ -125,6 +125,11 @@ def main() -> None:
                     keep = n_all // 2 if i % 2 == 0 else n_all
                     times.append(page.evaluate(MEASURE_JS, [keep]) / 1000)
                     page.wait_for_timeout(300)
+                    # what was timed is the redraw asked for: the page shows `draw`'s points at these values
+                    shown = page.evaluate("() => document.querySelector('#graph-plot .js-plotly-plot').data"
+                                          ".map((t) => (t.x || []).length)")
+                    if shown != [len(t["x"]) for t in draw(g, keep, weight)]:
+                        raise RuntimeError(f"the page did not redraw to {keep} nodes and edges >= {weight}")
                 rows.append((weight, times))
         browser.close()
     after = os.getloadavg()
