@@ -6,6 +6,10 @@ PY := .venv/bin/python
 WHEELS := $(wildcard /opt/wheels)
 PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
 
+# Test workers (pytest-xdist), each module on one worker: its server or model fixture is built once. Each worker
+# computes on one thread (tests/conftest.py), so two fill a 2-core machine.
+TEST_WORKERS ?= 2
+
 .PHONY: app test lint bench model setup clean docs transcoders
 
 .venv/.installed: pyproject.toml
@@ -37,7 +41,7 @@ app: model
 
 test: model
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q --durations=25  # the slowest tests, so a CI log shows where its minutes go
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25  # the slowest, so a CI log shows where its minutes go
 
 lint: setup
 	$(PY) -m ruff check .

@@ -41,7 +41,7 @@ from .training.train_sae import train_sae
 from .training.train_set import train_transcoders
 from .variants import PRESETS, Variant, describe, resolve_variant, variants
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "__version__",

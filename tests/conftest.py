@@ -11,6 +11,14 @@ import torch
 # Keep CPU runs reproducible and leave a core for the server processes some tests start.
 torch.manual_seed(0)
 
+# Under pytest-xdist (`make test` runs two workers on a 2-core machine) each worker, and every server or
+# subprocess it starts, computes on one thread: two workers with two OpenMP threads each would put four spinning
+# threads on two cores, and OpenMP's barriers then wait for the OS to run a descheduled thread, which slows every
+# parallel op many times over.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 TINY_BASE = dict(
     vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
@@ -77,6 +85,16 @@ def _write_tokenizer(folder: Path, vocab_size: int) -> None:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="w1")
     fast.save_pretrained(folder)
+
+
+@pytest.fixture()
+def two_threads():
+    """torch on two threads for one test, whatever its worker runs on: for what exists only with several threads
+    (the one-row kernel's OnlineChoice) and for tolerances derived on the default two threads (bf16 scans)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(saved)
 
 
 @pytest.fixture(scope="session")

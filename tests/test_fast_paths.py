@@ -93,7 +93,7 @@ def test_one_query_attention_takes_a_query_transposed_from_pos_major():
     assert torch.allclose(fused_attention(q, k, v, None, dh**-0.5), expected, atol=1e-6)
 
 
-def test_the_one_row_kernel_is_measured_once_or_forced(monkeypatch):
+def test_the_one_row_kernel_is_measured_once_or_forced(monkeypatch, two_threads):
     """Forced by $SLMVIZ_ONE_ROW_KERNEL: a fixed choice. Measured: the first choice, then an OnlineChoice."""
     for forced, split in (("linear", False), ("split", True)):
         monkeypatch.setattr(params, "_row_split_wins", None)
@@ -103,9 +103,8 @@ def test_the_one_row_kernel_is_measured_once_or_forced(monkeypatch):
     monkeypatch.setattr(params, "_row_split_wins", None)
     monkeypatch.delenv(params.ONE_ROW_KERNEL_ENV)
     wins = params.row_split_wins()  # measured: either kernel, the same numbers
-    if torch.get_num_threads() > 1:
-        assert isinstance(params._online, params.OnlineChoice)
-        assert (params._online.cost["split"] < params._online.cost["linear"]) is wins
+    assert isinstance(params._online, params.OnlineChoice)
+    assert (params._online.cost["split"] < params._online.cost["linear"]) is wins
 
 
 def test_the_online_choice_follows_the_cheaper_kernel_and_retries_the_other_less_and_less():
@@ -140,7 +139,7 @@ def test_a_retried_runs_first_call_is_not_counted():
     assert choice.best() == "split"
 
 
-def test_the_adaptive_one_row_product_equals_f_linear(monkeypatch):
+def test_the_adaptive_one_row_product_equals_f_linear(monkeypatch, two_threads):
     """With an OnlineChoice, whichever kernel each call runs, the product equals F.linear to fp32 rounding."""
     monkeypatch.setattr(params, "_online", params.OnlineChoice(split=1.0, linear=1.0))
     monkeypatch.setattr(params, "_online_by_dtype", {})
@@ -148,8 +147,7 @@ def test_the_adaptive_one_row_product_equals_f_linear(monkeypatch):
     w, b, x = torch.randn(1536, 576), torch.randn(1536), torch.randn(1, 576)
     for _ in range(2 * params.OnlineChoice.EXPLORE):
         assert _relative(linear(x, w, b), F.linear(x, w, b)) <= 1e-6
-    if torch.get_num_threads() > 1:
-        assert params._online_by_dtype[torch.float32].calls == 2 * params.OnlineChoice.EXPLORE
+    assert params._online_by_dtype[torch.float32].calls == 2 * params.OnlineChoice.EXPLORE
 
 
 def test_kv_cache_appends_in_place_and_grows():

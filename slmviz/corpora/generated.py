@@ -296,10 +296,10 @@ def quick_corpus(model: Any, n: int = QUICK_JOBS, progress: bool | Callable[[int
     with the chat corpus's held-out seeds, so the quick set's feature scan and evaluation read what the full set's
     read. The chat lines are dealt round-robin over the jobs (each job's first sample, then each one's second, ...),
     so a run that reads only a prefix still meets every seed. The parts are the chat corpus's own (generated once,
-    shared with the full corpus); written once into corpus_dir(model, "quick")."""
+    shared with the full corpus); written once into corpus_dir(model, "quick") (another `n`: "quick{n}")."""
     from .broad import broad_corpus
 
-    folder = corpus_dir(model, "quick")
+    folder = corpus_dir(model, "quick" if n == QUICK_JOBS else f"quick{n}")  # another slice, another folder
     train, heldout = folder / "train.jsonl", folder / "heldout.jsonl"
     if train.is_file() and heldout.is_file():
         return train, heldout

@@ -26,14 +26,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout  # resolved per call: a test's capture replaces sys.stdout after import
-    import slmviz
-
     from ..corpora.verses import bundled_corpus_path
-    from .scan import DEFAULT_WINDOW
+    from ..model_api import load
+    from .scan import DEFAULT_WINDOW, scan
 
     corpus = bundled_corpus_path() if args.corpus == "bundled" else args.corpus
     try:
-        s = slmviz.scan(corpus, hooks=args.hook, top_k=args.top_k, model=slmviz.load(args.model),
+        s = scan(corpus, hooks=args.hook, top_k=args.top_k, model=load(args.model),
                         engine=args.engine, variants=args.variants, limit=args.limit,
                         window=args.window or DEFAULT_WINDOW, workers=args.workers)
     except (ImportError, ConnectionError) as e:  # no Ray installed; an unreachable RAY_ADDRESS

@@ -139,13 +139,12 @@ class ScanActor:
     """One Ray actor: loads the model once, then reads and runs one shard per call (`run_shard`)."""
 
     def __init__(self, model_path: str, spec: ScanSpec, on_gpu: bool = False):
-        import slmviz
-
+        from ..model_api import load
         from .units import feature_of
 
         torch.set_num_threads(spec.threads)  # the driver's count: identical GEMM rounding
-        load_kwargs = {"device": "cuda"} if on_gpu and "device" in inspect.signature(slmviz.load).parameters else {}
-        self.model = slmviz.load(model_path, **load_kwargs)
+        load_kwargs = {"device": "cuda"} if on_gpu and "device" in inspect.signature(load).parameters else {}
+        self.model = load(model_path, **load_kwargs)
         self.spec = spec
         self.features = {h: feature_of(h, self.model.hook_names, self.model.cfg, spec.saes) for h in spec.hooks}
 
