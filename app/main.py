@@ -38,7 +38,7 @@ from .shared import Queues  # noqa: E402
 from .tabs.circuits import build_circuits_tab  # noqa: E402
 from .tabs.corpus import build_corpus_tab  # noqa: E402
 from .tabs.features import FeatureHandlers, build_features_tab  # noqa: E402
-from .tabs.graph import build_graph_section  # noqa: E402
+from .tabs.graph import build_graph_tab  # noqa: E402
 from .tabs.model import ModelHandlers, build_model_tab  # noqa: E402
 from .tabs.patch import build_patch_tab  # noqa: E402
 from .tabs.run import Example, build_prompt_bar, build_run_tabs, load_examples, model_switch  # noqa: E402
@@ -101,8 +101,8 @@ def build(ctx: AppContext, examples: list[Example] | None = None) -> gr.Blocks:
             layer, head = build_run_tabs(ctx, examples, bar, source, QUEUES)
             variants = build_variant_tabs(ctx, bar.prompt, bar.chat, source, QUEUES)
             build_patch_tab(ctx, source, QUEUES)
-            build_circuits_tab(ctx, source, QUEUES,
-                               below=lambda: build_graph_section(ctx, saes, features, source, QUEUES))
+            build_circuits_tab(ctx, source, QUEUES)
+            build_graph_tab(ctx, saes, features, source, QUEUES)
             model_tab = build_model_tab(ctx, saes)
             build_corpus_tab(ctx, bar.prompt, source, QUEUES)
             sae_picker = build_features_tab(features, bar.prompt, bar.chat, source, QUEUES)

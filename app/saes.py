@@ -233,6 +233,30 @@ def finished_feature_scan(model: Any, entry: Entry) -> tuple[Scan, list[str]] | 
     return SCANS.finished(model, [acts_hook(entry.sae)], FEATURE_TOP_K, entry.key + DASHBOARD_ROWS)
 
 
+# What a card says of where its top contexts come from: the SAEs and coders whose feature scan was prepared with
+# them (over their own corpus), and those whose prepared scan could not be read (why).
+_PREPARED: set[str] = set()
+_UNREADABLE: dict[str, str] = {}
+
+
 def provide_feature_scan(model: Any, entry: Entry, found: tuple[Scan, list[str]]) -> None:
     """A feature scan prepared elsewhere (with a full transcoder set) served as the SAE's own: nothing computed."""
     SCANS.provide(model, [acts_hook(entry.sae)], found, FEATURE_TOP_K, entry.key + DASHBOARD_ROWS)
+    _PREPARED.add(entry.key)
+    _UNREADABLE.pop(entry.key, None)
+
+
+def unreadable_scan(entry: Entry, why: str) -> None:
+    """The prepared scan of `entry` is there but cannot be read (`why`): its card says so."""
+    _UNREADABLE[entry.key] = why
+
+
+def scan_source(entry: Entry | None, docs: list[str] | None) -> str:
+    """Which text a card's top contexts come from, in words: the scan prepared with the coder (its own corpus:
+    modern prose, code and the model's chat), or the bundled King James verses, and why."""
+    if entry is not None and entry.key in _PREPARED:
+        return (f"from the scan prepared with it: {len(docs or [])} documents of its own corpus (modern prose, code "
+                "and the model's chat)")
+    why = (f"its prepared scan could not be read ({_UNREADABLE[entry.key]}); `slmviz prepare --transcoders` writes it "
+           "again" if entry is not None and entry.key in _UNREADABLE else "it has no prepared scan")
+    return f"from {len(docs or [])} verses of the bundled King James Bible: {why}"

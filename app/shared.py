@@ -24,7 +24,7 @@ from gradio.components.plot import PlotData
 
 import slmviz
 from slmviz import plots
-from slmviz.corpora.generated import chat_corpus
+from slmviz.corpora.generated import chat_corpus, quick_corpus
 from slmviz.corpora.named import MODEL_WRITTEN
 
 from .jobs import Job, JobCancelled, wait
@@ -164,7 +164,8 @@ def write_model_corpus(model: Any, corpus: str, report: Callable[..., None], sha
     prompts, up to `share` of the job. A Cancel stops it between batches and keeps what is written."""
     if corpus not in MODEL_WRITTEN:
         return
-    chat_corpus(model, progress=lambda done, total: report(
+    write = quick_corpus if corpus == "quick" else chat_corpus  # the quick set's: a few of the chat corpus's seeds
+    write(model, progress=lambda done, total: report(
         share * done / max(total, 1), f"Writing the model's own chat and prose: {done} of {total} seed prompts "
         "(once per model; Cancel keeps what is written)"))
 

@@ -45,11 +45,13 @@ from slmviz.training.prepare import CORPUS, REQUIRED, prepare_transcoders, recip
 
 from .jobs import RUNNER
 from .models import AppContext
-from .saes import SAEStore, provide_feature_scan
+from .saes import SAEStore, provide_feature_scan, unreadable_scan
 from .shared import readable_errors, session, wait_or_say, write_model_corpus
 
-KIND = "plt"  # the prepared set the tab builds (and ticks first)
-KINDS = ("plt", "clt")  # the prepared sets the tab offers, once there
+KIND = "plt"  # the full per-layer set: built by the tab's first Build button, ticked first
+QUICK = "plt-quick"  # the quick per-layer set (minutes, not hours): built by the Graph tab's #graph-build-quick
+KINDS = ("plt", "clt", QUICK)  # the prepared sets the tab offers once there, in the order it prefers them
+BUILT_HERE = (KIND, QUICK)  # the sets the tab builds (a CLT is `slmviz prepare`'s: hours of training)
 RECIPE_ENV = "SLMVIZ_SET_RECIPE"
 BUILD_KIND = "transcoder-set"  # the build's Cancel leaves only this kind of job
 # A graph over the full set keeps at most this many features, the most influential (attribution_graph's
@@ -68,6 +70,8 @@ def set_label(model: Any, kind: str = KIND) -> str:
     the set is built: Gradio checks a value against the choices the session's page was built with."""
     if kind == "clt":
         return f"cross-layer transcoder: {model.cfg.n_layers} layers"
+    if kind == QUICK:
+        return f"quick set: {model.cfg.n_layers} per-layer transcoders"
     return f"full set: {model.cfg.n_layers} per-layer transcoders"
 
 
@@ -100,6 +104,7 @@ class TranscoderSets:
         self.offered = offered or self.choices  # every choice of the picker (the single transcoders too)
         self._loaded: dict[tuple[str, str], tuple[Any, dict[int, str]]] = {}  # (model, kind) -> (set, names)
         self._lock = threading.Lock()
+        self._building: dict[str, tuple[str, Any]] = {}  # model -> (kind, job) of its latest build
 
     @staticmethod
     def _key(model: Any) -> str:
@@ -113,7 +118,7 @@ class TranscoderSets:
         for kind in KINDS:
             if not set_ready(model, kind):
                 try:
-                    self.args(model) if kind == KIND else recipe(model, kind)
+                    self.args(model, kind) if kind in BUILT_HERE else recipe(model, kind)
                 except ValueError:
                     continue
             found.append(set_label(model, kind))
@@ -124,7 +129,8 @@ class TranscoderSets:
         return set_kind(model, name) is not None
 
     def ticked(self, model: Any) -> list[str]:
-        """The picker's value when the page loads: the per-layer set alone once built, else the CLT alone."""
+        """The picker's value when the page loads: the best set that is ready, alone (KINDS' order: the full
+        per-layer set, the CLT, the quick set); [] when none is."""
         return next(([set_label(model, kind)] for kind in KINDS if set_ready(model, kind)), [])
 
     def load(self, model: Any, kind: str = KIND) -> tuple[Any, dict[int, str]]:
@@ -141,8 +147,9 @@ class TranscoderSets:
             raise ValueError(f"{model.name} has no {set_label(model, kind)} yet: it is trained once by "
                              f"'slmviz prepare --transcoders clt --model {model.name}' (hours on a CPU), then kept "
                              "in $SLMVIZ_CACHE; pick the per-layer set or single transcoders meanwhile")
-        raise ValueError(f"{model.name} has no {set_label(model, kind)} yet: press 'Build the full transcoder set' "
-                         "(it is trained once, then kept in $SLMVIZ_CACHE), or pick single transcoders")
+        button = "Build the quick transcoder set" if kind == QUICK else "Build the full transcoder set"
+        raise ValueError(f"{model.name} has no {set_label(model, kind)} yet: press '{button}' (it is trained once, "
+                         "then kept in $SLMVIZ_CACHE), or pick single transcoders")
 
     @readable_errors
     def refresh(self, source: str | None) -> Any:
@@ -159,37 +166,46 @@ class TranscoderSets:
                 # the name `prepare` gives the set's layers
                 coders = {layer: ts.feature_coder(layer) for layer in ts.layers}
                 names = {layer: f"{model.name}-{kind}/layer_{layer}" for layer in ts.layers}
-                scanned = load_set_scan(model, kind)  # prepared with the set: no card waits for a scan
+                try:
+                    scanned, damaged = load_set_scan(model, kind), None  # prepared with the set: no card waits
+                except Exception as e:  # noqa: BLE001 - a damaged scan: the cards say so, the graph still draws
+                    scanned, damaged = None, f"{type(e).__name__}: {e}"
                 for layer, name in names.items():
                     entry = self.saes.pin(model, name, coders[layer])
                     if scanned is not None:
                         provide_feature_scan(model, entry, scanned)
+                    elif damaged:
+                        unreadable_scan(entry, damaged)
                 self._loaded[key] = (ts, names)
             return self._loaded[key]
 
-    def args(self, model: Any) -> dict[str, Any]:
-        """The recipe the Build button trains with: the model's own, with $SLMVIZ_SET_RECIPE over it."""
+    def args(self, model: Any, kind: str = KIND) -> dict[str, Any]:
+        """The recipe a Build button trains `kind` with: the model's own, with $SLMVIZ_SET_RECIPE over it."""
         overrides = recipe_overrides()
         try:
-            return recipe(model, KIND, overrides)
+            return recipe(model, kind, overrides)
         except ValueError:
-            raise ValueError(f"{model.name} has no recipe for a full transcoder set; whoever starts the server can "
+            what = "quick" if kind == QUICK else "full"
+            raise ValueError(f"{model.name} has no recipe for a {what} transcoder set; whoever starts the server can "
                              f"give one: {RECIPE_ENV}='{{\"d_sae\": ..., \"k\": ..., \"tokens\": ...}}' "
                              f"({', '.join(REQUIRED)} at least; slmviz.train_transcoders' arguments)") from None
 
-    def panel(self, model: Any) -> tuple[bool, str]:
-        """(whether to show the Build button, the status line) for the model: shown while no set is there."""
-        if set_ready(model):
+    def panel(self, model: Any, kind: str = KIND) -> tuple[bool, str]:
+        """(whether to show `kind`'s Build button, the status line) for the model. The full set's panel shows while
+        the full set is not there; the quick set's while neither is and the model has a quick recipe."""
+        if set_ready(model, KIND) or set_ready(model, kind):
             return False, ""
         try:
-            a = self.args(model)
-            what = (f"Build it: per-layer transcoders at all {model.cfg.n_layers} layers, {a['d_sae']:,} features "
-                    f"each, k {a['k']}, {a['tokens']:,} tokens (a long job: other sessions go on; Cancel keeps "
-                    "the checkpoint and Build resumes it).")
+            a = self.args(model, kind)
         except ValueError as e:
-            what = str(e)
-        return True, (f"**{model.name} has no full transcoder set yet**, so the graph's layers without a transcoder "
-                      f"are all error nodes. {what}")
+            if kind == QUICK:
+                return False, ""  # no quick recipe for this model: the full set's panel says how to get a set
+            return True, f"**{model.name} has no full transcoder set yet**. {e}"
+        what = "quick" if kind == QUICK else "full"
+        return True, (f"**{model.name} has no {what} transcoder set yet**, so the graph's layers without a "
+                      f"transcoder are all error nodes. Build it: per-layer transcoders at all {model.cfg.n_layers} "
+                      f"layers, {a['d_sae']:,} features each, k {a['k']}, {a['tokens']:,} tokens (a long job: other "
+                      "sessions go on; Cancel keeps the checkpoint and Build resumes it).")
 
     @readable_errors
     def offer(self, source: str | None) -> tuple:
@@ -198,17 +214,46 @@ class TranscoderSets:
         return gr.update(visible=shown), gr.update(visible=shown), text
 
     @readable_errors
+    def offer_quick(self, source: str | None) -> tuple:
+        """The quick set's build panel for the session's model (its Build and Cancel buttons, its status line)."""
+        shown, text = self.panel(self.ctx.model(source), QUICK)
+        return gr.update(visible=shown), gr.update(visible=shown), text
+
+    @readable_errors
     def build(self, source: str | None, request: gr.Request,
               progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
         """Train (or resume) the model's full set as a shared long job; then offer it in the picker, alone."""
+        yield from self._build(KIND, source, request, progress)
+
+    @readable_errors
+    def build_quick(self, source: str | None, request: gr.Request,
+                    progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+        """Train (or resume) the model's quick set as a shared long job; then offer it in the picker, alone."""
+        yield from self._build(QUICK, source, request, progress)
+
+    def _start(self, model: Any, kind: str, work: Callable[..., Any], who: str) -> Any:
+        """Join (or start) the model's build of `kind`. One build per model at a time, whatever its kind: a build of
+        the other kind while one runs is refused, saying which (the two would share the cores for hours, and each
+        writes its own checkpoint, so neither is at risk; the second simply waits for the first to finish)."""
+        with self._lock:
+            running = self._building.get(self._key(model))
+            if running is not None and running[0] != kind and not running[1].done.is_set():
+                raise ValueError(f"The {set_label(model, running[0])} of {model.name} is being built now (one build "
+                                 f"per model at a time): press Build again for the {set_label(model, kind)} once it "
+                                 "is done, or cancel that build first")
+            job = RUNNER.join((BUILD_KIND, self._key(model), kind), work, who, kind=BUILD_KIND)
+            self._building[self._key(model)] = (kind, job)
+            return job
+
+    def _build(self, kind: str, source: str | None, request: gr.Request, progress: gr.Progress) -> Iterator[tuple]:
         model = self.ctx.model(source, progress)
-        args = self.args(model)
+        args = self.args(model, kind)
         who = session(request)
         n_layers = model.cfg.n_layers
 
         def work(report: Callable[..., None]) -> str:
             write_model_corpus(model, args.get("corpus", CORPUS), report, share=0.1)
-            resumed = trained_tokens(prepared_dir(model, KIND))  # where Build resumes a cancelled build
+            resumed = trained_tokens(prepared_dir(model, kind))  # where Build resumes a cancelled build
             since = f", resumed from its checkpoint at {resumed:,} tokens per layer" if resumed else ""
             report(0.1, f"Training transcoders at all {n_layers} layers from one forward per batch{since}")
 
@@ -222,18 +267,18 @@ class TranscoderSets:
                 report(0.9 + 0.08 * done / max(total, 1), f"Scanning the set's features over {done:,} of {total:,} "
                        "documents (their cards' top contexts, prepared once)")
 
-            prepare_transcoders(model, KIND, progress=trained, scan_progress=scanned, **args)
+            prepare_transcoders(model, kind, progress=trained, scan_progress=scanned, **args)
             report(0.98, "Loading the set")
-            ts, _ = self.load(model)
+            ts, _ = self.load(model, kind)
             return repr(ts) + since
 
-        job = RUNNER.join((BUILD_KIND, self._key(model)), work, who, kind=BUILD_KIND)
+        job = self._start(model, kind, work, who)
         said = ""
         for _ in wait_or_say(job, who, progress, "Cancelled; the checkpoint is kept: press Build to resume from it"):
             if job.desc != said:
                 said = job.desc
                 yield gr.skip(), f"Building: {said}", gr.skip(), gr.skip()
-        label = set_label(model)
+        label = set_label(model, kind)
         yield (gr.CheckboxGroup(choices=self.offered(model), value=[label]),
                f"Built {job.result}: pick **{label}** and build the graph.", gr.update(visible=False),
                gr.update(visible=False))

@@ -134,7 +134,7 @@ SMOLLM2_FULL_SET = "full set: 30 per-layer transcoders"  # app/transcoder_sets.p
 
 
 def tick_one_bundled_transcoder(page, name: str = "transcoder_l6") -> None:
-    """Leave only the bundled transcoder `name` ticked in the Circuits tab (one transcoder: half the targets, half
+    """Leave only the bundled transcoder `name` ticked in the Graph tab (one transcoder: half the targets, half
     the time). The tab ticks the two bundled transcoders by default, or the full set alone once it is prepared in
     this cache (`make transcoders`), so a test that assumed either would fail on the other machine."""
     full = page.get_by_label(SMOLLM2_FULL_SET)

@@ -53,7 +53,7 @@ def test_run_see_the_graph_and_the_curve_and_select_an_edge(page, server):
 
 
 def test_build_an_attribution_graph_and_click_a_feature_to_open_its_page(page, server):
-    page.get_by_role("tab", name="Circuits").click()
+    page.get_by_role("tab", name="Graph").click()
     page.wait_for_selector("#circuit-attr-prompt textarea")
     tick_one_bundled_transcoder(page)
     page.click("#circuit-attr-run")

@@ -139,6 +139,9 @@ def card_reads_the_prepared_scan(client: Client, table: dict, set_name: str) -> 
     assert node == f"{layer}_{feature}" and f"{set_name}/layer_{layer}" in card
     assert "Top activating contexts" in card and f"of {len(CORPUS)} documents" in card
     assert not any("verses of the bundled corpus" in str(out[0]) for out in opening.outputs())
+    # the Graph tab's node card names the text its contexts come from: the set's own corpus
+    node_card, _ = client.predict(f"{layer}_{feature}_{position}", 1.0, 1.0, api_name="/workbench_card")
+    assert f"from the scan prepared with it: {len(CORPUS)} documents of its own corpus" in node_card
 
 
 def test_the_set_is_one_choice_and_its_graph_shows_its_scores(server, built, tiny, cache):
@@ -164,7 +167,7 @@ def test_the_set_is_one_choice_and_its_graph_shows_its_scores(server, built, tin
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 def test_in_chromium_the_set_is_ticked_and_its_graph_shows_its_scores(built, page, server):
-    page.get_by_role("tab", name="Circuits").click()
+    page.get_by_role("tab", name="Graph").click()
     page.wait_for_selector("#circuit-attr-prompt textarea")
     page.fill("#circuit-attr-prompt textarea", PROMPT)
     assert page.get_by_label(LABEL).is_checked() and not page.get_by_label("tc_l0").is_checked()
@@ -230,7 +233,7 @@ def test_in_chromium_the_clt_is_ticked_and_its_graph_shows_its_scores(clt_server
     from app_helpers import recording_page
 
     with recording_page(browser, clt_server[0]) as page:
-        page.get_by_role("tab", name="Circuits").click()
+        page.get_by_role("tab", name="Graph").click()
         page.wait_for_selector("#circuit-attr-prompt textarea")
         page.fill("#circuit-attr-prompt textarea", PROMPT)
         assert page.get_by_label(CLT_LABEL).is_checked() and not page.get_by_label("tc_l0").is_checked()

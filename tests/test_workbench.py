@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import slmviz
-from slmviz.features.labels import AUTO
+from slmviz.features.labels import AUTO, in_context
 from slmviz.features.sae import SAE
 from slmviz.graphs.attribution import AttributionGraph, attribution_graph
 from slmviz.graphs.derived import kept_adjacency, node_index, node_influence
@@ -379,8 +379,9 @@ def test_a_json_for_another_model_transcoder_set_or_prompt_is_refused_and_nothin
 
 # --- labels -----------------------------------------------------------------------------------------------------
 def test_labels_come_from_the_scan_and_promoted_tokens_are_deterministic_and_edits_win(models):
-    """A feature's automatic label joins its scan's first distinct top tokens and the tokens W_dec·W_U promotes
-    most; the same for the graph and the SAE, the same on a second call; an edited label wins over it."""
+    """A feature's automatic label joins its scan's top example in context, its next distinct top token and the
+    tokens W_dec·W_U promotes most; the same for the graph and the SAE, the same on a second call; an edited label
+    wins over it."""
     m = models["llama_gqa"]
     tc = transcoder(m, 1, seed=5, scale=1.0)
     g = attribution_graph(PROMPT, transcoders=[tc], model=m, progress=False)
@@ -394,6 +395,7 @@ def test_labels_come_from_the_scan_and_promoted_tokens_are_deterministic_and_edi
     feature = int(node.split("_")[1])
     top = s.top_examples(f"{tc.hook_name_out}.hook_sae_acts_post", feature)
     fired = list(dict.fromkeys(t.strip() for t in top.loc[top.activation > 0, "token"]))[:2]
+    fired[0] = in_context(top.loc[top.activation > 0, "context"].iat[0])  # the top example in a word of context
     promoted = tc.logit_effects(feature, k=2, model=m)
     promoted = promoted.loc[promoted.kind == "promoted", "token"].str.strip().tolist()
     assert labels[node] == f"{AUTO}{' / '.join(fired)} → {' / '.join(promoted)}"

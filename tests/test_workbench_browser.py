@@ -38,7 +38,7 @@ def tiny_server(tmp_path_factory):
 
 
 def build_graph(page, prompt: str) -> None:
-    page.get_by_role("tab", name="Circuits").click()
+    page.get_by_role("tab", name="Graph").click()
     page.wait_for_selector("#circuit-attr-prompt textarea")
     page.fill("#circuit-attr-prompt textarea", prompt)
     page.click("#circuit-attr-run")
@@ -137,7 +137,7 @@ def test_the_workbench_on_smollm2_for_the_screenshot(browser, server):
     feature; the screenshot
     assets/screenshot-workbench.png shows the graph, the card, the subgraph and the intervention."""
     with recording_page(browser, server, height=PAGE_HEIGHT) as page:
-        page.get_by_role("tab", name="Circuits").click()
+        page.get_by_role("tab", name="Graph").click()
         page.wait_for_selector("#circuit-attr-transcoders")
         tick_one_bundled_transcoder(page)
         build_graph(page, "The capital of France is")

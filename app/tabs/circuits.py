@@ -6,8 +6,8 @@ generators of slmviz.circuits.tasks) and returns figures; no torch code beyond b
 tests outside the repo: #circuit-clean, #circuit-corrupted, #circuit-run, #circuit-graph (the graph's plot),
 #circuit-faithfulness (plus #circuit-answer, #circuit-wrong, #circuit-task, #circuit-task-pair, #circuit-task-fill,
 #circuit-method, #circuit-steps, #circuit-cancel, #circuit-status, #circuit-top, #circuit-edges, #circuit-edge,
-#circuit-edge-run, #circuit-edge-text, #circuit-edge-table). Under them, for now, the attribution graph and its
-workbench (app/tabs/graph.py), until they get a tab of their own.
+#circuit-edge-run, #circuit-edge-text, #circuit-edge-table). The attribution graph over transcoder features has a
+tab of its own (app/tabs/graph.py).
 
 Clicking an edge: plotly's click is not a Gradio event, and an edge is a line (plotly reports clicks on its two end
 points only), so the top edges are also a gr.Dataframe: selecting a row runs that edge's exact patch, alone and as the
@@ -304,10 +304,8 @@ class CircuitHandlers:
                 + ("." if inside else f": the edge is not in the top {n}, so both are the same circuit."))
         return text, display_frame(table)
 
-def build_circuits_tab(ctx: AppContext, source: gr.State, queues: Queues,
-                       below: Callable[[], Any] | None = None) -> None:
-    """The Circuits tab, inside the page's `with gr.Tabs():`. Long work waits in the "jobs" queue. `below` builds
-    what the tab shows under its own parts: for now the attribution graph (app/tabs/graph.py)."""
+def build_circuits_tab(ctx: AppContext, source: gr.State, queues: Queues) -> None:
+    """The Circuits tab, inside the page's `with gr.Tabs():`. Long work waits in the "jobs" queue."""
     ch = CircuitHandlers(ctx)
     with gr.Tab("Circuits", id="tab-circuits"):
         gr.Markdown(INTRO)
@@ -354,8 +352,6 @@ def build_circuits_tab(ctx: AppContext, source: gr.State, queues: Queues,
                 edge_table = gr.Dataframe(label="exact edge patching", interactive=False,
                                           headers=["run", "edges patched", "metric", "normalized"],
                                           elem_id="circuit-edge-table", latex_delimiters=[])
-        if below is not None:
-            below()
 
     fill_outputs = [clean, corrupted, answer, wrong, bound, status]
     gr.on([fill_btn.click, task.input], ch.fill, [task, pair, source], fill_outputs, api_name="circuit_task",

@@ -1,20 +1,26 @@
-"""The attribution graph and its workbench: layout and events (for now shown inside the Circuits tab).
+"""The Graph tab: one prompt's attribution graph over a model's transcoders, drawn to be read, and its workbench.
 
-One prompt's attribution graph over transcoder features (app/tabs/graph_attribution.py builds and prunes it; the
-model's full transcoder sets come from app/transcoder_sets.py), each feature node's page (the Features tab's card),
-and under it the workbench (app/tabs/graph_workbench.py): node cards, pins and the subgraph with its scores,
-supernodes, labels and interventions.
+The tab picks the best transcoders that are ready (the full per-layer set, then the CLT, then the quick set, then the
+bundled single transcoders: app/transcoder_sets.py) and says in #graph-set which it uses and what the graph scores;
+while no full or quick set exists it offers to build the quick one (#graph-build-quick; a long job with its progress
+and Cancel, resumed after a restart from its checkpoint). The graph (app/tabs/graph_attribution.py builds and prunes
+it) is drawn with tokens along the bottom and layers upward (app/tabs/graph_readable.py), two sliders redrawing it
+in the page; a click on a node shows its card. Under it the workbench (app/tabs/graph_workbench.py: pins and the
+subgraph with its scores, supernodes, labels, interventions), the attention panel (app/tabs/graph_qk.py: head
+loadings and QK pairs), and the kept features' table with each feature's page (the Features tab's card).
 
-Element ids (tests outside the repo use them): the graph: #circuit-attr-prompt, #circuit-attr-transcoders,
-#circuit-attr-nodes-kept, #circuit-attr-edges-kept, #circuit-attr-run, #circuit-attr-cancel, #circuit-attr-status,
-#circuit-attr-graph, #circuit-attr-nodes, #circuit-attr-json, #circuit-attr-node, #circuit-attr-open,
-#circuit-feature-card; the full set's build panel: #circuit-set-build, #circuit-set-cancel, #circuit-set-status; the
-workbench: #graph-plot (the graph, click a node), #graph-node-card, #graph-pin (pin / unpin the selected node),
-#graph-subgraph (the pinned nodes' plot), #graph-supernode-name, #graph-intervene, #graph-intervention-result; also
-#graph-node (the selected node id), #graph-node-show, #graph-table (the kept features, select one), #graph-clear,
-#graph-pin-top, #graph-pin-top-n, #graph-subgraph-status, #graph-supernode-members, #graph-supernode-add,
-#graph-label, #graph-label-save, #graph-intervene-nodes, #graph-intervene-value, #graph-intervene-number,
-#graph-intervene-mode, #graph-intervene-cancel, #graph-json, #graph-load.
+Element ids (tests outside the repo use them): #graph-set, #graph-build-quick, #graph-build-quick-cancel,
+#graph-quick-status, #graph-keep-nodes, #graph-min-weight; the graph: #circuit-attr-prompt,
+#circuit-attr-transcoders, #circuit-attr-nodes-kept, #circuit-attr-edges-kept, #circuit-attr-run,
+#circuit-attr-cancel, #circuit-attr-status, #circuit-attr-graph, #circuit-attr-nodes, #circuit-attr-json,
+#circuit-attr-node, #circuit-attr-open, #circuit-feature-card; the full set's build panel: #circuit-set-build,
+#circuit-set-cancel, #circuit-set-status; the workbench: #graph-plot (the graph, click a node), #graph-node-card,
+#graph-pin (pin / unpin the selected node), #graph-subgraph (the pinned nodes' plot), #graph-supernode-name,
+#graph-intervene, #graph-intervention-result; also #graph-node (the selected node id), #graph-node-show,
+#graph-table (the kept features, select one), #graph-clear, #graph-pin-top, #graph-pin-top-n,
+#graph-subgraph-status, #graph-supernode-members, #graph-supernode-add, #graph-label, #graph-label-save,
+#graph-intervene-nodes, #graph-intervene-value, #graph-intervene-number, #graph-intervene-mode,
+#graph-intervene-cancel, #graph-json, #graph-load; the attention panel's (app/tabs/graph_qk.py).
 
 Clicking a node: plotly's click is not a Gradio event, so a few lines of page JavaScript (app/shared.py's
 plot_click_js) copy the node's id into a textbox and press its button.
@@ -34,43 +40,68 @@ from ..models import AppContext
 from ..saes import SAEStore
 from ..scans import SCANS
 from ..shared import PICK_FEATURE, PICK_NODE, Queues, html_click_js, plot_click_js, session
+from ..transcoder_sets import QUICK
 from .graph_attribution import JOB_KIND, AttributionHandlers
+from .graph_qk import build_qk_panel
+from .graph_readable import (
+    KEEP_DEFAULT,
+    KEEP_MIN,
+    KEEP_STEP,
+    MAX_NODES_SENT,
+    MIN_WEIGHT_DEFAULT,
+    MIN_WEIGHT_MAX,
+    MIN_WEIGHT_STEP,
+    redraw_js,
+)
 from .graph_workbench import MODE_CHOICES, VALUE_CHOICES, WorkbenchHandlers
 
 ATTR_PROMPT = "The capital of France is"
 NODE_THRESHOLD, EDGE_THRESHOLD = 0.95, 0.98  # SmolLM2's two transcoders: 0.8 keeps error nodes only
 PIN_TOP_N = 10
+REDRAW_AFTER_MS = 300  # a new figure from the server: Gradio draws it first, then the sliders' values apply
 FEATURE_CLICK_JS = html_click_js(FEATURE_LINK, "feature")  # a nearest feature's link on the card: its number
 GRAPH_CLICK_JS = plot_click_js(["circuit-attr-graph"], "circuit-attr-node", "circuit-attr-open", PICK_FEATURE)
 WORKBENCH_CLICK_JS = plot_click_js(["graph-plot", "graph-subgraph"], "graph-node", "graph-node-show", PICK_NODE)
 
-INTRO = """For one prompt with transcoders loaded: the active transcoder features at each position, one error node
-per layer and position (what the transcoders miss; a layer without a transcoder is all error), the token embeddings
-and the top logits, joined by their direct effects with attention patterns and norm scales frozen
-(circuit-tracer's semantics). **Click a feature node** in the plot, or select one in the table, to open its page
-(the Features tab's card)."""
+INTRO = """**Attribution graph.** For one prompt: the active transcoder features at each position, one error node per
+layer and position (what the transcoders miss; a layer without a transcoder is all error), the token embeddings and
+the top logits, joined by their direct effects with attention patterns and norm scales frozen (circuit-tracer's
+semantics). Tokens run along the bottom and layers upward; the sliders above the graph choose how many nodes and
+which edges are drawn, without recomputing it. **Click a node** for its card."""
 
-WORKBENCH_INTRO = """**Workbench.** Click a node (or select a feature in the table) to see its card. **Pin** the nodes
-that tell the story: the subgraph on the right shows them with the edges among them, and its scores are recomputed as
-Neuronpedia does (unpinned features merged into the error node of their layer and position). Group pinned nodes
-into a named **supernode**, edit a feature's **label** (automatic ones say `[auto]`), and **intervene**: set the
-selected features (or a supernode) to 0, −1×, 2× or a number and rerun the model. The JSON below carries the
+FEATURES_INTRO = """Every kept feature, most influential first, and the graph with all its kept edges
+(slmviz's `g.plot()`). **Click a feature node** here, or select a row, to open its page (the Features tab's card)."""
+
+WORKBENCH_INTRO = """**Workbench.** Click a node (or select a feature in the table) to see its card beside the graph.
+**Pin** the nodes that tell the story: the subgraph below shows them with the edges among them, and its scores are
+recomputed as Neuronpedia does (unpinned features merged into the error node of their layer and position). Group
+pinned nodes into a named **supernode**, edit a feature's **label** (automatic ones say `[auto]`), and **intervene**:
+set the selected features (or a supernode) to 0, −1×, 2× or a number and rerun the model. The JSON below carries the
 pins and supernodes (`qParams`) and the labels (`clerp`); load one back to continue."""
 
 
-def build_graph_section(ctx: AppContext, saes: SAEStore, features: Any, source: gr.State, queues: Queues) -> None:
-    """The attribution graph and the workbench, inside the tab that shows them; `features` is the Features tab's
-    FeatureHandlers (a feature node's page is its card). Long work waits in the "jobs" queue."""
+def build_graph_tab(ctx: AppContext, saes: SAEStore, features: Any, source: gr.State, queues: Queues) -> None:
+    """The Graph tab, inside the page's `with gr.Tabs():`; `features` is the Features tab's FeatureHandlers (a
+    feature node's page is its card). Long work waits in the "jobs" queue."""
     ah = AttributionHandlers(ctx, saes, features)
     model = ctx.store.get()
-    with gr.Accordion("Attribution graph: transcoder features of one prompt", open=True):
+    offered = ah.transcoders(model)
+    ticked = ah.ticked(model, offered)
+    with gr.Tab("Graph"):
         gr.Markdown(INTRO)
-        offered = ah.transcoders(model)
+        set_line = gr.Markdown(ah.set_line(model, ticked, None), elem_id="graph-set")
         with gr.Row():
             prompt = gr.Textbox(label="prompt", value=ATTR_PROMPT, elem_id="circuit-attr-prompt", scale=3)
-            names = gr.CheckboxGroup(offered, value=ah.ticked(model, offered), label="transcoders",
-                                     elem_id="circuit-attr-transcoders", scale=2)
-        no_set, said = ah.sets.panel(model)  # app/transcoder_sets.py: build the full set
+            names = gr.CheckboxGroup(offered, value=ticked, label="transcoders", elem_id="circuit-attr-transcoders",
+                                     scale=2)
+        quick_shown, quick_said = ah.sets.panel(model, QUICK)  # app/transcoder_sets.py: build the quick set
+        quick_status = gr.Markdown(quick_said, elem_id="graph-quick-status")
+        with gr.Row():
+            quick_build = gr.Button("Build the quick transcoder set", elem_id="graph-build-quick",
+                                    visible=quick_shown, variant="primary")
+            quick_cancel = gr.Button("Cancel the quick build", elem_id="graph-build-quick-cancel",
+                                     visible=quick_shown)
+        no_set, said = ah.sets.panel(model)  # the full set
         set_status = gr.Markdown(said, elem_id="circuit-set-status")
         with gr.Row():
             set_build = gr.Button("Build the full transcoder set", elem_id="circuit-set-build", visible=no_set)
@@ -85,27 +116,34 @@ def build_graph_section(ctx: AppContext, saes: SAEStore, features: Any, source: 
             cancel_btn = gr.Button("Cancel", elem_id="circuit-attr-cancel")
         status = gr.Markdown(elem_id="circuit-attr-status")
         found = gr.State(None, time_to_live=3600)  # the session's graph: AttributionHandlers.attribution's dict
-        plot = gr.Plot(show_label=False, elem_id="circuit-attr-graph")
-        with gr.Row():
-            with gr.Column(scale=3):
-                nodes = gr.Dataframe(label="feature nodes, most influential first (select one)", interactive=False,
-                                     elem_id="circuit-attr-nodes", latex_delimiters=[], max_height=360,
-                                     headers=["layer", "feature", "position", "token", "activation", "transcoder"])
-            with gr.Column(scale=2):
-                json_file = gr.File(label="the graph (circuit-tracer's JSON)", elem_id="circuit-attr-json")
-                with gr.Row():
-                    node_box = gr.Textbox(label="feature node (click one in the graph, or layer_feature_position)",
-                                          elem_id="circuit-attr-node", scale=3)
-                    open_btn = gr.Button("Open its page", elem_id="circuit-attr-open", scale=1)
-        opened = gr.State(None)  # the transcoder whose card is open (its nearest features link to it)
-        opened_feature = gr.State(None)  # the Features tab's handler also returns the feature number
-        card = gr.HTML(elem_id="circuit-feature-card", js_on_load=FEATURE_CLICK_JS)
         redraw_workbench = build_workbench(WorkbenchHandlers(ctx, saes), found, node_threshold, edge_threshold,
                                            queues)
+        with gr.Accordion("Attention: head loadings and QK pairs", open=True):
+            build_qk_panel(found, queues)
+        with gr.Accordion("The kept features: table, every edge drawn, and each feature's page", open=True):
+            gr.Markdown(FEATURES_INTRO)
+            plot = gr.Plot(show_label=False, elem_id="circuit-attr-graph")
+            with gr.Row():
+                with gr.Column(scale=3):
+                    nodes = gr.Dataframe(label="feature nodes, most influential first (select one)",
+                                         interactive=False, elem_id="circuit-attr-nodes", latex_delimiters=[],
+                                         max_height=360, headers=["layer", "feature", "position", "token",
+                                                                  "activation", "transcoder"])
+                with gr.Column(scale=2):
+                    json_file = gr.File(label="the graph (circuit-tracer's JSON)", elem_id="circuit-attr-json")
+                    with gr.Row():
+                        node_box = gr.Textbox(label="feature node (click one in the graph, or layer_feature_position)",
+                                              elem_id="circuit-attr-node", scale=3)
+                        open_btn = gr.Button("Open its page", elem_id="circuit-attr-open", scale=1)
+            opened = gr.State(None)  # the transcoder whose card is open (its nearest features link to it)
+            opened_feature = gr.State(None)  # the Features tab's handler also returns the feature number
+            card = gr.HTML(elem_id="circuit-feature-card", js_on_load=FEATURE_CLICK_JS)
 
     outputs = [plot, nodes, json_file, status, found]
     built = build_btn.click(ah.attribution, [prompt, names, node_threshold, edge_threshold, source], outputs,
                             api_name="circuit_attribution", **queues.jobs)
+    built.then(ah.describe, [found, names, source], set_line, api_visibility="private", **queues.light)
+    names.input(ah.describe, [found, names, source], set_line, api_visibility="private", **queues.light)
 
     def cancel(request: gr.Request) -> str:
         RUNNER.leave(session(request), kind=JOB_KIND)
@@ -128,14 +166,24 @@ def build_graph_section(ctx: AppContext, saes: SAEStore, features: Any, source: 
     plot.change(None, None, None, js=GRAPH_CLICK_JS)
     building = set_build.click(ah.sets.build, source, [names, set_status, set_build, set_cancel],
                                api_name="circuit_set_build", **queues.jobs)
-    source.change(ah.sets.offer, source, [set_build, set_cancel, set_status], api_visibility="private",
-                  **queues.light)
+    quick = quick_build.click(ah.sets.build_quick, source, [names, quick_status, quick_build, quick_cancel],
+                              api_name="graph_build_quick", **queues.jobs)
+    for after in (building, quick):  # the picker ticks the new set: say so
+        after.success(ah.describe, [found, names, source], set_line, api_visibility="private", **queues.light)
     page = Context.root_block  # a set built since the server started: ticked, and no Build button, on page load
+    offers = [(ah.sets.offer, [set_build, set_cancel, set_status]),
+              (ah.sets.offer_quick, [quick_build, quick_cancel, quick_status])]
+    for offer, shown in offers:
+        source.change(offer, source, shown, api_visibility="private", **queues.light)
+        if page is not None:
+            page.load(offer, source, shown, api_visibility="private")
     if page is not None:
-        page.load(ah.sets.refresh, source, names, api_visibility="private")
-        page.load(ah.sets.offer, source, [set_build, set_cancel, set_status], api_visibility="private")
+        page.load(ah.sets.refresh, source, names, api_visibility="private").then(
+            ah.describe, [found, names, source], set_line, api_visibility="private")
     set_cancel.click(ah.sets.cancel, None, set_status, cancels=[building], api_name="circuit_set_cancel",
                      **queues.light)
+    quick_cancel.click(ah.sets.cancel, None, quick_status, cancels=[quick], api_name="graph_build_quick_cancel",
+                       **queues.light)
     source.change(lambda: None, None, found, api_visibility="private", **queues.light)
     source.change(ah.transcoder_choices, source, names, api_visibility="private", **queues.light)
 
@@ -144,28 +192,37 @@ def build_workbench(wb: WorkbenchHandlers, found: gr.State, node_threshold: gr.S
                     queues: Queues) -> Any:
     """The workbench's layout, under the attribution graph, and its events; returns wire(*events): after each of
     those events (the graph built, re-pruned) the workbench redraws."""
+    with gr.Row():
+        with gr.Column(scale=7):
+            with gr.Row():
+                keep = gr.Slider(KEEP_MIN, MAX_NODES_SENT, value=KEEP_DEFAULT, step=KEEP_STEP,
+                                 elem_id="graph-keep-nodes",
+                                 label="nodes drawn: the most influential (embeddings, logits and pins always)")
+                min_weight = gr.Slider(0, MIN_WEIGHT_MAX, value=MIN_WEIGHT_DEFAULT, step=MIN_WEIGHT_STEP,
+                                       elem_id="graph-min-weight",
+                                       label="smallest edge drawn (fraction of the largest edge's |weight|)")
+            graph_plot = gr.Plot(show_label=False, elem_id="graph-plot")
+        with gr.Column(scale=3, min_width=320):  # the clicked node's card beside the graph
+            with gr.Row():
+                node = gr.Textbox(label="selected node (click one, or type ids separated by commas)",
+                                  elem_id="graph-node", scale=3)
+                show = gr.Button("Show", elem_id="graph-node-show", scale=1, min_width=60)
+            with gr.Row():
+                pin_btn = gr.Button("Pin / unpin", variant="primary", elem_id="graph-pin")
+                clear_btn = gr.Button("Clear pins", elem_id="graph-clear")
+            card = gr.HTML(elem_id="graph-node-card")
     with gr.Accordion("Workbench: inspect, pin, group, label and intervene", open=True):
         gr.Markdown(WORKBENCH_INTRO)
         with gr.Row():
             with gr.Column(scale=3):
-                graph_plot = gr.Plot(show_label=False, elem_id="graph-plot")
                 table = gr.Dataframe(label="kept features, most influential first (select one; then Pin)",
                                      interactive=False, elem_id="graph-table", latex_delimiters=[], max_height=300,
                                      headers=["node", "layer", "position", "token", "activation", "label", "pinned"])
-            with gr.Column(scale=2):
-                with gr.Row():
-                    node = gr.Textbox(label="selected node (click one, or type ids separated by commas)",
-                                      elem_id="graph-node", scale=3)
-                    show = gr.Button("Show", elem_id="graph-node-show", scale=1, min_width=60)
-                with gr.Row():
-                    pin_btn = gr.Button("Pin / unpin", variant="primary", elem_id="graph-pin")
-                    clear_btn = gr.Button("Clear pins", elem_id="graph-clear")
-                with gr.Row():
-                    top_n = gr.Number(value=PIN_TOP_N, precision=0, minimum=1, label="n", elem_id="graph-pin-top-n",
-                                      min_width=80)
-                    top_btn = gr.Button("Pin the top n features by influence (and the top logit)",
-                                        elem_id="graph-pin-top")
-                card = gr.HTML(elem_id="graph-node-card")
+            with gr.Column(scale=2), gr.Row():
+                top_n = gr.Number(value=PIN_TOP_N, precision=0, minimum=1, label="n", elem_id="graph-pin-top-n",
+                                  min_width=80)
+                top_btn = gr.Button("Pin the top n features by influence (and the top logit)",
+                                    elem_id="graph-pin-top")
         with gr.Row():
             with gr.Column(scale=3):
                 sub_plot = gr.Plot(show_label=False, elem_id="graph-subgraph")
@@ -221,6 +278,10 @@ def build_workbench(wb: WorkbenchHandlers, found: gr.State, node_threshold: gr.S
                        api_name="workbench_intervene", **queues.jobs)
     iv_cancel.click(wb.cancel, None, iv_result, cancels=[ran], api_name="workbench_cancel", **light)
     graph_plot.change(None, None, None, js=WORKBENCH_CLICK_JS)
+    # the sliders redraw the graph in the page (no request); a new figure from the server takes their values too
+    sliders = ("graph-plot", "graph-keep-nodes", "graph-min-weight")
+    gr.on([keep.input, min_weight.input], None, [keep, min_weight], None, js=redraw_js(*sliders))
+    graph_plot.change(None, [keep, min_weight], None, js=redraw_js(*sliders, delay_ms=REDRAW_AFTER_MS))
     sub_plot.change(None, None, None, js=WORKBENCH_CLICK_JS)
 
     def wire(*events: Any) -> None:

@@ -62,8 +62,30 @@ class AttributionHandlers:
         return names + self.sets.choices(model)
 
     def ticked(self, model: Any, offered: list[str]) -> list[str]:
-        """What the picker ticks first: the full set alone when there is one, else every single transcoder."""
+        """What the picker ticks first: the best prepared set that is ready, alone (TranscoderSets.ticked: the full
+        set, the CLT, the quick set), else every single transcoder (the bundled pair on SmolLM2)."""
         return self.sets.ticked(model) or [n for n in offered if not self.sets.is_set(model, n)]
+
+    def set_line(self, model: Any, names: list[str] | None, found: dict | None) -> str:
+        """#graph-set: which transcoders the graph uses (or will: the ticked ones) and, once built, its scores."""
+        names = list(names or [])
+        preference = ("the best that is ready: the full set, then the cross-layer transcoder, then the quick set, "
+                      "then the bundled transcoders")
+        if found and found.get("scores") and found.get("picked") == names:
+            s = found["scores"]
+            return (f"**Graph over {', '.join(names)}**: replacement score **{s['replacement']:.3f}**, completeness "
+                    f"**{s['completeness']:.3f}** (of this prompt's unpruned graph; 1 when the transcoders explain "
+                    "everything).")
+        if not names:
+            return f"**No transcoders ticked**: tick a set or single transcoders ({preference})."
+        if any(self.sets.is_set(model, n) for n in names):
+            return f"**Uses the {', '.join(names)}** ({preference}); its scores show once the graph is built."
+        return (f"**Uses {', '.join(names)}**: {model.name} has no full or quick transcoder set ready, so the layers "
+                "without a transcoder are all error nodes; its scores show once the graph is built.")
+
+    @readable_errors
+    def describe(self, found: dict | None, names: list[str] | None, source: str | None) -> str:
+        return self.set_line(self.ctx.model(source), names, found)
 
     @readable_errors
     def transcoder_choices(self, source: str | None) -> gr.CheckboxGroup:

@@ -101,10 +101,11 @@ def _error_norms(found: dict) -> torch.Tensor:
     return found["wb_error_norms"]
 
 
-def node_card(found: dict, pruned: Any, node: str, coder: Callable[[int], tuple[Any, Any]]) -> str:
+def node_card(found: dict, pruned: Any, node: str, coder: Callable[[int], tuple[Any, Any, str]]) -> str:
     """The card of one node: what it is, its label, its strongest edges, and per kind: a feature's top contexts
     (the cached feature scan) and logit effects, an error node's norm and the transcoder that misses it.
-    `coder(layer)` is (the layer's transcoder, its cached feature scan or None)."""
+    `coder(layer)` is (the layer's transcoder, its cached feature scan or None, where that scan's text comes from).
+    """
     graph = found["graph"]
     index = node_index(graph)
     if node not in index:
@@ -121,16 +122,18 @@ def node_card(found: dict, pruned: Any, node: str, coder: Callable[[int], tuple[
         name = found.get("layers", {}).get(layer, r.hook)
         head += f", activation <b>{float(r.activation):.4g}</b>; feature {feature} of <b>{esc(name)}</b></p>"
         head += f"<p>Label: <b>{esc(graph.label(node))}</b></p>"
-        sae, scan = coder(layer)
+        sae, scan, source = coder(layer)
         if scan is not None and sae is not None:
             contexts = top_contexts(scan, sae, feature).head(5)
             rows = "".join(f"<li>{esc(c).replace('[[', '<b>').replace(']]', '</b>')} "
                            f"<small>({a:.3g})</small></li>" for c, a in zip(contexts["context"],
                                                                            contexts["activation"], strict=True))
-            parts.append(f"<h5>Top activating contexts</h5><ol>{rows or '<li><i>it never fired</i></li>'}</ol>")
+            parts.append(f"<h5>Top activating contexts <small>({esc(source)})</small></h5>"
+                         f"<ol>{rows or '<li><i>it never fired</i></li>'}</ol>")
         else:
-            parts.append("<p><i>No feature scan yet for this transcoder: <b>Open its page</b> above runs it once; "
-                         "its top contexts then show here.</i></p>")
+            parts.append(f"<p><i>No feature scan yet for this transcoder ({esc(source.split(': ', 1)[-1])}): "
+                         "<b>Open its page</b> below scans the bundled verses once; its top contexts then show "
+                         "here.</i></p>")
         if sae is not None:
             effects = sae.logit_effects(feature, k=5, model=found["model"])
             for kind in ("promoted", "suppressed"):

@@ -20,15 +20,15 @@ from typing import Any
 import gradio as gr
 
 from slmviz.graphs.intervene import intervene, resolve
-from slmviz.graphs.view import graph_view
 from slmviz.graphs.workbench import feature_labels
-from slmviz.plots.subgraph import subgraph_figure, workbench_figure
+from slmviz.plots.subgraph import subgraph_figure
 
 from ..jobs import RUNNER
 from ..models import AppContext
-from ..saes import SAEStore, finished_feature_scan
+from ..saes import SAEStore, finished_feature_scan, scan_source
 from ..shared import display_frame, parse_thresholds, readable_errors, session, to_plot, wait_or_say
 from .graph_cards import intervention_html, is_feature, node_card, node_table, split_ids, subgraph_status
+from .graph_readable import readable_figure
 
 JOB_KIND = "intervention"  # the workbench's Cancel leaves only this kind of job
 VALUE_CHOICES = [("0 (switch off)", "0"), ("−1× (flip)", "-1x"), ("2× (double)", "2x"), ("a number", "number")]
@@ -80,11 +80,13 @@ class WorkbenchHandlers:
         done = finished_feature_scan(found["model"], entry)
         return done[0] if done else None
 
-    def _coder(self, found: dict, layer: int) -> tuple[Any, Any]:
-        """(the layer's transcoder, its cached feature scan or None): what a feature's card reads."""
+    def _coder(self, found: dict, layer: int) -> tuple[Any, Any, str]:
+        """(the layer's transcoder, its cached feature scan or None, where that scan's text comes from): what a
+        feature's card reads."""
         entry = self._entries(found).get(layer)
         sae = entry.sae if entry is not None else getattr(found["graph"].transcoders, "coders", {}).get(layer)
-        return sae, self._scan(found, layer)
+        done = finished_feature_scan(found["model"], entry) if entry is not None else None
+        return sae, (done[0] if done else None), scan_source(entry, done[1] if done else None)
 
     def _card(self, found: dict, pruned: Any, node: str) -> str:
         return node_card(found, pruned, node, lambda layer: self._coder(found, layer))
@@ -113,7 +115,9 @@ class WorkbenchHandlers:
         pruned = self._pruned(found, node_threshold, edge_threshold)
         path = self.ctx.output_path("attribution-graph-workbench.json")
         path.write_text(json.dumps(pruned.to_json(slug=path.stem)))  # compact: written again after every change
-        return to_plot(workbench_figure(graph_view(pruned, feature_labels(pruned)))), str(path)
+        kept = int(pruned.node_mask.sum())
+        title = f"{pruned.prompt!r}: {kept:,} kept nodes (ringed: pinned)"
+        return to_plot(readable_figure(pruned, feature_labels(pruned), title)), str(path)
 
     @readable_errors
     def render(self, found: dict | None, node_threshold: float | None, edge_threshold: float | None) -> tuple:

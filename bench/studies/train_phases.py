@@ -27,18 +27,19 @@ from common import Row, head_of, main
 
 import slmviz
 from slmviz.corpora.named import resolve_corpus
-from slmviz.training import train_sae as train
-from slmviz.training import train_set
+from slmviz.training import loop
+from slmviz.training.config import fastest_dtype
+from slmviz.training.sae_objective import SAEObjective
 
-# (module or class, function name, phase): what each timer wraps
+# (module or class, function name, phase): what each timer wraps (the loop's own names: it imports them by name)
 PHASES = (
-    (train_set, "block_rows_by_layer", "forwards of the training blocks"),
-    (train_set, "threshold_rows_by_layer", "the final threshold's rows (forwards)"),
-    (train.Trainer, "initialise", "init (input scales, skip maps' least-squares fit)"),
-    (train.Trainer, "step", "coders' steps"),
-    (train.Trainer, "estimate_threshold", "the final threshold from its rows"),
-    (train_set.SetRun, "save_checkpoint", "checkpoints"),
-    (train_set.TranscoderSet, "save", "saving the set"),
+    (loop, "block_rows", "forwards of the training blocks"),
+    (loop, "threshold_rows", "the final threshold's rows (forwards)"),
+    (SAEObjective, "initialise", "init (input scales, skip maps' least-squares fit)"),
+    (loop.Trainer, "step", "coders' steps"),
+    (SAEObjective, "estimate_threshold", "the final threshold from its rows"),
+    (loop.Run, "save_checkpoint", "checkpoints"),
+    (loop, "save_result", "saving the set"),
 )
 
 
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     timed(seconds, calls)
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        train_set.train_transcoders(model, layers=layers, corpus=corpus, d_sae=4096, k=64, tokens=args.tokens,
+        slmviz.train_transcoders(model, layers=layers, corpus=corpus, d_sae=4096, k=64, tokens=args.tokens,
                                     architecture="batchtopk", skip=True, batch_tokens=512, lr=2e-3,
                                     out=Path(tmp), progress=False)
         total = time.perf_counter() - start
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> list[Row]:
             for phase, s in seconds.items()]
     rows.append(Row("other (s)", f"{total - sum(seconds.values()):.1f}", "", None, "", None))
     rows.append(Row(f"train_transcoders, {len(layers)} layers x {args.tokens:,} tokens (s)", f"{total:.1f}", "",
-                    None, "", None, f"dtype {train.fastest_dtype('cpu')}, torch {torch.__version__}"))
+                    None, "", None, f"dtype {fastest_dtype('cpu')}, torch {torch.__version__}"))
     return rows
 
 

@@ -63,7 +63,7 @@ def main() -> None:
     with app_server() as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         with recording_page(browser, url, height=1400) as page:
-            page.get_by_role("tab", name="Circuits").click()
+            page.get_by_role("tab", name="Graph").click()
             page.wait_for_selector("#circuit-attr-prompt textarea")
             page.fill("#circuit-attr-prompt textarea", args.prompt)
             started = time.perf_counter()

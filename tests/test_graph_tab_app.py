@@ -1,0 +1,197 @@
+"""The Graph tab over HTTP (gradio_client against a real server of the tiny model with two tiny transcoders): the
+readable figure carries the pruned graph for the page's sliders and is drawn from it; head loadings of an edge that
+crosses positions and the QK pairs of a head are the library's; bad input is a readable error and the graph and
+its workbench state are kept. Also the one-build-per-model rule of the transcoder-set builds.
+
+Does not cover: the page itself (tests/test_graph_tab_browser.py moves the sliders and clicks a node), the numbers
+of QK attribution and head loadings (tests/test_qk.py, tests/test_head_loadings.py).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import test_workbench_app
+from app_helpers import app_server
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+from test_transcoder_sets_app import RECIPE as SET_RECIPE
+
+import slmviz
+from app.saes import scan_source, unreadable_scan
+from app.tabs.graph_readable import KEEP_DEFAULT, META_KEY, MIN_WEIGHT_DEFAULT, draw
+from app.transcoder_sets import KIND, QUICK, TranscoderSets
+from slmviz.features.load import load_sae
+from slmviz.graphs.derived import kept_adjacency, node_index
+from slmviz.training.prepare import RECIPES
+
+pytestmark = pytest.mark.app
+
+# the workbench tests' fixtures: the tiny model, its two random transcoders and a server of them
+tiny_folder, tiny, transcoders, tiny_server = (test_workbench_app.tiny_folder, test_workbench_app.tiny,
+                                               test_workbench_app.transcoders, test_workbench_app.tiny_server)
+
+PROMPT = "w3 w5 w7 w9"
+NAMES = ["tc_l0", "tc_l1"]
+
+
+@pytest.fixture(scope="module")
+def graph(tiny, transcoders):
+    """The server's graph, built in this process (unpruned)."""
+    tcs = [load_sae(transcoders / name, model=tiny) for name in NAMES]
+    return slmviz.attribution_graph(PROMPT, transcoders=tcs, model=tiny, progress=False)
+
+
+def built(server) -> Client:
+    client = Client(server, verbose=False)
+    client.predict(PROMPT, NAMES, 0.95, 0.98, api_name="/circuit_attribution")
+    return client
+
+
+def figure(client) -> dict:
+    plot, _ = client.predict(0.95, 0.98, api_name="/workbench_views")
+    return json.loads(plot["plot"])
+
+
+def crossing_edge(graph) -> tuple[str, str]:
+    """The largest kept edge of the pruned graph from a feature to a later position's feature or logit."""
+    p = graph.prune(0.95, 0.98)
+    a = kept_adjacency(p)
+    nodes = p.nodes
+    kinds, pos, ids = nodes["kind"].to_numpy(), nodes["position"].to_numpy(), nodes["node_id"].to_numpy()
+    dst, src = np.nonzero(a.numpy())
+    ok = [(abs(float(a[d, s])), ids[s], ids[d]) for d, s in zip(dst, src, strict=True)
+          if kinds[s] == "feature" and kinds[d] in ("feature", "logit") and pos[s] < pos[d]]
+    assert ok, "the tiny graph has no edge across positions"
+    _, source, target = max(ok)
+    return source, target
+
+
+def test_the_figure_carries_the_pruned_graph_and_is_drawn_from_it(tiny_server, graph):
+    """Every kept node is sent with its place and influence rank (embeddings and logits always drawn), the edges
+    are the kept adjacency's, and the traces are `draw` at the sliders' first values."""
+    fig = figure(built(tiny_server))
+    g = fig["layout"]["meta"][META_KEY]
+    p = graph.prune(0.95, 0.98)
+    kept = p.kept_nodes
+    assert sorted(g["ids"]) == sorted(kept["node_id"])
+    kinds = dict(zip(g["ids"], g["kind"], strict=True))
+    ranks = dict(zip(g["ids"], g["rank"], strict=True))
+    assert all((ranks[i] == -1) == (kinds[i] in ("embedding", "logit")) for i in g["ids"])
+    # (circuit-tracer's error id "0_{layer}_{pos}" can equal a layer-0 feature's "0_{feature}_{pos}": an id that
+    # names two nodes is left out of the checks by id below)
+    counts = p.nodes["node_id"].value_counts()
+    twice = set(counts[counts > 1].index)
+    # ranks follow the pruned graph's influence (smallest cumulative influence = most influential)
+    ranked = sorted((r, i) for i, r in ranks.items() if r >= 0 and i not in twice)
+    influence = p.influence.numpy()
+    index = node_index(p)
+    order = [influence[index[i]] for _, i in ranked]
+    assert order == sorted(order)
+    # y: embeddings at 0, layer L at L + 1, logits on top; x within half a position of the token's
+    for i, k, x, y in zip(g["ids"], g["kind"], g["x"], g["y"], strict=True):
+        if i in twice:
+            continue
+        row = p.nodes.iloc[index[i]]
+        assert y == {"embedding": 0, "logit": p.n_layers + 1}.get(k, int(row.layer) + 1)
+        assert abs(x - int(row.position)) <= 0.4 + 1e-6
+    a = kept_adjacency(p)
+    for s, d, w in zip(g["src"], g["dst"], g["w"], strict=True):
+        if g["ids"][s] not in twice and g["ids"][d] not in twice:
+            assert w == pytest.approx(float(a[index[g["ids"][d]], index[g["ids"][s]]]), rel=1e-4, abs=1e-6)
+    assert len(g["w"]) == int((a != 0).sum())
+    assert fig["data"] == json.loads(json.dumps(draw(g, KEEP_DEFAULT, MIN_WEIGHT_DEFAULT)))
+    # fewer nodes kept: the top ones by rank, and only edges among them at least the weight asked
+    few = draw(g, 3, 0.5)
+    shown = {c[0] for t in few if t["mode"] == "markers" and t["name"] != "pinned" for c in t["customdata"]}
+    assert shown == {i for i in g["ids"] if ranks[i] < 3}
+    lines = [t for t in few if t["mode"] == "lines"]
+    assert sum(len(t["x"]) // 3 for t in lines) == sum(
+        1 for s, d, w in zip(g["src"], g["dst"], g["w"], strict=True)
+        if ranks[g["ids"][s]] < 3 and ranks[g["ids"][d]] < 3 and abs(w) >= 0.5 * g["wmax"])
+
+
+def test_head_loadings_of_an_edge_and_the_qk_pairs_of_a_head(tiny_server, graph):
+    client = built(tiny_server)
+    source, target = crossing_edge(graph)
+    table, said = client.predict(f"{source} -> {target}", api_name="/graph_head_loadings")
+    expected = graph.head_loadings(source, target)
+    assert [row[:2] for row in table["data"]] == expected[["layer", "head"]].values.tolist()
+    np.testing.assert_allclose([row[2] for row in table["data"]], expected["weight"], atol=1e-4)  # 4 places shown
+    assert source in said and target in said and f"{expected.attrs['edge']:+.4g}" in said
+    layer, head = table["data"][0][:2]
+    index = node_index(graph)
+    query = int(graph.nodes["position"].iat[index[target]])
+    key = int(graph.nodes["position"].iat[index[source]])
+    pairs, heat, said = client.predict(layer, head, query, key, api_name="/graph_qk")
+    qk = graph.qk(layer, head, query, key)
+    rows = qk.pairs.head(len(pairs["data"]))
+    assert [r[2:4] for r in pairs["data"]] == rows[["query_node", "key_node"]].values.tolist()
+    np.testing.assert_allclose([r[4] for r in pairs["data"]], rows["contribution"], atol=1e-4)
+    assert f"{qk.score:.4g}" in said and json.loads(heat["plot"])["data"][0]["type"] == "heatmap"
+
+
+def test_bad_attention_input_is_a_readable_error_and_keeps_the_graph(tiny_server, graph, tiny):
+    client = built(tiny_server)
+    before = figure(client)
+    first, second = crossing_edge(graph)
+    for args, message in [((tiny.cfg.n_layers, 0, -1, 0), "layer .* out of range"),
+                          ((0, tiny.cfg.n_heads, -1, 0), "head .* out of range"),
+                          ((0, 0, 1, 3), "after query"),
+                          ((0, 0, 99, 0), "out of range")]:
+        with pytest.raises(AppError, match=message):
+            client.predict(*args, api_name="/graph_qk")
+    for edge, message in [("no_such -> node", "not a node|no node"), (f"{second} -> {first}", "comes after|cannot"),
+                          ("just one", "source -> target")]:
+        with pytest.raises(AppError, match=message):
+            client.predict(edge, api_name="/graph_head_loadings")
+    assert figure(client) == before  # the graph and its workbench state kept
+
+
+def test_a_card_names_the_text_its_contexts_come_from():
+    """Without a prepared scan a card's contexts are the bundled verses, and it says why; a prepared scan that
+    cannot be read is named with the reason (the graph still draws: the set loads without it)."""
+    entry = SimpleNamespace(key="a transcoder's weights")
+    assert scan_source(entry, ["a verse"] * 3) == ("from 3 verses of the bundled King James Bible: it has no prepared "
+                                                   "scan")
+    unreadable_scan(entry, "OSError: truncated file")
+    said = scan_source(entry, ["a verse"])
+    assert "could not be read (OSError: truncated file)" in said and "slmviz prepare --transcoders" in said
+
+
+def test_one_transcoder_set_build_per_model_at_a_time():
+    """A build of the other kind while one runs is refused, naming the one running; the same kind joins it."""
+    sets = TranscoderSets(ctx=None, saes=None)
+    model = SimpleNamespace(name="m", path="p", cfg=SimpleNamespace(n_layers=2))
+    release = threading.Event()
+    job = sets._start(model, KIND, lambda report: release.wait(30), who="a")
+    try:
+        assert sets._start(model, KIND, lambda report: None, who="b") is job
+        with pytest.raises(ValueError, match="full set: 2 per-layer transcoders of m is being built now"):
+            sets._start(model, QUICK, lambda report: None, who="b")
+    finally:
+        release.set()
+    job.done.wait(30)
+    quick = sets._start(model, QUICK, lambda report: "done", who="b")  # once it is done, the other kind starts
+    assert quick.done.wait(30) and quick.result == "done"
+
+
+QUICK_READY = any(kind == QUICK for _, kind in RECIPES)  # the library prepares a quick set (training.prepare)
+
+
+@pytest.mark.skipif(not QUICK_READY, reason="this slmviz has no plt-quick recipe (training.prepare.RECIPES) yet")
+def test_the_quick_set_is_built_from_the_tab_then_ticked_and_used(tiny_folder, tiny, tmp_path):
+    """With no set prepared the tab offers the quick build; built (a tiny recipe from $SLMVIZ_SET_RECIPE), the quick
+    set is ticked alone and the graph over it shows its scores."""
+    env = {"SLMVIZ_CACHE": str(tmp_path), "SLMVIZ_SET_RECIPE": json.dumps(SET_RECIPE)}
+    with app_server(env=env, model=str(tiny_folder), allow_local_models=True) as url:
+        client = Client(url, verbose=False)
+        names, status, *_ = client.predict(api_name="/graph_build_quick")
+        label = f"quick set: {tiny.cfg.n_layers} per-layer transcoders"
+        assert names["value"] == [label] and "Built" in status
+        _, _, _, status = client.predict(PROMPT, [label], 1.0, 1.0, api_name="/circuit_attribution")
+        assert "Replacement score" in status and label in status

@@ -1,0 +1,178 @@
+"""The Graph tab in headless Chromium, on the tiny model with two tiny transcoders: it says which transcoders it uses
+and, once built, their scores (#graph-set); the two sliders redraw the graph in the page without a request, and the
+page's drawing (DRAW_JS) is the server's (`draw`) at any slider values; clicking a node shows its card; the QK
+table appears for a chosen head and the head loadings for a chosen edge. Then, on SmolLM2 with the best transcoders
+the cache has, the screenshots of the Graph tab in assets/.
+
+Does not check the numbers (tests/test_graph_tab_app.py compares them with the library).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import test_graph_tab_app
+import test_workbench_app
+from app_helpers import CHROMIUM, NO_CHROMIUM, recording_page
+from test_browser import ASSETS
+from test_graph_tab_app import crossing_edge
+from test_workbench_browser import click_feature_node
+
+from app.tabs.graph_readable import DRAW_JS, KEEP_DEFAULT, META_KEY, MIN_WEIGHT_DEFAULT, draw
+
+pytestmark = pytest.mark.browser
+
+# the workbench tests' fixtures (the tiny model, its two random transcoders, a server of them) and the graph
+tiny_folder, tiny, transcoders, tiny_server = (test_workbench_app.tiny_folder, test_workbench_app.tiny,
+                                               test_workbench_app.transcoders, test_workbench_app.tiny_server)
+graph = test_graph_tab_app.graph
+
+if not CHROMIUM.exists():
+    pytest.skip(NO_CHROMIUM, allow_module_level=True)
+
+PROMPT = "w3 w5 w7 w9"
+NAMES = ["tc_l0", "tc_l1"]
+TIMEOUT_MS = 120_000
+
+
+def build(page) -> None:
+    page.get_by_role("tab", name="Graph").click()
+    page.wait_for_selector("#circuit-attr-prompt textarea")
+    assert "Uses tc_l0, tc_l1" in page.locator("#graph-set").inner_text()
+    page.fill("#circuit-attr-prompt textarea", PROMPT)
+    page.click("#circuit-attr-run")
+    page.wait_for_function("document.querySelector('#graph-set').innerText.includes('replacement score')",
+                           timeout=TIMEOUT_MS)
+    page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=TIMEOUT_MS)
+
+
+def plotted(page) -> dict:
+    """The figure in #graph-plot: its traces (the points each holds) and the graph in its layout.meta."""
+    return page.evaluate(f"""() => {{
+        const div = document.querySelector('#graph-plot .js-plotly-plot');
+        return {{meta: div.layout.meta.{META_KEY},
+                 points: div.data.map((t) => [t.name, (t.x || []).length])}};
+    }}""")
+
+
+def points(traces: list[dict]) -> list:
+    return [[t["name"], len(t["x"])] for t in traces]
+
+
+def move(page, slider: str, value: float) -> None:
+    page.locator(f"#{slider} input[type=range]").fill(str(value))
+
+
+def test_set_line_sliders_redraw_in_the_page_and_a_click_shows_the_card(browser, tiny_server):
+    with recording_page(browser, tiny_server, height=1400) as page:
+        build(page)
+        assert "completeness" in page.locator("#graph-set").inner_text()
+        first = plotted(page)
+        g = first["meta"]
+        # the page's drawing is the server's, at the sliders' first values and at others
+        for keep, weight in [(KEEP_DEFAULT, MIN_WEIGHT_DEFAULT), (3, 0.5), (10, 0.0)]:
+            js = page.evaluate(f"(g) => ({DRAW_JS})(g, {keep}, {weight})", g)
+            assert json.loads(json.dumps(js)) == json.loads(json.dumps(draw(g, keep, weight)))
+        assert first["points"] == points(draw(g, KEEP_DEFAULT, MIN_WEIGHT_DEFAULT))
+        # the sliders redraw without a request to the server
+        requests = []
+        page.on("request", lambda r: requests.append(r.url))
+        for slider, value, expected in [("graph-keep-nodes", 10, draw(g, 10, MIN_WEIGHT_DEFAULT)),
+                                        ("graph-min-weight", 0.5, draw(g, 10, 0.5))]:
+            move(page, slider, value)
+            page.wait_for_function("(want) => JSON.stringify(document.querySelector('#graph-plot .js-plotly-plot')"
+                                   ".data.map((t) => [t.name, (t.x || []).length])) === JSON.stringify(want)",
+                                   arg=points(expected), timeout=10_000)
+        assert not [u for u in requests if "/queue/" in u or "/run/" in u], requests
+        # a click on a feature node shows its card
+        move(page, "graph-keep-nodes", KEEP_DEFAULT)
+        click_feature_node(page)
+        page.wait_for_function("document.querySelector('#graph-node-card').innerText.includes('feature')",
+                               timeout=60_000)
+        errors = page.locator(".toast-body.error")
+        assert errors.count() == 0, errors.first.inner_text()
+        assert page.hosts <= {tiny_server.split("//")[1].rstrip("/")}
+
+
+def test_head_loadings_for_an_edge_then_the_qk_table_for_its_head(browser, tiny_server, graph):
+    source, target = crossing_edge(graph)
+    with recording_page(browser, tiny_server, height=1400) as page:
+        build(page)
+        page.fill("#graph-edge textarea", f"{source} -> {target}")
+        page.click("#graph-head-loadings-run")
+        page.wait_for_selector("#graph-head-loadings [data-testid=cell-0-0]", timeout=TIMEOUT_MS)
+        page.locator("#graph-head-loadings [data-testid=cell-0-0]").click()  # the head: fills layer, head, positions
+        page.wait_for_function("document.querySelector('#graph-qk-key input').value !== '0' || "
+                               "document.querySelector('#graph-qk-query input').value !== '-1'", timeout=30_000)
+        page.click("#graph-qk")
+        page.wait_for_selector("#graph-qk-result [data-testid=cell-0-0]", timeout=TIMEOUT_MS)
+        page.wait_for_selector("#graph-qk-plot .js-plotly-plot", timeout=TIMEOUT_MS)
+        assert "pattern" in page.locator("#graph-qk-status").inner_text()
+        # bad input: a readable message, the table kept
+        page.fill("#graph-qk-layer input", "99")
+        page.click("#graph-qk")
+        page.wait_for_selector(".toast-body.error", timeout=30_000)
+        assert "out of range" in page.locator(".toast-body.error").first.inner_text()
+        assert page.locator("#graph-qk-result [data-testid=cell-0-0]").count() == 1
+
+
+SCREENSHOT_PROMPT = "The capital of the state containing Dallas is"
+CROSSING_EDGE_JS = """() => {
+    // the strongest drawn edge from a feature to a later position's feature or logit
+    const g = document.querySelector('#graph-plot .js-plotly-plot').layout.meta.slmviz_graph;
+    let best = null;
+    for (let e = 0; e < g.src.length; e++) {
+        const s = g.src[e], d = g.dst[e];
+        const ok = g.kind[s] === 'feature' && (g.kind[d] === 'feature' || g.kind[d] === 'logit')
+            && Math.round(g.x[s]) < Math.round(g.x[d]);
+        if (ok && (best === null || Math.abs(g.w[e]) > Math.abs(g.w[best]))) best = e;
+    }
+    return best === null ? null : g.ids[g.src[best]] + ' -> ' + g.ids[g.dst[best]];
+}"""
+
+
+def test_the_graph_tab_on_smollm2_for_the_screenshots(browser, server):
+    """SmolLM2 with the best transcoders this cache has (the tab's own choice): the graph, a node's card, an edge's
+    head loadings and its head's QK pairs; saves assets/screenshot-graph.png, screenshot-graph-card.png and
+    screenshot-graph-qk.png."""
+    with recording_page(browser, server, height=1400) as page:
+        page.get_by_role("tab", name="Graph").click()
+        page.wait_for_selector("#circuit-attr-prompt textarea")
+        page.fill("#circuit-attr-prompt textarea", SCREENSHOT_PROMPT)
+        page.click("#circuit-attr-run")
+        page.wait_for_function("document.querySelector('#graph-set').innerText.includes('replacement score')",
+                               timeout=600_000)
+        page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=TIMEOUT_MS)
+        page.wait_for_timeout(1500)  # the sliders' values applied to the server's figure
+        page.mouse.move(5, 5)
+        top = page.locator("#graph-set").bounding_box()["y"] + page.evaluate("window.scrollY")
+        plot = page.locator("#graph-plot").bounding_box()
+        bottom = plot["y"] + page.evaluate("window.scrollY") + plot["height"]
+        page.screenshot(path=str(ASSETS / "screenshot-graph.png"), full_page=True,
+                        clip={"x": 0, "y": top - 10, "width": 1400, "height": bottom - top + 20})
+        click_feature_node(page)
+        page.wait_for_function("document.querySelector('#graph-node-card').innerText.includes('Strongest incoming')",
+                               timeout=60_000)
+        page.mouse.move(5, 5)
+        page.locator("#graph-node-card").scroll_into_view_if_needed()
+        page.locator("#graph-node-card").screenshot(path=str(ASSETS / "screenshot-graph-card.png"))
+        edge = page.evaluate(CROSSING_EDGE_JS)
+        assert edge, "no drawn edge crosses positions"
+        page.fill("#graph-edge textarea", edge)
+        page.click("#graph-head-loadings-run")
+        page.wait_for_selector("#graph-head-loadings [data-testid=cell-0-0]", timeout=TIMEOUT_MS)
+        page.locator("#graph-head-loadings [data-testid=cell-0-0]").click()
+        page.wait_for_timeout(1500)
+        page.click("#graph-qk")
+        page.wait_for_selector("#graph-qk-result [data-testid=cell-0-0]", timeout=TIMEOUT_MS)
+        page.wait_for_selector("#graph-qk-plot .js-plotly-plot", timeout=TIMEOUT_MS)
+        page.mouse.move(5, 5)
+        page.wait_for_timeout(800)
+        start = page.locator("#graph-edge").bounding_box()["y"] + page.evaluate("window.scrollY")
+        end = page.locator("#graph-qk-result").bounding_box()
+        end = end["y"] + page.evaluate("window.scrollY") + end["height"]
+        page.screenshot(path=str(ASSETS / "screenshot-graph-qk.png"), full_page=True,
+                        clip={"x": 0, "y": start - 10, "width": 1400, "height": end - start + 20})
+        errors = page.locator(".toast-body.error")
+        assert errors.count() == 0, errors.first.inner_text()
