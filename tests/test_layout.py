@@ -172,3 +172,49 @@ def test_the_library_never_imports_gradio():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.split(".")[0] in ("gradio", "gradio_client") for n in names), path
+
+
+APP = PACKAGE.parent / "app"
+
+
+def app_imports() -> dict[str, list[tuple[str, list[str]]]]:
+    """{app module: [(app module it imports, the names it takes)]}, function-level imports included."""
+    found: dict[str, list[tuple[str, list[str]]]] = {}
+    for path in sorted(APP.rglob("*.py")):
+        parts = list(path.relative_to(APP.parent).with_suffix("").parts)
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        edges = found.setdefault(module, [])
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                if target == "app" or target.startswith("app."):
+                    edges.append((target, [a.name for a in node.names]))
+    for edges in found.values():  # `from . import shared` imports the module app.shared, not the package
+        edges[:] = [(f"{dst}.{name}", []) if f"{dst}.{name}" in found else (dst, [name])
+                    for dst, names in edges for name in names]
+    return found
+
+
+def test_the_app_has_no_import_circle_and_imports_no_private_name_across_modules():
+    """The app's modules import one way too, and no module reaches into another's `_private` names (0.2's
+    Circuits tab and workbench imported each other's private helpers)."""
+    found = app_imports()
+    private = [(src, dst, name) for src, edges in found.items() for dst, names in edges for name in names
+               if name.startswith("_") and not name.startswith("__")]
+    assert not private, f"private names imported across app modules: {private}"
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted({dst for dst, _ in found.get(node, ()) if dst in found and dst != node}):
+            if state.get(nxt) == 1:
+                pytest.fail("app import cycle: " + " -> ".join(stack[stack.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for node in sorted(found):
+        if node not in state:
+            visit(node, [node])
