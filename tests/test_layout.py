@@ -147,6 +147,11 @@ def test_no_import_cycles():
             if target != src and target in modules and part_of(target) not in ("__init__",):
                 graph.setdefault(src, set()).add(target)
 
+    assert_no_cycle(graph, "import cycle")
+
+
+def assert_no_cycle(graph: dict[str, set[str]], what: str) -> None:
+    """Fail naming the first cycle of `graph` ({module: modules it imports}) a depth-first walk meets."""
     state: dict[str, int] = {}
 
     def visit(node: str, stack: list[str]) -> None:
@@ -154,7 +159,7 @@ def test_no_import_cycles():
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
                 cycle = stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
+                pytest.fail(f"{what}: " + " -> ".join(cycle))
             if nxt not in state:
                 visit(nxt, [*stack, nxt])
         state[node] = 2
@@ -204,17 +209,5 @@ def test_the_app_has_no_import_circle_and_imports_no_private_name_across_modules
     private = [(src, dst, name) for src, edges in found.items() for dst, names in edges for name in names
                if name.startswith("_") and not name.startswith("__")]
     assert not private, f"private names imported across app modules: {private}"
-    state: dict[str, int] = {}
-
-    def visit(node: str, stack: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted({dst for dst, _ in found.get(node, ()) if dst in found and dst != node}):
-            if state.get(nxt) == 1:
-                pytest.fail("app import cycle: " + " -> ".join(stack[stack.index(nxt):] + [nxt]))
-            if nxt not in state:
-                visit(nxt, [*stack, nxt])
-        state[node] = 2
-
-    for node in sorted(found):
-        if node not in state:
-            visit(node, [node])
+    graph = {src: {dst for dst, _ in edges if dst in found and dst != src} for src, edges in found.items()}
+    assert_no_cycle(graph, "app import cycle")
