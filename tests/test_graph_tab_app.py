@@ -23,7 +23,7 @@ from test_transcoder_sets_app import RECIPE as SET_RECIPE
 
 import slmviz
 from app.saes import scan_source, unreadable_scan
-from app.tabs.graph_readable import KEEP_DEFAULT, META_KEY, MIN_WEIGHT_DEFAULT, draw
+from app.tabs.graph_readable import CHAR_PX, KEEP_DEFAULT, META_KEY, MIN_WEIGHT_DEFAULT, draw, graph_payload
 from app.transcoder_sets import KIND, QUICK, TranscoderSets
 from slmviz.features.load import load_sae
 from slmviz.graphs.derived import kept_adjacency, node_index
@@ -92,13 +92,13 @@ def test_the_figure_carries_the_pruned_graph_and_is_drawn_from_it(tiny_server, g
     index = node_index(p)
     order = [influence[index[i]] for _, i in ranked]
     assert order == sorted(order)
-    # y: embeddings at 0, layer L at L + 1, logits on top; x within half a position of the token's
-    for i, k, x, y in zip(g["ids"], g["kind"], g["x"], g["y"], strict=True):
+    # y: embeddings at 0, layer L at L + 1, logits on top; the node's token position
+    for i, k, position, y in zip(g["ids"], g["kind"], g["position"], g["y"], strict=True):
         if i in twice:
             continue
         row = p.nodes.iloc[index[i]]
         assert y == {"embedding": 0, "logit": p.n_layers + 1}.get(k, int(row.layer) + 1)
-        assert abs(x - int(row.position)) <= 0.4 + 1e-6
+        assert position == int(row.position)
     a = kept_adjacency(p)
     for s, d, w in zip(g["src"], g["dst"], g["w"], strict=True):
         if g["ids"][s] not in twice and g["ids"][d] not in twice:
@@ -109,7 +109,7 @@ def test_the_figure_carries_the_pruned_graph_and_is_drawn_from_it(tiny_server, g
     few = draw(g, 3, 0.5)
     shown = {c[0] for t in few if t["mode"] == "markers" and t["name"] != "pinned" for c in t["customdata"]}
     assert shown == {i for i in g["ids"] if ranks[i] < 3}
-    lines = [t for t in few if t["mode"] == "lines"]
+    lines = [t for t in few if t["name"] in ("edges +", "edges −")]
     assert sum(len(t["x"]) // 3 for t in lines) == sum(
         1 for s, d, w in zip(g["src"], g["dst"], g["w"], strict=True)
         if ranks[g["ids"][s]] < 3 and ranks[g["ids"][d]] < 3 and abs(w) >= 0.5 * g["wmax"])
@@ -195,3 +195,28 @@ def test_the_quick_set_is_built_from_the_tab_then_ticked_and_used(tiny_folder, t
         assert names["value"] == [label] and "Built" in status
         _, _, _, status = client.predict(PROMPT, [label], 1.0, 1.0, api_name="/circuit_attribution")
         assert "Replacement score" in status and label in status
+
+
+def test_the_drawing_gives_each_marker_and_label_its_own_room(graph):
+    """Markers of one row never overlap, and each label's room (after its marker) holds no other marker and stays
+    inside the drawing."""
+    p = graph.prune(0.95, 0.98)
+    labels = {i: "a feature label" for i, k in zip(p.nodes["node_id"], p.nodes["kind"], strict=True)
+              if k == "feature"}
+    g = graph_payload(p, labels)
+    traces = {t["name"]: t for t in draw(g, KEEP_DEFAULT, MIN_WEIGHT_DEFAULT)}
+    rows: dict[float, list[float]] = {}
+    for kind in ("embedding", "feature", "error", "logit"):
+        for x, y in zip(traces[kind]["x"], traces[kind]["y"], strict=True):
+            rows.setdefault(y, []).append(x)
+    for xs in rows.values():
+        xs.sort()
+        assert all(b - a >= g["slot"] - 1e-9 for a, b in zip(xs, xs[1:], strict=False))
+    tokens, bars = traces["tokens"], traces["columns"]
+    right = 2 * tokens["x"][-1] - bars["x"][-3]  # the last column's centre and left edge: its right edge
+    said = traces["labels"]
+    assert said["x"], "nothing labelled"
+    for x, y, text in zip(said["x"], said["y"], said["text"], strict=True):
+        end = x + CHAR_PX * len(text)
+        assert end <= right
+        assert not [m for m in rows[y] if x < m < end + g["slot"] / 2], (text, x, rows[y])

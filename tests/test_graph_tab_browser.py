@@ -125,7 +125,7 @@ CROSSING_EDGE_JS = """() => {
     for (let e = 0; e < g.src.length; e++) {
         const s = g.src[e], d = g.dst[e];
         const ok = g.kind[s] === 'feature' && (g.kind[d] === 'feature' || g.kind[d] === 'logit')
-            && Math.round(g.x[s]) < Math.round(g.x[d]);
+            && g.position[s] < g.position[d];
         if (ok && (best === null || Math.abs(g.w[e]) > Math.abs(g.w[best]))) best = e;
     }
     return best === null ? null : g.ids[g.src[best]] + ' -> ' + g.ids[g.dst[best]];

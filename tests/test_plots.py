@@ -226,3 +226,13 @@ def test_figures_are_built_without_running_the_model(faithful, monkeypatch):
     for build in FIGURES.values():
         build(faithful, faithful)
     assert isinstance(plots.top_tokens(faithful), go.Figure)
+
+
+def test_spread_columns_gives_the_fullest_position_most_width_and_each_node_its_own_room():
+    """A column is as wide as its widest cell (an empty one keeps its least width), a cell sits centred in its
+    column, its nodes side by side in the order given: the Graph tab's drawing and its page twin rely on it."""
+    from slmviz.plots.attribution import spread_columns
+
+    x, edges = spread_columns([2, 2, 2, 0, 2], [1.0, 1.0, 1.0, 1.0, 3.0], [10, 10, 30, 10, 10], [5, 5, 5], 4)
+    assert edges == [0, 10, 15, 65]  # position 2's row 1 needs 50, position 1 (no node) keeps 5
+    assert x == [17, 27, 37, 2, 37]  # row 1's cell fills its column; row 3's one node sits at its centre

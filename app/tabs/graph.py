@@ -4,10 +4,11 @@ The tab picks the best transcoders that are ready (the full per-layer set, then 
 bundled single transcoders: app/transcoder_sets.py) and says in #graph-set which it uses and what the graph scores;
 while no full or quick set exists it offers to build the quick one (#graph-build-quick; a long job with its progress
 and Cancel, resumed after a restart from its checkpoint). The graph (app/tabs/graph_attribution.py builds and prunes
-it) is drawn with tokens along the bottom and layers upward (app/tabs/graph_readable.py), two sliders redrawing it
-in the page; a click on a node shows its card. Under it the workbench (app/tabs/graph_workbench.py: pins and the
-subgraph with its scores, supernodes, labels, interventions), the attention panel (app/tabs/graph_qk.py: head
-loadings and QK pairs), and the kept features' table with each feature's page (the Features tab's card).
+it) is drawn across the page's width with tokens along the bottom and layers upward (app/tabs/graph_readable.py),
+two sliders redrawing it in the page; a click on a node shows its card under the graph. Then the workbench
+(app/tabs/graph_workbench.py: pins and the subgraph with its scores, supernodes, labels, interventions), the
+attention panel (app/tabs/graph_qk.py: head loadings and QK pairs), and the kept features' table with each
+feature's page (the Features tab's card).
 
 Element ids (tests outside the repo use them): #graph-set, #graph-build-quick, #graph-build-quick-cancel,
 #graph-quick-status, #graph-keep-nodes, #graph-min-weight; the graph: #circuit-attr-prompt,
@@ -72,7 +73,7 @@ which edges are drawn, without recomputing it. **Click a node** for its card."""
 FEATURES_INTRO = """Every kept feature, most influential first, and the graph with all its kept edges
 (slmviz's `g.plot()`). **Click a feature node** here, or select a row, to open its page (the Features tab's card)."""
 
-WORKBENCH_INTRO = """**Workbench.** Click a node (or select a feature in the table) to see its card beside the graph.
+WORKBENCH_INTRO = """**Workbench.** Click a node (or select a feature in the table) to see its card under the graph.
 **Pin** the nodes that tell the story: the subgraph below shows them with the edges among them, and its scores are
 recomputed as Neuronpedia does (unpinned features merged into the error node of their layer and position). Group
 pinned nodes into a named **supernode**, edit a feature's **label** (automatic ones say `[auto]`), and **intervene**:
@@ -193,16 +194,14 @@ def build_workbench(wb: WorkbenchHandlers, found: gr.State, node_threshold: gr.S
     """The workbench's layout, under the attribution graph, and its events; returns wire(*events): after each of
     those events (the graph built, re-pruned) the workbench redraws."""
     with gr.Row():
-        with gr.Column(scale=7):
-            with gr.Row():
-                keep = gr.Slider(KEEP_MIN, MAX_NODES_SENT, value=KEEP_DEFAULT, step=KEEP_STEP,
-                                 elem_id="graph-keep-nodes",
-                                 label="nodes drawn: the most influential (embeddings, logits and pins always)")
-                min_weight = gr.Slider(0, MIN_WEIGHT_MAX, value=MIN_WEIGHT_DEFAULT, step=MIN_WEIGHT_STEP,
-                                       elem_id="graph-min-weight",
-                                       label="smallest edge drawn (fraction of the largest edge's |weight|)")
-            graph_plot = gr.Plot(show_label=False, elem_id="graph-plot")
-        with gr.Column(scale=3, min_width=320):  # the clicked node's card beside the graph
+        keep = gr.Slider(KEEP_MIN, MAX_NODES_SENT, value=KEEP_DEFAULT, step=KEEP_STEP, elem_id="graph-keep-nodes",
+                         label="nodes drawn: the most influential (embeddings, logits and pins always)")
+        min_weight = gr.Slider(0, MIN_WEIGHT_MAX, value=MIN_WEIGHT_DEFAULT, step=MIN_WEIGHT_STEP,
+                               elem_id="graph-min-weight",
+                               label="smallest edge drawn (fraction of the largest edge's |weight|)")
+    graph_plot = gr.Plot(show_label=False, elem_id="graph-plot")  # the page's full width: the columns need it
+    with gr.Row():  # under the graph: the selected node and its card
+        with gr.Column(scale=1, min_width=320):
             with gr.Row():
                 node = gr.Textbox(label="selected node (click one, or type ids separated by commas)",
                                   elem_id="graph-node", scale=3)
@@ -210,6 +209,7 @@ def build_workbench(wb: WorkbenchHandlers, found: gr.State, node_threshold: gr.S
             with gr.Row():
                 pin_btn = gr.Button("Pin / unpin", variant="primary", elem_id="graph-pin")
                 clear_btn = gr.Button("Clear pins", elem_id="graph-clear")
+        with gr.Column(scale=2):
             card = gr.HTML(elem_id="graph-node-card")
     with gr.Accordion("Workbench: inspect, pin, group, label and intervene", open=True):
         gr.Markdown(WORKBENCH_INTRO)

@@ -1,10 +1,15 @@
 """The Graph tab's readable drawing of a pruned attribution graph, which two sliders redraw in the page.
 
-Tokens along the bottom, layers upward (embeddings at the bottom, logits on top), the nodes of one (layer,
-position) cell side by side in order of influence, the most influential nodes labelled beside their marker, error
-nodes small and pale, edges in two colours by sign. The server sends the pruned graph ONCE, inside the figure's
-`layout.meta` (graph_payload: each node's place, kind, short label and influence rank; the strongest edges with
-their weights), so the sliders redraw it in the browser with Plotly.react, no request and nothing recomputed:
+Tokens along the bottom, layers upward (embeddings at the bottom, logits on top). Each token position gets a
+column as wide as its fullest (layer, position) cell needs (slmviz.plots.attribution.spread_columns): the position
+where most drawn nodes are gets most of the width, one without any a narrow column. A cell's nodes sit side by
+side in order of influence, and its top few features or logits carry a short label in room kept for it beside
+their marker (as many per cell as fit a plot of PLOT_PX: 3, 2 or 1), so labels neither cover markers nor leave the
+plot. Error nodes small and pale, edges in two colours by sign, thin grey lines between the columns.
+
+The server sends the pruned graph ONCE, inside the figure's `layout.meta` (graph_payload: each node's position,
+row, kind, short label and influence rank; the strongest edges with their weights), so the sliders redraw it in
+the browser with Plotly.react, no request (the columns' widths follow the nodes drawn):
 
 - how many nodes to keep (the top n by influence; embeddings, logits and pinned nodes always);
 - the smallest edge drawn, as a fraction of the largest edge's |weight|.
@@ -26,14 +31,22 @@ import torch
 
 from slmviz.features.labels import AUTO
 from slmviz.graphs.derived import kept_adjacency, node_influence
-from slmviz.plots.attribution import KIND_STYLE, NEGATIVE, POSITIVE, TEMPLATE, axes, figure, node_xy
+from slmviz.plots.attribution import KIND_STYLE, NEGATIVE, POSITIVE, TEMPLATE, axes, figure, node_y, spread_columns
 
 MAX_NODES_SENT = 5000  # the most influential kept nodes the page receives (the keep slider's maximum)
 MAX_EDGES_SENT = 20000  # the strongest edges among them
 KEEP_DEFAULT, KEEP_MIN, KEEP_STEP = 200, 10, 10
 MIN_WEIGHT_DEFAULT, MIN_WEIGHT_MAX, MIN_WEIGHT_STEP = 0.05, 1.0, 0.01
-LABELLED = 40  # the most influential shown feature or logit of each cell carries its label beside the marker
-LABEL_CHARS = 24
+LABEL_CHARS = 16
+# the drawing's x unit is about a pixel of a plot PLOT_PX wide (the page's width); wider, plotly shrinks it all
+PLOT_PX = 1200
+SLOT_PX = 12  # a node's marker (and the gap to the next one)
+CHAR_PX = 6.0  # a character of the labels' 10 px text, about: a label keeps this much room per character
+# (features labelled per cell, labels in all): the first that fits PLOT_PX, the top nodes by influence labelled
+# (every logit too); a graph too wide for even the last takes the last, its labels squeezed with the nodes
+LABEL_STEPS = ((3, 60), (2, 60), (1, 60), (1, 30), (1, 15))
+TOKEN_CHARS = 12  # a column is at least as wide as its token's name, cut to this
+LABEL_HALO = "0 0 2px #fff, 0 0 2px #fff, 0 0 3px #fff, 0 0 3px #fff"  # a white halo: legible over edges
 GL_FROM = 1000  # nodes sent from which the markers are drawn with WebGL
 META_KEY = "slmviz_graph"
 # kind -> (marker size, opacity): error nodes quieter than the features they stand beside
@@ -51,14 +64,16 @@ def influence_rank(graph: Any) -> np.ndarray:
 
 
 def short(text: Any, n: int = LABEL_CHARS) -> str:
+    """`text` on one line, cut to `n` characters (an ellipsis saying so)."""
     text = " ".join(str(text).split())
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def graph_payload(graph: Any, labels: dict[str, str]) -> dict[str, Any]:
     """What the page needs to draw the pruned `graph` at any slider position: its MAX_NODES_SENT most influential
-    kept nodes (x, y, kind, id, label, hover text, rank; rank -1 for those always drawn: embeddings, logits, pins)
-    and the MAX_EDGES_SENT largest kept edges among them (source and target as indices into the nodes)."""
+    kept nodes (position, row y, kind, id, label, hover text, rank; rank -1 for those always drawn: embeddings,
+    logits, pins), the MAX_EDGES_SENT largest kept edges among them (source and target as indices into the nodes),
+    and each position's token name and narrowest column."""
     rank = influence_rank(graph)
     kinds = graph.nodes["kind"].to_numpy()
     kept = np.nonzero(graph.node_mask.numpy())[0]
@@ -68,7 +83,8 @@ def graph_payload(graph: Any, labels: dict[str, str]) -> dict[str, Any]:
     rows = np.sort(order[:MAX_NODES_SENT], kind="stable")
     rows = rows[np.argsort(rank[rows], kind="stable")]  # by influence: a cell's most influential node leftmost
     nodes = graph.nodes.iloc[rows]
-    x, y = node_xy(nodes, graph.n_layers)
+    y = node_y(nodes["kind"], nodes["layer"], graph.n_layers)
+    tokens = [short(f"{p}: {t!r}", TOKEN_CHARS) for p, t in enumerate(graph.tokens)]
     ids = nodes["node_id"].tolist()
     # the keep slider counts the nodes it may hide: ranks 0, 1, ... among them, -1 for those always drawn
     always_sent = [k in ("embedding", "logit") or i in pinned for i, k in zip(ids, nodes["kind"], strict=True)]
@@ -76,7 +92,9 @@ def graph_payload(graph: Any, labels: dict[str, str]) -> dict[str, Any]:
     shown_rank = [-1 if a else next(ranked) for a in always_sent]
     texts, hovers = [], []
     for r in nodes.itertuples(index=False):
-        text = labels.get(r.node_id, "") if r.kind == "feature" else repr(r.token) if r.kind == "logit" else ""
+        # a logit's label is its token, without the quotes its hover text shows
+        token = str(r.token).strip() or repr(r.token)
+        text = labels.get(r.node_id, "") if r.kind == "feature" else token if r.kind == "logit" else ""
         texts.append(short(text.removeprefix(AUTO)))  # the hover text says "[auto]"
         hovers.append(f"{r.kind} {r.node_id}<br>layer {r.layer}, position {r.position} ({r.token!r})"
                       + (f"<br>activation {r.activation:.3g}" if r.kind == "feature" else "")
@@ -86,12 +104,14 @@ def graph_payload(graph: Any, labels: dict[str, str]) -> dict[str, Any]:
     dst, src = torch.nonzero(a, as_tuple=True)
     w = a[dst, src]
     top = w.abs().argsort(descending=True, stable=True)[:MAX_EDGES_SENT]
-    return {"ids": ids, "kind": nodes["kind"].tolist(), "x": np.round(x, 4).tolist(), "y": y.tolist(),
+    return {"ids": ids, "kind": nodes["kind"].tolist(), "position": nodes["position"].astype(int).tolist(),
+            "y": y.tolist(), "tokens": tokens, "min_width": [max(2 * SLOT_PX, CHAR_PX * len(t) + 14) for t in tokens],
             "rank": shown_rank, "text": texts, "hover": hovers, "pinned": [i in pinned for i in ids],
             "src": src[top].tolist(), "dst": dst[top].tolist(), "w": [round(float(v), 6) for v in w[top]],
             "wmax": float(w.abs().max()) if len(w) else 0.0, "gl": len(ids) > GL_FROM,
             "style": {k: [*KIND_STYLE[k], *KIND_LOOK[k]] for k in KIND_STYLE},
-            "colours": [POSITIVE, NEGATIVE], "labelled": LABELLED}
+            "colours": [POSITIVE, NEGATIVE], "label_steps": [list(s) for s in LABEL_STEPS],
+            "plot_px": PLOT_PX, "slot": SLOT_PX, "label_w": [CHAR_PX * len(t) + 12 if t else 0 for t in texts]}
 
 
 def draw(g: dict[str, Any], keep: float, min_weight: float) -> list[dict[str, Any]]:
@@ -99,95 +119,154 @@ def draw(g: dict[str, Any], keep: float, min_weight: float) -> list[dict[str, An
     n = len(g["ids"])
     shown = [g["rank"][i] < keep for i in range(n)]
     cut = min_weight * g["wmax"]
+    drawn = [i for i in range(n) if shown[i]]
+    named = [i for i in drawn if g["text"][i] and g["kind"][i] in ("feature", "logit")]
+    named = sorted(named, key=lambda i: (g["rank"][i], i))
+    for per_cell, most in g["label_steps"]:  # as many labels as fit the plot's width
+        labelled = top_per_cell(g, named, per_cell, most)
+        widths = [g["slot"] + (g["label_w"][i] if i in labelled else 0) for i in drawn]
+        xs_drawn, edges = spread_columns([g["position"][i] for i in drawn], [g["y"][i] for i in drawn], widths,
+                                         g["min_width"], g["slot"])
+        if edges[-1] <= g["plot_px"]:
+            break
+    x: list[Any] = [None] * n
+    for i, xi in zip(drawn, xs_drawn, strict=True):
+        x[i] = xi
     traces = []
     for sign, colour, name in ((1, g["colours"][0], "edges +"), (-1, g["colours"][1], "edges −")):
         xs: list[Any] = []
         ys: list[Any] = []
         for s, d, w in zip(g["src"], g["dst"], g["w"], strict=True):
             if shown[s] and shown[d] and abs(w) >= cut and w * sign > 0:
-                xs += [g["x"][s], g["x"][d], None]
+                xs += [x[s], x[d], None]
                 ys += [g["y"][s], g["y"][d], None]
         traces.append({"type": "scattergl" if g["gl"] else "scatter", "x": xs, "y": ys, "mode": "lines",
                        "name": name, "hoverinfo": "skip", "line": {"color": colour, "width": 1}, "opacity": 0.45})
     for kind, (symbol, colour, size, opacity) in g["style"].items():
-        sel = [i for i in range(n) if shown[i] and g["kind"][i] == kind]
-        traces.append({"type": "scattergl" if g["gl"] else "scatter", "x": [g["x"][i] for i in sel],
+        sel = [i for i in drawn if g["kind"][i] == kind]
+        traces.append({"type": "scattergl" if g["gl"] else "scatter", "x": [x[i] for i in sel],
                        "y": [g["y"][i] for i in sel], "mode": "markers", "name": kind,
                        "hovertext": [g["hover"][i] for i in sel], "hoverinfo": "text",
                        "customdata": [[g["ids"][i], kind] for i in sel],
                        "marker": {"symbol": symbol, "color": colour, "size": size, "opacity": opacity,
                                   "line": {"width": 0.5, "color": "#333"}}})
-    named = [i for i in range(n) if shown[i] and g["text"][i] and g["kind"][i] in ("feature", "logit")]
-    named = first_per_cell(g, sorted(named, key=lambda i: (g["rank"][i], i)))
-    traces.append({"type": "scatter", "x": [g["x"][i] for i in named], "y": [g["y"][i] for i in named],
-                   "mode": "text", "name": "labels", "text": [g["text"][i] for i in named],
-                   "textposition": "middle right", "textfont": {"size": 10}, "hoverinfo": "skip"})
-    ring = [i for i in range(n) if g["pinned"][i]]
-    traces.append({"type": "scatter", "x": [g["x"][i] for i in ring], "y": [g["y"][i] for i in ring],
+    top = [i for i in named if i in labelled]
+    traces.append({"type": "scatter", "x": [x[i] + g["slot"] / 2 for i in top], "y": [g["y"][i] for i in top],
+                   "mode": "text", "name": "labels", "text": [g["text"][i] for i in top],
+                   "textposition": "middle right", "hoverinfo": "skip",
+                   "textfont": {"size": 10, "color": "#1c2833", "shadow": LABEL_HALO}})
+    ring = [i for i in drawn if g["pinned"][i]]
+    traces.append({"type": "scatter", "x": [x[i] for i in ring], "y": [g["y"][i] for i in ring],
                    "mode": "markers", "name": "pinned", "hoverinfo": "skip",
                    "marker": {"symbol": "circle-open", "size": 17, "color": "#8e44ad", "line": {"width": 2}}})
+    # the columns: a thin line between two positions, each token's name under its column
+    top_row = max(g["y"]) + 0.5 if n else 1.5
+    bars: dict[str, list[Any]] = {"x": [], "y": []}
+    for e in edges[1:-1]:
+        bars["x"] += [e, e, None]
+        bars["y"] += [-0.5, top_row, None]
+    traces.append({"type": "scatter", "x": bars["x"], "y": bars["y"], "mode": "lines", "name": "columns",
+                   "hoverinfo": "skip", "showlegend": False, "line": {"color": "#d5d8dc", "width": 1}})
+    traces.append({"type": "scatter", "x": [(a + b) / 2 for a, b in zip(edges, edges[1:], strict=False)],
+                   "y": [-1.1] * len(g["tokens"]), "mode": "text", "name": "tokens", "text": g["tokens"],
+                   "textposition": "middle center", "textfont": {"size": 10}, "hoverinfo": "skip",
+                   "showlegend": False})
     return traces
 
 
-def first_per_cell(g: dict[str, Any], ordered: list[int]) -> list[int]:
-    """The nodes to label: in `ordered`'s order, the first of each (row, position) cell (labels of one cell would
-    overlap), at most g["labelled"]."""
-    out: list[int] = []
-    cells: set[tuple[float, int]] = set()
-    for i in ordered:
-        cell = (g["y"][i], round(g["x"][i]))  # a cell's nodes sit within 0.4 of its position
-        if cell in cells:
+def top_per_cell(g: dict[str, Any], named: list[int], per_cell: int, most: int) -> set[int]:
+    """The nodes to label: in `named`'s order (by influence), every logit and the first `per_cell` features of each
+    (row, position) cell, at most `most` features in all."""
+    out: set[int] = set()
+    count: dict[tuple[float, int], int] = {}
+    features = 0
+    for i in named:
+        cell = (g["y"][i], g["position"][i])
+        feature = g["kind"][i] == "feature"
+        if feature and (count.get(cell, 0) >= per_cell or features == most):
             continue
-        cells.add(cell)
-        out.append(i)
-        if len(out) == g["labelled"]:
-            break
+        count[cell] = count.get(cell, 0) + 1
+        features += feature
+        out.add(i)
     return out
 
 
-# DRAW_JS: `draw` above, in the page's JavaScript (keep them alike).
+# DRAW_JS: `draw` above, in the page's JavaScript, with spread_columns (slmviz.plots.attribution) inlined (keep
+# them alike: tests/test_graph_tab_browser.py compares them).
 DRAW_JS = """
 (g, keep, minWeight) => {
   const n = g.ids.length, shown = g.rank.map((r) => r < keep), cut = minWeight * g.wmax, traces = [];
   const type = g.gl ? 'scattergl' : 'scatter';
+  const drawn = [];
+  for (let i = 0; i < n; i++) if (shown[i]) drawn.push(i);
+  const named = drawn.filter((i) => g.text[i] && (g.kind[i] === 'feature' || g.kind[i] === 'logit'));
+  named.sort((a, b) => (g.rank[a] - g.rank[b]) || (a - b));
+  const spread = (widths) => {  // slmviz.plots.attribution.spread_columns
+    const cellWidth = new Map(), key = (i) => g.y[i] + '|' + g.position[i];
+    drawn.forEach((i, k) => cellWidth.set(key(i), (cellWidth.get(key(i)) || 0) + widths[k]));
+    const column = g.min_width.slice();
+    drawn.forEach((i) => { column[g.position[i]] = Math.max(column[g.position[i]], cellWidth.get(key(i))); });
+    const edges = [0];
+    for (const w of column) edges.push(edges[edges.length - 1] + w);
+    const cursor = new Map(), xs = [];
+    drawn.forEach((i, k) => {
+      const p = g.position[i];
+      const at = cursor.has(key(i)) ? cursor.get(key(i)) : edges[p] + (column[p] - cellWidth.get(key(i))) / 2;
+      xs.push(at + g.slot / 2);
+      cursor.set(key(i), at + widths[k]);
+    });
+    return [xs, edges];
+  };
+  let labelled, xsDrawn, edges;
+  for (const [perCell, most] of g.label_steps) {  // as many labels as fit the plot's width
+    labelled = new Set();
+    const count = new Map();
+    let features = 0;
+    for (const i of named) {
+      const cell = g.y[i] + '|' + g.position[i], feature = g.kind[i] === 'feature';
+      if (feature && ((count.get(cell) || 0) >= perCell || features === most)) continue;
+      count.set(cell, (count.get(cell) || 0) + 1);
+      features += feature ? 1 : 0;
+      labelled.add(i);
+    }
+    [xsDrawn, edges] = spread(drawn.map((i) => g.slot + (labelled.has(i) ? g.label_w[i] : 0)));
+    if (edges[edges.length - 1] <= g.plot_px) break;
+  }
+  const x = new Array(n).fill(null);
+  drawn.forEach((i, k) => { x[i] = xsDrawn[k]; });
   [[1, g.colours[0], 'edges +'], [-1, g.colours[1], 'edges −']].forEach(([sign, colour, name]) => {
     const xs = [], ys = [];
     for (let e = 0; e < g.src.length; e++) {
       const s = g.src[e], d = g.dst[e], w = g.w[e];
       if (shown[s] && shown[d] && Math.abs(w) >= cut && w * sign > 0) {
-        xs.push(g.x[s], g.x[d], null); ys.push(g.y[s], g.y[d], null);
+        xs.push(x[s], x[d], null); ys.push(g.y[s], g.y[d], null);
       }
     }
     traces.push({type, x: xs, y: ys, mode: 'lines', name, hoverinfo: 'skip', line: {color: colour, width: 1},
                  opacity: 0.45});
   });
   for (const [kind, [symbol, colour, size, opacity]] of Object.entries(g.style)) {
-    const sel = [];
-    for (let i = 0; i < n; i++) if (shown[i] && g.kind[i] === kind) sel.push(i);
-    traces.push({type, x: sel.map((i) => g.x[i]), y: sel.map((i) => g.y[i]), mode: 'markers', name: kind,
+    const sel = drawn.filter((i) => g.kind[i] === kind);
+    traces.push({type, x: sel.map((i) => x[i]), y: sel.map((i) => g.y[i]), mode: 'markers', name: kind,
                  hovertext: sel.map((i) => g.hover[i]), hoverinfo: 'text', customdata: sel.map((i) => [g.ids[i], kind]),
                  marker: {symbol, color: colour, size, opacity, line: {width: 0.5, color: '#333'}}});
   }
-  const named = [];
-  for (let i = 0; i < n; i++) {
-    if (shown[i] && g.text[i] && (g.kind[i] === 'feature' || g.kind[i] === 'logit')) named.push(i);
-  }
-  named.sort((a, b) => (g.rank[a] - g.rank[b]) || (a - b));
-  const top = [], cells = new Set();
-  for (const i of named) {
-    const cell = g.y[i] + '|' + Math.round(g.x[i]);
-    if (cells.has(cell)) continue;
-    cells.add(cell);
-    top.push(i);
-    if (top.length === g.labelled) break;
-  }
-  traces.push({type: 'scatter', x: top.map((i) => g.x[i]), y: top.map((i) => g.y[i]), mode: 'text', name: 'labels',
-               text: top.map((i) => g.text[i]), textposition: 'middle right', textfont: {size: 10}, hoverinfo: 'skip'});
-  const ring = [];
-  for (let i = 0; i < n; i++) if (g.pinned[i]) ring.push(i);
-  traces.push({type: 'scatter', x: ring.map((i) => g.x[i]), y: ring.map((i) => g.y[i]), mode: 'markers',
+  const top = named.filter((i) => labelled.has(i));
+  traces.push({type: 'scatter', x: top.map((i) => x[i] + g.slot / 2), y: top.map((i) => g.y[i]), mode: 'text',
+               name: 'labels',
+               text: top.map((i) => g.text[i]), textposition: 'middle right', hoverinfo: 'skip',
+               textfont: {size: 10, color: '#1c2833', shadow: '""" + LABEL_HALO + """'}});
+  const ring = drawn.filter((i) => g.pinned[i]);
+  traces.push({type: 'scatter', x: ring.map((i) => x[i]), y: ring.map((i) => g.y[i]), mode: 'markers',
                name: 'pinned', hoverinfo: 'skip',
                marker: {symbol: 'circle-open', size: 17, color: '#8e44ad', line: {width: 2}}});
+  const topRow = n ? Math.max(...g.y) + 0.5 : 1.5, bars = {x: [], y: []};
+  for (const e of edges.slice(1, -1)) { bars.x.push(e, e, null); bars.y.push(-0.5, topRow, null); }
+  traces.push({type: 'scatter', x: bars.x, y: bars.y, mode: 'lines', name: 'columns', hoverinfo: 'skip',
+               showlegend: false, line: {color: '#d5d8dc', width: 1}});
+  traces.push({type: 'scatter', x: g.tokens.map((_, p) => (edges[p] + edges[p + 1]) / 2),
+               y: g.tokens.map(() => -1.1), mode: 'text', name: 'tokens', text: g.tokens,
+               textposition: 'middle center', textfont: {size: 10}, hoverinfo: 'skip', showlegend: false});
   return traces;
 }
 """
@@ -227,9 +306,10 @@ def payload_figure(g: dict[str, Any], tokens: list[str], n_layers: int, title: s
                    min_weight: float = MIN_WEIGHT_DEFAULT) -> go.Figure:
     """The figure of a graph payload `g` (graph_payload's) over the prompt's `tokens` and `n_layers` layers."""
     frame = axes(tokens, n_layers)
-    frame["xaxis"].update(showgrid=False, zeroline=False)
-    frame["yaxis"].update(zeroline=False)
+    # the columns move with the sliders, so the tokens are a trace of the drawing (draw's "tokens"), not ticks
+    frame["xaxis"].update(showgrid=False, zeroline=False, showticklabels=False, title={"text": "token position"})
+    frame["yaxis"].update(zeroline=False, range=[-1.6, n_layers + 1.6])
     layout = {"title": {"text": title}, "template": TEMPLATE, "height": 760, **frame,
               "hovermode": "closest", "legend": {"orientation": "h"}, "uirevision": "graph",
-              "margin": {"l": 60, "r": 20, "t": 60, "b": 90}, "meta": {META_KEY: g}}
+              "margin": {"l": 50, "r": 10, "t": 50, "b": 40}, "meta": {META_KEY: g}}
     return figure(draw(g, keep, min_weight), layout)

@@ -1,16 +1,19 @@
 """Plotly figure of an attribution graph (slmviz.graphs.graph): nodes by position (x) and layer (y).
 
-Rows bottom to top: the token embeddings, each layer's features and error nodes, the logits on top. Nodes of one
-(layer, position) cell are spread side by side inside the cell. An edge runs from its source to its target, width
-|weight| (relative to the largest shown), colour its sign. Each node carries customdata [node_id, kind, layer,
-position, feature, hook], which the app reads on click to open a feature's page. Nothing here runs the model or
-computes anything about the graph: the figures read what they are given and place it.
+Rows bottom to top: the token embeddings, each layer's features and error nodes, the logits on top. Each token
+position has a column as wide as its fullest (layer, position) cell needs (spread_columns), so the position where
+most nodes are gets most of the width and the nodes of one cell sit side by side without overlapping. An edge
+runs from its source to its target, width |weight| (relative to the largest shown), colour its sign.
+Each node carries customdata [node_id, kind, layer, position, feature, hook], which the app reads on click to open a
+feature's page. Nothing here runs the model or computes anything about the graph: the figures read what they are
+given and place it.
 
 The node markers, their hover text and the axes are shared with plots.subgraph's workbench figure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -39,21 +42,41 @@ def node_y(kinds: Any, layers: Any, n_layers: int) -> np.ndarray:
                     np.where(kinds == "logit", n_layers + 1.0, np.asarray(layers, dtype=float) + 1.0))
 
 
-def node_xy(nodes: Any, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y) of each node: x = position plus an offset spreading a cell's nodes over [-0.4, 0.4]; y = node_y."""
-    x = nodes["position"].to_numpy(dtype=float).copy()
+def spread_columns(positions: Sequence[int], rows: Sequence[float], widths: Sequence[float],
+                   min_widths: Sequence[float], marker: float) -> tuple[list[float], list[float]]:
+    """Where to draw nodes so that the nodes of one (row, position) cell sit side by side: each node takes
+    `widths[i]` along x (its marker, `marker` wide, then any room for its label), in the order given (put the most
+    influential first); each position's column is as wide as its widest cell (at least `min_widths[p]`, so that a
+    position without nodes keeps a narrow column and its token name fits); a cell sits centred in its column.
+
+    Returns (x of each marker's centre, the columns' edges: len(min_widths) + 1 values from 0). Plain Python, one
+    pass, in the order the page's JavaScript twin (app/tabs/graph_readable.py's DRAW_JS) repeats exactly: a change
+    here that is not made there makes the page's redraw differ from the server's figure."""
+    cell_width: dict[tuple[float, int], float] = {}
+    for p, r, w in zip(positions, rows, widths, strict=True):
+        cell_width[(r, p)] = cell_width.get((r, p), 0.0) + w
+    column = list(min_widths)
+    for (_, p), w in cell_width.items():
+        column[p] = max(column[p], w)
+    edges = [0.0]
+    for w in column:
+        edges.append(edges[-1] + w)
+    cursor: dict[tuple[float, int], float] = {}
+    x = []
+    for p, r, w in zip(positions, rows, widths, strict=True):
+        at = cursor.get((r, p), edges[p] + (column[p] - cell_width[(r, p)]) / 2)
+        x.append(at + marker / 2)
+        cursor[(r, p)] = at + w
+    return x, edges
+
+
+def node_xy(nodes: Any, n_layers: int, n_positions: int) -> tuple[np.ndarray, np.ndarray, list[float]]:
+    """(x, y) of each node and the x of each position's column centre: a node one unit wide, its cell's nodes side
+    by side in the frame's order (spread_columns; each column at least 2 units); y = node_y."""
+    positions = nodes["position"].to_numpy(dtype=int).tolist()
     y = node_y(nodes["kind"], nodes["layer"], n_layers)
-    keys = list(zip(y.tolist(), x.tolist(), strict=True))
-    counts: dict[tuple[float, float], int] = {}
-    for k in keys:
-        counts[k] = counts.get(k, 0) + 1
-    seen: dict[tuple[float, float], int] = {}
-    for i, k in enumerate(keys):
-        n, j = counts[k], seen.get(k, 0)
-        seen[k] = j + 1
-        if n > 1:
-            x[i] += -0.4 + 0.8 * j / (n - 1)
-    return x, y
+    x, edges = spread_columns(positions, y.tolist(), [1.0] * len(positions), [2.0] * n_positions, 1.0)
+    return np.asarray(x), y, [(a + b) / 2 for a, b in zip(edges, edges[1:], strict=False)]
 
 
 def node_traces(nodes: Any, x: np.ndarray, y: np.ndarray, labels: dict[str, str] | None = None
@@ -79,9 +102,11 @@ def node_traces(nodes: Any, x: np.ndarray, y: np.ndarray, labels: dict[str, str]
     return traces
 
 
-def axes(tokens: list[str], n_layers: int) -> dict[str, Any]:
-    """The x axis named by position and token, the y axis by row (emb, each layer, logit)."""
-    return {"xaxis": {"title": {"text": "position"}, "tickmode": "array", "tickvals": list(range(len(tokens))),
+def axes(tokens: list[str], n_layers: int, centres: Sequence[float] | None = None) -> dict[str, Any]:
+    """The x axis named by position and token (at each column's centre, `centres`, from node_xy; by default at
+    0, 1, ...), the y axis by row (emb, each layer, logit)."""
+    ticks = list(centres) if centres is not None else list(range(len(tokens)))
+    return {"xaxis": {"title": {"text": "position"}, "tickmode": "array", "tickvals": ticks,
                       "ticktext": [f"{i}: {t!r}" for i, t in enumerate(tokens)]},
             "yaxis": {"title": {"text": "layer"}, "tickmode": "array", "tickvals": list(range(n_layers + 2)),
                       "ticktext": ["emb", *[str(L) for L in range(n_layers)], "logit"]}}
@@ -91,7 +116,7 @@ def attribution_graph_figure(graph: Any, max_links: int = 400, title: str | None
     """The kept nodes and the `max_links` largest kept links of an AttributionGraph (prune it first: an unpruned
     graph of a real prompt has thousands of nodes)."""
     kept = graph.kept_nodes
-    x, y = node_xy(kept, graph.n_layers)
+    x, y, centres = node_xy(kept, graph.n_layers, len(graph.tokens))
     where = {nid: (xi, yi) for nid, xi, yi in zip(kept["node_id"], x.tolist(), y.tolist(), strict=True)}
     links = graph.links.head(max_links)
     biggest = float(links["weight"].abs().max()) if len(links) else 1.0
@@ -106,5 +131,5 @@ def attribution_graph_figure(graph: Any, max_links: int = 400, title: str | None
                            "opacity": 0.6})
     traces += node_traces(kept, x, y)
     layout = {"title": {"text": title or f"Attribution graph: {graph.prompt!r}"}, "template": TEMPLATE,
-              "height": 650, **axes(graph.tokens, graph.n_layers), "legend": {"orientation": "h"}}
+              "height": 650, **axes(graph.tokens, graph.n_layers, centres), "legend": {"orientation": "h"}}
     return figure(traces, layout)

@@ -51,7 +51,7 @@ def workbench_figure(view: Any) -> go.Figure:
     plots.attribution draws a graph, edges in a few width bands, each feature's label in its hover text, the pinned
     nodes ringed."""
     nodes = view.nodes
-    x, y = node_xy(nodes, view.n_layers)
+    x, y, centres = node_xy(nodes, view.n_layers, len(view.tokens))
     where = {nid: (xi, yi) for nid, xi, yi in zip(nodes["node_id"], x, y, strict=True)}
     traces = _edge_traces(view.links, where) + node_traces(nodes, x, y, view.labels)
     pinned = [p for p in view.pinned if p in where]
@@ -62,7 +62,8 @@ def workbench_figure(view: Any) -> go.Figure:
     shown = f"; the top {len(nodes)} of {view.n_kept} nodes by influence" if len(nodes) < view.n_kept else ""
     layout = {
         "title": {"text": f"Attribution graph: {view.prompt!r} (click a node for its card; ringed: pinned{shown})"},
-        "template": TEMPLATE, "height": 650, **axes(view.tokens, view.n_layers), "legend": {"orientation": "h"}}
+        "template": TEMPLATE, "height": 650, **axes(view.tokens, view.n_layers, centres),
+        "legend": {"orientation": "h"}}
     return figure(traces, layout)
 
 
