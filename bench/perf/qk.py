@@ -3,7 +3,7 @@
 SmolLM2-135M-Instruct with a transcoder set (`--set plt`: the prepared full per-layer set; `bundled`: the bundled
 pair), a prompt of `--tokens` tokens (the prepended special token included), fp32:
 
-- the graph: `attribution_graph` (unpruned, progress off), once;
+- the graph: `attribution_graph` (unpruned, or its `--max-feature-nodes` most influential features; progress off), once;
 - qk: `qk_attribution` of a head of the middle layer at (last position, a key `--key-back` positions before it), on
   the graph pruned at 0.8 / 0.98 (what the app shows) and on the unpruned graph;
 - head loadings: `head_loadings` of the largest kept edge into the top logit from an earlier position.
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> str:
     ts = load_set(m, args.set)
     ids = [int(i) for i in common.prompt_ids(m, args.tokens - 1)]  # attribution_graph prepends a special token
     start = time.perf_counter()
-    g = attribution_graph(ids, transcoders=ts, model=m, progress=False)
+    g = attribution_graph(ids, transcoders=ts, model=m, progress=False, max_feature_nodes=args.max_feature_nodes)
     build = time.perf_counter() - start
     p = g.prune(0.8, 0.98)
     n_pos = len(g.input_ids)
@@ -105,6 +105,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--key-back", type=int, default=5, help="the key: this many positions before the query")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-feature-nodes", type=int, default=None,
+                        help="keep the graph's most influential features (the app keeps 4,096): a set with tens of "
+                             "thousands of active features needs it within the 4 GiB budget")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default torch's own); 1 steadies the timing on a busy machine, where two "
                              "threads wait on each other")
