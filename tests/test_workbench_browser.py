@@ -50,17 +50,18 @@ def build_graph(page, prompt: str) -> None:
 
 def click_feature_node(page) -> None:
     """Click the first point of the graph plot's 'feature' trace (the click handler is attached shortly after the
-    plot is drawn)."""
+    plot is drawn) where plotly's axes place it on the page: SVG markers and WebGL ones (a graph of over GL_FROM
+    nodes, which has no SVG point to find) alike."""
     page.wait_for_timeout(1000)
-    point = page.evaluate_handle("""() => {
-        const div = document.querySelector('#graph-plot .js-plotly-plot');
-        const i = div.data.findIndex((t) => t.name === 'feature');
-        return document.querySelectorAll('#graph-plot .scatterlayer .trace')[i].querySelector('path.point');
-    }""").as_element()
-    point.scroll_into_view_if_needed()
+    page.locator("#graph-plot .js-plotly-plot").scroll_into_view_if_needed()
     page.wait_for_timeout(300)
-    box = point.bounding_box()
-    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    at = page.evaluate("""() => {
+        const div = document.querySelector('#graph-plot .js-plotly-plot');
+        const t = div.data.find((t) => t.name === 'feature' && t.x.length);
+        const xa = div._fullLayout.xaxis, ya = div._fullLayout.yaxis, box = div.getBoundingClientRect();
+        return {x: box.left + xa._offset + xa.l2p(t.x[0]), y: box.top + ya._offset + ya.l2p(t.y[0])};
+    }""")
+    page.mouse.click(at["x"], at["y"])
 
 
 def pin_rows(page, rows: range) -> None:

@@ -41,7 +41,7 @@ LABEL_CHARS = 16
 # the drawing's x unit is about a pixel of a plot PLOT_PX wide (the page's width); wider, plotly shrinks it all
 PLOT_PX = 1200
 SLOT_PX = 12  # a node's marker (and the gap to the next one)
-CHAR_PX = 6.0  # a character of the labels' 10 px text, about: a label keeps this much room per character
+CHAR_PX = 6.5  # a character of the labels' 10 px text, about: a label keeps this much room per character
 # (features labelled per cell, labels in all): the first that fits PLOT_PX, the top nodes by influence labelled
 # (every logit too); a graph too wide for even the last takes the last, its labels squeezed with the nodes
 LABEL_STEPS = ((3, 60), (2, 60), (1, 60), (1, 30), (1, 15))
@@ -140,7 +140,8 @@ def draw(g: dict[str, Any], keep: float, min_weight: float) -> list[dict[str, An
             if shown[s] and shown[d] and abs(w) >= cut and w * sign > 0:
                 xs += [x[s], x[d], None]
                 ys += [g["y"][s], g["y"][d], None]
-        traces.append({"type": "scattergl" if g["gl"] else "scatter", "x": xs, "y": ys, "mode": "lines",
+        # SVG, not WebGL: a WebGL canvas lies over the SVG labels, and one SVG path per sign draws fast enough
+        traces.append({"type": "scatter", "x": xs, "y": ys, "mode": "lines",
                        "name": name, "hoverinfo": "skip", "line": {"color": colour, "width": 1}, "opacity": 0.45})
     for kind, (symbol, colour, size, opacity) in g["style"].items():
         sel = [i for i in drawn if g["kind"][i] == kind]
@@ -242,7 +243,7 @@ DRAW_JS = """
         xs.push(x[s], x[d], null); ys.push(g.y[s], g.y[d], null);
       }
     }
-    traces.push({type, x: xs, y: ys, mode: 'lines', name, hoverinfo: 'skip', line: {color: colour, width: 1},
+    traces.push({type: 'scatter', x: xs, y: ys, mode: 'lines', name, hoverinfo: 'skip', line: {color: colour, width: 1},
                  opacity: 0.45});
   });
   for (const [kind, [symbol, colour, size, opacity]] of Object.entries(g.style)) {

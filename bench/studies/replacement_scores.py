@@ -105,6 +105,9 @@ def main() -> None:
     p.add_argument("sets", nargs="+", help="bundled | plt | clt | a set's folder")
     p.add_argument("--model", default=None)
     p.add_argument("--max-feature-nodes", type=int, default=None)
+    p.add_argument("--memory-budget-gb", type=float, default=16,
+                   help="each unpruned graph's budget (a narrow set fires more distinct features: the quick set's "
+                        "26-token induction prompt needs about 16.5)")
     p.add_argument("--evaluate", action="store_true", help="also evaluate_transcoders on the held-out splits")
     p.add_argument("--tokens", type=int, default=20_000, help="held-out tokens per corpus for --evaluate")
     p.add_argument("--out", type=Path, default=None)
@@ -123,7 +126,7 @@ def main() -> None:
         if args.log is not None:
             args.log.mkdir(parents=True, exist_ok=True)
             log = args.log / f"{Path(name).name}-{args.max_feature_nodes or 'all'}.jsonl"
-        entry = graph_report(model, tcs, args.max_feature_nodes, log)
+        entry = graph_report(model, tcs, args.max_feature_nodes, log, args.memory_budget_gb)
         if args.evaluate and name != "bundled":
             from slmviz.corpora.named import resolve_corpus
 
