@@ -14,7 +14,8 @@ indirect object, and which heads carry the indirect object's edge to the answer?
 4. Head loadings of the edge from the answer's embedding (and from the strongest node at the answer's position) to
    the answer's logit: which heads carry it, and how much of it goes through two heads or more.
 
-    .venv/bin/python bench/studies/qk_example.py [--set plt|bundled] [--prompt TEXT --answer " Mary" --wrong " John"]
+    .venv/bin/python bench/studies/qk_example.py [--set plt|plt-quick|bundled] [--max-feature-nodes 4096]
+        [--prompt TEXT --answer " Mary" --wrong " John"]
 
 Writes results/qk_example.json (every number) and results/qk_example.md (the tables docs/attention.md includes),
 naming the CPU, the load average and the set.
@@ -105,7 +106,8 @@ def run(args: argparse.Namespace) -> dict:
     m = slmviz.load()
     ts, scan = load_set(m, args.set)
     start = time.perf_counter()
-    g = attribution_graph(args.prompt, transcoders=ts, model=m, progress=False)
+    g = attribution_graph(args.prompt, transcoders=ts, model=m, progress=False,
+                          max_feature_nodes=args.max_feature_nodes)
     build = time.perf_counter() - start
     if scan is not None:
         g.use_scans({L: scan for L in range(m.cfg.n_layers)})
@@ -210,6 +212,8 @@ def main() -> None:
     parser.add_argument("--answer", default=" Mary")
     parser.add_argument("--wrong", default=" John")
     parser.add_argument("--top", type=int, default=8)
+    parser.add_argument("--max-feature-nodes", type=int, default=None,
+                        help="keep the graph's most influential features (the app keeps 4,096)")
     parser.add_argument("--out", default=str(RESULTS / "qk_example"), help="path without suffix: .json and .md")
     args = parser.parse_args()
     res = run(args)

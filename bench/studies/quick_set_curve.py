@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -313,6 +314,16 @@ def fresh_corpus_seconds(point: dict, chat: dict) -> float | None:
     return round(chat["broad_build_seconds"] + sum(st["seconds"] for st in stages) + point["phases"]["corpus"], 1)
 
 
+def _partial(run: Path) -> list[str]:
+    """A point not yet scored on all 20 prompts: the median of those scored (its prompts.jsonl, the --log rows)."""
+    log = run / "prompts.jsonl"
+    rows = [json.loads(x) for x in log.read_text().splitlines() if x] if log.exists() else []
+    if not rows:
+        return ["not yet scored", "not yet scored"]
+    return [f"{statistics.median(r[k] for r in rows):.3f} ({len(rows)} of 20 prompts; "
+            f"{min(r[k] for r in rows):.3f}–{max(r[k] for r in rows):.3f})" for k in ("replacement", "completeness")]
+
+
 def _span(point: dict, what: str) -> str:
     lo, hi = point[f"range_{what}"]
     return f"{point[f'median_{what}']:.3f} ({lo:.3f}–{hi:.3f})"
@@ -356,7 +367,7 @@ def render(results: Path, chat_report: Path, reference: tuple[int, ...] = (), ru
         corpus, rest = record.parent.name.split("-d", 1)
         rows.append([record.parent.name, corpus, f"{int(rest.split('@')[0]):,}", f"{int(rest.split('@')[1]):,}", "—",
                      _s(ph.get("train")), _s(ph.get("threshold")), _s(ph.get("save")),
-                     f"{_s(ph.get('scan'))} ({ph.get('scan_tokens', 0):,})", "—", "not yet scored", "not yet scored",
+                     f"{_s(ph.get('scan'))} ({ph.get('scan_tokens', 0):,})", "—", *_partial(record.parent),
                      "—", "—", "—", ", ".join(x.split()[0] for x in loads[:1] + loads[-1:]) if loads else "—"])
     width = json.loads((HERE / "replacement_width.json").read_text())["points"]
     for pt in (p for p in width if p["d_sae"] in reference):  # bench/studies/replacement_width.py's points, not re-run
