@@ -38,7 +38,8 @@ MAX_EDGES_SENT = 20000  # the strongest edges among them
 KEEP_DEFAULT, KEEP_MIN, KEEP_STEP = 200, 10, 10
 MIN_WEIGHT_DEFAULT, MIN_WEIGHT_MAX, MIN_WEIGHT_STEP = 0.05, 1.0, 0.01
 LABEL_CHARS = 16
-# the drawing's x unit is about a pixel of a plot PLOT_PX wide (the page's width); wider, plotly shrinks it all
+# the drawing's x unit is about a pixel of a plot PLOT_PX wide (its drawing area on a page 1400 px wide); a wider
+# drawing is shrunk to fit, labels and nodes alike
 PLOT_PX = 1100
 SLOT_PX = 12  # a node's marker (and the gap to the next one)
 CHAR_PX = 6.5  # a character of the labels' 10 px text, about: a label keeps this much room per character
