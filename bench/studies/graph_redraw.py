@@ -31,7 +31,17 @@ from common import REPO, cpu_model
 sys.path.insert(0, str(REPO / "tests"))
 from app_helpers import CHROMIUM, CHROMIUM_ARGS, app_server, recording_page, tick_one_bundled_transcoder
 
-from app.tabs.graph_readable import GL_FROM, KIND_LOOK, LABELLED, MIN_WEIGHT_DEFAULT, draw, payload_figure
+from app.tabs.graph_readable import (  # noqa: E402
+    CHAR_PX,
+    GL_FROM,
+    KIND_LOOK,
+    LABEL_STEPS,
+    MIN_WEIGHT_DEFAULT,
+    PLOT_PX,
+    SLOT_PX,
+    draw,
+    payload_figure,
+)
 from slmviz.plots.attribution import KIND_STYLE, NEGATIVE, POSITIVE
 
 TIMEOUT_MS = 300_000
@@ -70,13 +80,6 @@ def synthetic_payload(n_nodes: int, n_edges: int, seed: int = 0) -> dict:
         kinds.append("error" if i % 5 == 4 else "feature")
         layers.append(int(rng.integers(1, N_LAYERS + 1)))
         positions.append(int(rng.integers(0, n_pos)))
-    cells: dict[tuple[int, int], list[int]] = {}
-    for i, key in enumerate(zip(layers, positions, strict=True)):
-        cells.setdefault(key, []).append(i)
-    x = np.array(positions, dtype=float)
-    for members in cells.values():
-        if len(members) > 1:
-            x[members] += -0.4 + 0.8 * np.arange(len(members)) / (len(members) - 1)
     n = len(kinds)
     ranked = iter(range(n))
     rank = [-1 if k in ("embedding", "logit") else next(ranked) for k in kinds]
@@ -86,12 +89,14 @@ def synthetic_payload(n_nodes: int, n_edges: int, seed: int = 0) -> dict:
     src, dst = src[ok][:n_edges], dst[ok][:n_edges]
     w = rng.lognormal(0, 1.5, len(src)) * np.where(rng.random(len(src)) < 1 / 3, -1, 1)
     ids = [f"{k[0]}{i}" for i, k in enumerate(kinds)]
-    return {"ids": ids, "kind": kinds, "x": np.round(x, 4).tolist(), "y": [float(v) for v in layers], "rank": rank,
-            "text": [f"label of {i}" if k == "feature" else "" for i, k in zip(ids, kinds, strict=True)],
+    texts = [f"label of {i}" if k == "feature" else "" for i, k in zip(ids, kinds, strict=True)]
+    return {"ids": ids, "kind": kinds, "position": positions, "y": [float(v) for v in layers], "tokens": TOKENS,
+            "min_width": [max(2 * SLOT_PX, CHAR_PX * len(t) + 14) for t in TOKENS], "rank": rank, "text": texts,
             "hover": ids, "pinned": [False] * n, "src": src.tolist(), "dst": dst.tolist(),
             "w": np.round(w, 6).tolist(), "wmax": float(np.abs(w).max()), "gl": n > GL_FROM,
             "style": {k: [*KIND_STYLE[k], *KIND_LOOK[k]] for k in KIND_STYLE}, "colours": [POSITIVE, NEGATIVE],
-            "labelled": LABELLED}
+            "label_steps": [list(x) for x in LABEL_STEPS], "plot_px": PLOT_PX, "slot": SLOT_PX,
+            "label_w": [CHAR_PX * len(t) + 12 if t else 0 for t in texts]}
 
 
 def main() -> None:

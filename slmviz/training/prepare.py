@@ -52,6 +52,7 @@ RECIPES: dict[tuple[str, str], dict[str, Any]] = {
                                            pre_act_coefficient=0.03, seed=0),
 }
 REQUIRED = ("d_sae", "k", "tokens")  # what a recipe must fix; the rest defaults as in train_transcoders
+TRAINED_AS = {"plt-quick": "plt"}  # a prepared name that is not a trainer's kind, for a model without a recipe
 LOCK_FILE = ".prepare.lock"  # in $SLMVIZ_CACHE/transcoders/{model}/: one build of a model's prepared sets at a time
 
 
@@ -116,7 +117,7 @@ def _prepare(model: Any, kind: str, args: dict[str, Any], progress: Any, scan_pr
     """prepare_transcoders' work, under the model's build lock."""
     from ..corpora.named import resolve_corpus
 
-    trains = args.pop("kind", kind)  # a prepared name other than the trainer's kinds (plt-quick) names it in its recipe
+    trains = args.pop("kind", TRAINED_AS.get(kind, kind))  # the trainer's kind: the recipe's, else by its name
     corpus_name = args.pop("corpus", CORPUS)
     out = prepared_dir(model, kind)
     corpus = resolve_corpus(corpus_name, model)
