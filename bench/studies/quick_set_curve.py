@@ -66,8 +66,7 @@ def chat_heldout(args) -> None:
     missing, timed), written to `--out` byte for byte as chat_corpus writes heldout.jsonl: what the held-out chat EV
     reads, without waiting for the whole corpus."""
     model = slmviz.load()
-    jobs = [(r, i, kind, text) for r in range(gc.ROUNDS) for i, (kind, text) in enumerate(gc.SEEDS)
-            if gc.held_out(text)]
+    jobs = [job for job in gc.generation_jobs() if gc.held_out(job[3])]
     t0, load0 = time.perf_counter(), load_average()
     parts = gc.generate_parts(model, gc.corpus_dir(model) / "parts", jobs, progress=False)
     print(json.dumps({"heldout_jobs": [j[:3] for j in jobs], "seconds": round(time.perf_counter() - t0, 1),

@@ -102,6 +102,13 @@ def held_out(seed_text: str) -> bool:
     return int.from_bytes(hashlib.sha256(seed_text.encode("utf-8")).digest()[:4], "little") % 100 < HELDOUT_PERCENT
 
 
+def generation_jobs(rounds: int = ROUNDS, seeds: list[tuple[str, str]] | None = None
+                    ) -> list[tuple[int, int, str, str]]:
+    """The chat corpus's generation jobs, (round, seed index, kind, seed), in its own order: each part file's key."""
+    seeds = SEEDS if seeds is None else seeds
+    return [(r, i, kind, text) for r in range(rounds) for i, (kind, text) in enumerate(seeds)]
+
+
 def chat_corpus(model: Any, folder: str | Path | None = None, progress: bool | Callable[[int, int], None] = True,
                 rounds: int = ROUNDS, samples: int = SAMPLES_PER_SEED, new_tokens: int = NEW_TOKENS,
                 seeds: list[tuple[str, str]] | None = None, workers: int | None = None) -> tuple[Path, Path]:
@@ -114,7 +121,7 @@ def chat_corpus(model: Any, folder: str | Path | None = None, progress: bool | C
     if train.is_file() and heldout.is_file():
         return train, heldout
     seeds = SEEDS if seeds is None else seeds
-    jobs = [(r, i, kind, text) for r in range(rounds) for i, (kind, text) in enumerate(seeds)]
+    jobs = generation_jobs(rounds, seeds)
     parts = generate_parts(model, folder / "parts", jobs, progress, samples, new_tokens, workers,
                            desc=f"chat corpus ({model.name})")
     for out, held in ((train, False), (heldout, True)):
@@ -282,7 +289,7 @@ def slice_jobs(n: int, rounds: int = ROUNDS, seeds: list[tuple[str, str]] | None
     for kind, _ in seeds:
         place.append((seen[kind] + 0.5) / count[kind])
         seen[kind] += 1
-    jobs = [(r, i, kind, text) for r in range(rounds) for i, (kind, text) in enumerate(seeds) if not held_out(text)]
+    jobs = [job for job in generation_jobs(rounds, seeds) if not held_out(job[3])]
     return sorted(jobs, key=lambda j: (j[0], place[j[1]], kinds.index(j[2])))[:n]
 
 
@@ -303,7 +310,7 @@ def quick_corpus(model: Any, n: int = QUICK_JOBS, progress: bool | Callable[[int
     train, heldout = folder / "train.jsonl", folder / "heldout.jsonl"
     if train.is_file() and heldout.is_file():
         return train, heldout
-    all_jobs = [(r, i, kind, text) for r in range(ROUNDS) for i, (kind, text) in enumerate(SEEDS)]
+    all_jobs = generation_jobs()
     held = [job for job in all_jobs if held_out(job[3])]
     jobs = slice_jobs(n)
     parts = generate_parts(model, corpus_dir(model) / "parts", jobs + held, progress,
