@@ -22,6 +22,7 @@ from slmviz.features.sae import SAE
 from slmviz.graphs.attribution import AttributionGraphError, attribution_graph, partial_influences
 from slmviz.graphs.frozen import frozen_forward, prompt_state
 from slmviz.graphs.prune import (
+    RowNormalizedAbs,
     compute_influence,
     find_threshold,
     graph_scores,
@@ -368,6 +369,27 @@ def test_partial_influences_equal_circuit_tracers_dense_power_iteration():
         for chunk_bytes in (4 * r * 7, 2**26):  # columns 7 at a time, and all at once
             got = partial_influences(rows[:r], logit_p, row_node[:r], chunk_bytes=chunk_bytes)
             assert torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_row_normalized_abs_reads_the_normalised_matrix_a_block_at_a_time(models):
+    """Scoring streams Â off the adjacency (prune.RowNormalizedAbs) instead of copying it: its products, its error
+    shares and the influence over it equal normalize_matrix's dense Â to fp32 rounding, however the rows are cut into
+    blocks (one row, a block that does not divide the rows, all at once), zero rows included."""
+    m = models["llama_gqa"]
+    g = attribution_graph(PROMPT, transcoders=[transcoder(m, L, seed=L) for L in range(2)], model=m)
+    a = g.adjacency
+    assert (a.abs().sum(1) == 0).any()  # embeddings and errors have no inputs
+    dense = normalize_matrix(a)
+    w = torch.zeros(a.shape[0])
+    w[-len(g.logit_probabilities):] = g.logit_probabilities
+    vec = torch.rand(a.shape[0])
+    for rows in (1, 7, a.shape[0]):
+        op = RowNormalizedAbs(a, block_bytes=rows * a.shape[1] * a.element_size())
+        assert len(op.blocks) == -(-a.shape[0] // rows)
+        assert torch.allclose(op.vecmat(vec), vec @ dense, rtol=1e-5, atol=1e-7)
+        assert torch.allclose(op.row_sums(slice(3, 40)), dense[:, 3:40].sum(1), rtol=1e-5, atol=1e-7)
+        assert torch.allclose(compute_influence(op, w), compute_influence(dense, w), rtol=1e-4, atol=1e-7)
+    assert a.equal(g.adjacency)  # read, never changed
 
 
 def test_graph_scores_are_one_without_errors_and_count_error_influence():

@@ -171,3 +171,29 @@ def test_the_quick_corpus_is_a_slice_of_mixed_from_the_chat_corpus_own_parts(tin
     assert gc.quick_corpus(tiny, n=6, progress=False) == (train, heldout)  # written once
     full_train, _ = gc.chat_corpus(tiny, progress=False)  # from the same parts, generating none
     assert all(x in full_train.read_text(encoding="utf-8").splitlines() for x in chat)
+
+
+def test_the_chat_heldout_split_alone_is_the_one_the_whole_corpus_writes(tiny, tmp_path, monkeypatch):
+    """resolve_corpus("chat", split="heldout") generates only the held-out seeds' parts (chat_heldout): the same file
+    chat_corpus writes later from every part, and no training part is needed for it."""
+    from slmviz.corpora.named import resolve_corpus
+
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    parts = gc.corpus_dir(tiny) / "parts"
+    parts.mkdir(parents=True)
+    jobs = [(0, i, kind, text) for i, (kind, text) in enumerate(gc.SEEDS)]
+    for job in jobs:
+        if gc.held_out(job[3]):  # only the held-out parts exist: a training part asked for would be generated
+            gc._part(parts, job).write_text("".join(json.dumps({"text": f"{job[1]} {s}"}) + "\n" for s in range(2)))
+    monkeypatch.setattr(gc, "ROUNDS", 1)
+    monkeypatch.setattr(gc, "generation_jobs", lambda rounds=1, seeds=None: jobs)
+    heldout = resolve_corpus("chat", tiny, split="heldout")
+    alone = heldout.read_text(encoding="utf-8")
+    assert alone == "".join(json.dumps({"text": f"{job[1]} {s}"}) + "\n" for job in jobs if gc.held_out(job[3])
+                            for s in range(2))
+    assert not (gc.corpus_dir(tiny) / "train.jsonl").exists()
+    for job in jobs:  # now every part: the whole corpus writes the same held-out file
+        gc._part(parts, job).write_text("".join(json.dumps({"text": f"{job[1]} {s}"}) + "\n" for s in range(2)))
+    heldout.unlink()
+    _, again = gc.chat_corpus(tiny, progress=False, rounds=1)
+    assert again.read_text(encoding="utf-8") == alone

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.p
 import common  # noqa: F401 - this checkout's slmviz first
 
 import slmviz
-from slmviz.graphs.prune import compute_influence, normalize_matrix
+from slmviz.graphs.prune import RowNormalizedAbs, compute_influence
 
 PROMPTS = {
     "factual": ["The capital of France is", "The Eiffel Tower is in the city of", "Water is made of hydrogen and",
@@ -77,14 +78,18 @@ def graph_report(model, transcoders, max_feature_nodes: int | None, log: Path | 
             kinds = g.nodes["kind"].to_numpy()
             w = torch.zeros(len(kinds))
             w[kinds == "logit"] = g.logit_probabilities.float()
-            influence = compute_influence(normalize_matrix(g.adjacency), w)
+            influence = compute_influence(RowNormalizedAbs(g.adjacency), w)  # no copy of a ~10 GB adjacency
             total = float(influence[(kinds == "error") | (kinds == "embedding") | (kinds == "feature")].sum())
             layer = g.nodes["layer"].to_numpy()
             share = [float(influence[torch.from_numpy((kinds == "error") & (layer == L))].sum()) / max(total, 1e-12)
                      for L in range(model.cfg.n_layers)]
-            row = {"task": task, "prompt": prompt, "features": g.n_features, "seconds": round(seconds, 2),
-                   **{k: round(v, 4) for k, v in scores.items()}, "path_length": round(g.mean_path_length(), 3),
+            path_length = g.mean_path_length()
+            row = {"task": task, "prompt": prompt, "features": g.n_features, "nodes": len(g.nodes),
+                   "seconds": round(seconds, 2), "scoring_seconds": round(time.perf_counter() - t - seconds, 2),
+                   **{k: round(v, 4) for k, v in scores.items()}, "path_length": round(path_length, 3),
+                   "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
                    "error_share": [round(x, 4) for x in share]}
+            del g, influence  # the next prompt's adjacency must not sit beside this one's
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "error_share"}), flush=True)
             if log is not None:
@@ -107,7 +112,7 @@ def main() -> None:
     p.add_argument("--max-feature-nodes", type=int, default=None)
     p.add_argument("--memory-budget-gb", type=float, default=16,
                    help="each unpruned graph's budget (a narrow set fires more distinct features: the quick set's "
-                        "26-token induction prompt needs about 16.5)")
+                        "26-token induction prompt's graph has about 55k nodes)")
     p.add_argument("--evaluate", action="store_true", help="also evaluate_transcoders on the held-out splits")
     p.add_argument("--tokens", type=int, default=20_000, help="held-out tokens per corpus for --evaluate")
     p.add_argument("--out", type=Path, default=None)

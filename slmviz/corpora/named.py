@@ -31,11 +31,13 @@ def resolve_corpus(corpus: Any, model: Any = None, split: str = "train") -> Any:
 
         train, heldout = broad_corpus()
         return train if split == "train" else heldout
-    from .generated import balanced_corpus, chat_corpus, mixed_corpus, quick_corpus
+    from .generated import balanced_corpus, chat_corpus, chat_heldout, mixed_corpus, quick_corpus
 
     if model is None:
         raise ValueError(f"corpus={corpus!r} is text a model writes: pass the model (it is generated once per model "
                          "and cached)")
+    if corpus == "chat" and split == "heldout":
+        return chat_heldout(model)  # without writing the training text first
     make = {"chat": chat_corpus, "mixed": mixed_corpus, "balanced": balanced_corpus, "quick": quick_corpus}
     paths = make[corpus](model)
     return paths[0] if split == "train" else paths[1]

@@ -50,12 +50,14 @@ Progress = bool | Callable[[int, int], None] | None  # a tqdm bar (True), nothin
 
 def estimate_memory_bytes(n_nodes: int, n_pos: int, batch_size: int, cfg: Any, bytes_per: int = 4,
                           copies: int = 1) -> int:
-    """What attribution_graph holds at its peak, on the safe side: the dense adjacency (twice, while a copy is
-    made), the forward's saved activations for `copies` rows of the prompt (~16 d_model-wide values per token
-    per layer, the patterns, the MLP's hidden layer while it runs), and each backward's gradients for
-    `batch_size` targets (~4 residual-sized tensors per layer: the vmapped grads, their fp32 copies, the buffers).
-    docs/attribution-graphs.md ("Memory") sets it beside a measured peak."""
-    adjacency = 2 * n_nodes * n_nodes * 4
+    """What attribution_graph holds at its peak, on the safe side: the dense fp32 adjacency and the graph's
+    boolean edge mask over it (5 bytes a pair: scores and path lengths read the adjacency a block at a time,
+    prune.RowNormalizedAbs; pruning, g.prune, holds up to three more fp32 copies of the graph it prunes), the
+    forward's saved activations for `copies` rows of the prompt (~16 d_model-wide values per token per layer, the
+    patterns, the MLP's hidden layer while it runs), and each backward's gradients for `batch_size` targets (~4
+    residual-sized tensors per layer: the vmapped grads, their fp32 copies, the buffers). docs/attribution-graphs.md
+    ("Memory") sets it beside a measured peak."""
+    adjacency = n_nodes * n_nodes * (4 + 1)
     per_token_layer = 16 * cfg.d_model + cfg.n_heads * n_pos + 3 * cfg.d_mlp
     forward = copies * n_pos * cfg.n_layers * per_token_layer * bytes_per
     grads = 4 * batch_size * n_pos * (cfg.n_layers + 1) * cfg.d_model * 4

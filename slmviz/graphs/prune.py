@@ -21,22 +21,67 @@ def normalize_matrix(matrix: torch.Tensor) -> torch.Tensor:
     return normalized.div_(normalized.sum(dim=1, keepdim=True).clamp(min=1e-10))
 
 
-def influence_terms(a: torch.Tensor, logit_weights: torch.Tensor, max_iter: int = 1000) -> Iterator[torch.Tensor]:
+ROW_BLOCK_BYTES = 2**26  # how much of |A| RowNormalizedAbs materialises at a time
+
+
+class RowNormalizedAbs:
+    """Â (normalize_matrix's row-normalised |A|) as an operator read off A a block of rows at a time, never held.
+
+    Scoring an unpruned graph needs only products with Â, and a full set's graph of a long prompt has ~50k nodes:
+    its adjacency is ~10 GB in fp32, and a normalised copy doubled that past a 23 GB machine (docs/attribution-
+    graphs.md, "Memory"). The same Â, up to the order of float operations: the rows' scale is applied to the
+    vector (`vec * 1/rowsum`) rather than to |A|, and rows of zeros stay zero (their sum is clamped as in
+    normalize_matrix).
+    """
+
+    def __init__(self, matrix: torch.Tensor, block_bytes: int = ROW_BLOCK_BYTES) -> None:
+        self.matrix = matrix
+        n_rows, n_cols = matrix.shape
+        self.step = max(1, block_bytes // (matrix.element_size() * max(n_cols, 1)))
+        self.blocks = [(s, min(s + self.step, n_rows)) for s in range(0, n_rows, self.step)]
+        sums = torch.cat([matrix[s:e].abs().sum(1) for s, e in self.blocks]) if n_rows else matrix.new_zeros(0)
+        self.inverse = 1 / sums.clamp(min=1e-10)
+        self.shape = matrix.shape
+        self.dtype = matrix.dtype
+
+    def vecmat(self, vec: torch.Tensor) -> torch.Tensor:
+        """vec @ Â. Blocks where vec is zero are skipped: on a graph, whole layers carry no weight yet."""
+        out = self.matrix.new_zeros(self.shape[1])
+        for s, e in self.blocks:
+            weights = vec[s:e] * self.inverse[s:e]
+            if weights.any():
+                out += weights @ self.matrix[s:e].abs()
+        return out
+
+    def row_sums(self, columns: slice) -> torch.Tensor:
+        """Â[:, columns].sum(1): each row's normalised weight from those columns (graph_scores' error share)."""
+        return torch.cat([self.matrix[s:e, columns].abs().sum(1) for s, e in self.blocks]) * self.inverse
+
+
+def _vecmat(vec: torch.Tensor, a: torch.Tensor | RowNormalizedAbs) -> torch.Tensor:
+    return a.vecmat(vec) if isinstance(a, RowNormalizedAbs) else vec @ a
+
+
+def influence_terms(a: torch.Tensor | RowNormalizedAbs, logit_weights: torch.Tensor, max_iter: int = 1000
+                    ) -> Iterator[torch.Tensor]:
     """logit_weights · Âˡ for l = 1, 2, ... (the weight of the paths of exactly l edges into each node), until a term
-    is exactly zero (a DAG's paths end); RuntimeError when a term past `max_iter` is not (a cycle)."""
-    current = logit_weights @ a
+    is exactly zero (a DAG's paths end); RuntimeError when a term past `max_iter` is not (a cycle). `a` is Â itself
+    (normalize_matrix) or RowNormalizedAbs over A."""
+    current = _vecmat(logit_weights, a)
     for _ in range(max_iter):
         if not current.any():
             return
         yield current
-        current = current @ a
+        current = _vecmat(current, a)
     if current.any():
         raise RuntimeError(f"influence did not converge after {max_iter} iterations: the graph has a cycle")
 
 
-def compute_influence(a: torch.Tensor, logit_weights: torch.Tensor, max_iter: int = 1000) -> torch.Tensor:
+def compute_influence(a: torch.Tensor | RowNormalizedAbs, logit_weights: torch.Tensor, max_iter: int = 1000
+                      ) -> torch.Tensor:
     """logit_weights · (Â + Â² + ...), summed until a term is exactly zero (a DAG's paths end)."""
-    return sum(influence_terms(a, logit_weights, max_iter), start=torch.zeros_like(logit_weights @ a))
+    start = logit_weights.new_zeros(a.shape[1], dtype=a.dtype)
+    return sum(influence_terms(a, logit_weights, max_iter), start=start)
 
 
 def find_threshold(scores: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -109,13 +154,13 @@ def graph_scores(adjacency: torch.Tensor, logit_probabilities: torch.Tensor, n_f
     n_logits = len(logit_probabilities)
     logit_weights = torch.zeros(n)
     logit_weights[n - n_logits:] = logit_probabilities.float()
-    normalized = normalize_matrix(adjacency)
+    normalized = RowNormalizedAbs(adjacency)  # an unpruned graph's adjacency can be most of the machine's memory
     influence = compute_influence(normalized, logit_weights)
     error_start, error_end = n_features, n_features + n_errors
     tokens = influence[error_end:error_end + n_tokens].sum()
     errors = influence[error_start:error_end].sum()
     replacement = tokens / (tokens + errors)
-    non_error = 1 - normalized[:, error_start:error_end].sum(dim=-1)
+    non_error = 1 - normalized.row_sums(slice(error_start, error_end))
     weights = influence + logit_weights
     completeness = (non_error * weights).sum() / weights.sum()
     return {"replacement": float(replacement), "completeness": float(completeness)}
@@ -135,11 +180,11 @@ def mean_path_length(adjacency: torch.Tensor, logit_probabilities: torch.Tensor,
     n = adjacency.shape[0]
     weights = torch.zeros(n, dtype=adjacency.dtype)
     weights[n - len(logit_probabilities):] = logit_probabilities.to(adjacency.dtype)
-    # In the adjacency's dtype, as compute_influence: a full set's unpruned graph has ~30k nodes, whose normalised
-    # copy is 3.6 GB in fp32 (a float64 one ran a 23 GB machine out of memory)
+    # In the adjacency's dtype and without a normalised copy, as graph_scores: a float64 copy of a full set's
+    # unpruned graph ran a 23 GB machine out of memory
     start = n_features + n_errors
     mass = weighted = 0.0
-    for length, term in enumerate(influence_terms(normalize_matrix(adjacency), weights, max_iter), start=1):
+    for length, term in enumerate(influence_terms(RowNormalizedAbs(adjacency), weights, max_iter), start=1):
         reached = float(term[start:start + n_tokens].sum())
         mass, weighted = mass + reached, weighted + length * reached
     return weighted / mass if mass > 0 else float("nan")
