@@ -97,11 +97,12 @@ def test_an_saes_scan_is_prepared_once_for_its_weights(tiny, tmp_path, monkeypat
     assert load_sae_scan(tiny, "resid_l1", other) is not None and load_sae_scan(tiny, "resid_l1", sae) is None
 
 
-def test_a_prepared_name_beside_the_trainers_kinds_trains_the_kind_its_recipe_names(tiny, tmp_path, monkeypatch):
-    """A recipe keyed by another prepared name ("plt-quick") carries `kind=` (the trainer's): the set is trained as
-    that kind, kept under its own name's folder and loaded by that name; without `kind=` the trainer refuses it."""
+def test_a_prepared_name_beside_the_trainers_kinds_trains_the_kind_it_names(tiny, tmp_path, monkeypatch):
+    """Another prepared name ("plt-quick") trains as the kind TRAINED_AS gives it, whoever gives the recipe (a fixed
+    one or the overrides of a model without one): kept under its own name's folder and loaded by that name. A name
+    that is neither refuses, and a recipe cannot choose the trainer itself."""
     monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
-    monkeypatch.setitem(RECIPES, ("tiny", "plt-quick"), dict(kind="plt", corpus=CORPUS, **TINY))
+    monkeypatch.setitem(RECIPES, ("tiny", "plt-quick"), dict(corpus=CORPUS, **TINY))
     ts = prepare_transcoders(tiny, "plt-quick", progress=False, scan_progress=False)
     assert (prepared_dir(tiny, "plt-quick") / SET_FILE).is_file() and not prepared_dir(tiny, "plt").exists()
     assert ts.name == "tiny-plt-quick" and ts.layers == [0, 1]
@@ -109,6 +110,8 @@ def test_a_prepared_name_beside_the_trainers_kinds_trains_the_kind_its_recipe_na
     assert torch.equal(loaded.coder(1).W_dec, ts.coder(1).W_dec)
     with pytest.raises(ValueError, match="kind must be one of"):
         prepare_transcoders(tiny, "other", progress=False, corpus=CORPUS, **TINY)
+    with pytest.raises(ValueError, match="the prepared name does .'plt-quick' trains as 'plt'"):
+        recipe("tiny", "plt-quick", {"kind": "clt", **TINY})
 
 
 def test_a_second_build_of_a_models_sets_is_refused_while_one_runs_and_loses_nothing(tiny, tmp_path, monkeypatch):
@@ -120,7 +123,7 @@ def test_a_second_build_of_a_models_sets_is_refused_while_one_runs_and_loses_not
     from slmviz.training.prepare import LOCK_FILE, PrepareBusyError
 
     monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
-    monkeypatch.setitem(RECIPES, ("tiny", "plt-quick"), dict(kind="plt", corpus=CORPUS, **TINY))
+    monkeypatch.setitem(RECIPES, ("tiny", "plt-quick"), dict(corpus=CORPUS, **TINY))
     other = FileLock(prepared_dir(tiny, "plt").parent / LOCK_FILE)
     prepared_dir(tiny, "plt").parent.mkdir(parents=True)
     with other:  # a file lock held by another holder: the same call from another process is refused alike

@@ -27,7 +27,7 @@ from ..loading.bundled import prepared_dir
 from .train import train_transcoders
 
 # One recipe per (model, prepared name). Chosen for a 2-core CPU; docs/features.md records what each costs and scores.
-# A name that is not a trainer's kind ("plt", "clt") says which it trains with `kind=`.
+# A name that is not a trainer's kind ("plt", "clt") trains as TRAINED_AS says.
 RECIPES: dict[tuple[str, str], dict[str, Any]] = {
     ("SmolLM2-135M-Instruct", "plt"): dict(d_sae=4096, k=64, tokens=500_000, architecture="batchtopk", skip=True,
                                            batch_tokens=512, buffer_tokens=16_384, lr=2e-3, dead_window=100_000,
@@ -38,10 +38,10 @@ RECIPES: dict[tuple[str, str], dict[str, Any]] = {
     # (six of the chat corpus's seeds instead of 95), so a fresh machine has a readable graph in minutes.
     # bench/studies/quick_set_curve.py holds the curve behind the choice; docs/features.md ("The quick set") its cost
     # and scores.
-    ("SmolLM2-135M-Instruct", "plt-quick"): dict(kind="plt", corpus="quick", d_sae=1024, k=64, tokens=65_536,
+    ("SmolLM2-135M-Instruct", "plt-quick"): dict(corpus="quick", d_sae=1024, k=64, tokens=65_536,
                                                  architecture="batchtopk", skip=True, batch_tokens=512,
                                                  buffer_tokens=16_384, lr=2e-3, dead_window=100_000, seed=0),
-    ("gemma-3-270m", "plt-quick"): dict(kind="plt", corpus="quick", d_sae=1024, k=64, tokens=65_536,
+    ("gemma-3-270m", "plt-quick"): dict(corpus="quick", d_sae=1024, k=64, tokens=65_536,
                                         architecture="batchtopk", skip=True, batch_tokens=512, buffer_tokens=16_384,
                                         lr=2e-3, dead_window=100_000, seed=0),
     # As many parameters as the PLT recipe (512 x (30 + 465) x 576 = 146M, training.clt_objective), the same corpus,
@@ -52,7 +52,7 @@ RECIPES: dict[tuple[str, str], dict[str, Any]] = {
                                            pre_act_coefficient=0.03, seed=0),
 }
 REQUIRED = ("d_sae", "k", "tokens")  # what a recipe must fix; the rest defaults as in train_transcoders
-TRAINED_AS = {"plt-quick": "plt"}  # a prepared name that is not a trainer's kind, for a model without a recipe
+TRAINED_AS = {"plt-quick": "plt"}  # a prepared name that is not a trainer's kind -> the kind it trains
 LOCK_FILE = ".prepare.lock"  # in $SLMVIZ_CACHE/transcoders/{model}/: one build of a model's prepared sets at a time
 
 
@@ -65,6 +65,9 @@ def recipe(model: Any, kind: str, overrides: dict[str, Any] | None = None) -> di
     names every REQUIRED argument (a tiny model's set in the app's tests, or a set of a model loaded from a folder)."""
     name = model if isinstance(model, str) else str(getattr(model, "name", ""))
     overrides = dict(overrides or {})
+    if "kind" in overrides:
+        raise ValueError(f"a recipe does not choose the trainer: the prepared name does ({kind!r} trains as "
+                         f"{TRAINED_AS.get(kind, kind)!r}); drop kind={overrides['kind']!r}")
     if (name, kind) in RECIPES:
         return {**RECIPES[(name, kind)], **overrides}
     if all(key in overrides for key in REQUIRED):
@@ -117,7 +120,7 @@ def _prepare(model: Any, kind: str, args: dict[str, Any], progress: Any, scan_pr
     """prepare_transcoders' work, under the model's build lock."""
     from ..corpora.named import resolve_corpus
 
-    trains = args.pop("kind", TRAINED_AS.get(kind, kind))  # the trainer's kind: the recipe's, else by its name
+    trains = TRAINED_AS.get(kind, kind)  # the prepared name says which trainer, whoever gave the recipe
     corpus_name = args.pop("corpus", CORPUS)
     out = prepared_dir(model, kind)
     corpus = resolve_corpus(corpus_name, model)
