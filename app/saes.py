@@ -32,6 +32,7 @@ from slmviz.features.prepared_scans import load_sae_scan
 from slmviz.formats import gemma_scope
 from slmviz.formats.saelens import CFG_FILENAME
 from slmviz.model_api import HUB_ID_PATTERN
+from slmviz.scans.scan import ScanFormatError
 
 from .jobs import Job
 from .scans import SCANS
@@ -70,7 +71,11 @@ def provide_prepared_scan(model: Any, entry: Entry) -> Entry:
     set's corpus, modern prose and chat rather than King James verses), served as its card's scan: no visitor waits.
     Without one (or for other weights), the card scans the bundled verses on first use, as before."""
     if finished_feature_scan(model, entry) is None:
-        found = load_sae_scan(model, entry.name, entry.sae)
+        try:
+            found = load_sae_scan(model, entry.name, entry.sae)
+        except ScanFormatError as e:  # damaged: the card says so and scans the verses; prepare writes it again
+            unreadable_scan(entry, str(e))
+            return entry
         if found is not None:
             provide_feature_scan(model, entry, found)
     return entry
@@ -234,29 +239,39 @@ def finished_feature_scan(model: Any, entry: Entry) -> tuple[Scan, list[str]] | 
 
 
 # What a card says of where its top contexts come from: the SAEs and coders whose feature scan was prepared with
-# them (over their own corpus), and those whose prepared scan could not be read (why).
+# them (over their own corpus), those whose prepared scan the Graph tab rebuilt (app/tabs/graph_scan.py), and
+# those whose prepared scan could not be read (why, and how to write it again).
 _PREPARED: set[str] = set()
-_UNREADABLE: dict[str, str] = {}
+_REBUILT: set[str] = set()
+_UNREADABLE: dict[str, tuple[str, str]] = {}  # key -> (why, how to write it again)
+PREPARE_AGAIN = "`slmviz prepare --transcoders` writes it again"
 
 
-def provide_feature_scan(model: Any, entry: Entry, found: tuple[Scan, list[str]]) -> None:
-    """A feature scan prepared elsewhere (with a full transcoder set) served as the SAE's own: nothing computed."""
+def provide_feature_scan(model: Any, entry: Entry, found: tuple[Scan, list[str]], rebuilt: bool = False) -> None:
+    """A feature scan prepared elsewhere (with a full transcoder set) served as the SAE's own: nothing computed.
+    `rebuilt`: it replaces one that was missing or could not be read (its card says so)."""
     SCANS.provide(model, [acts_hook(entry.sae)], found, FEATURE_TOP_K, entry.key + DASHBOARD_ROWS)
     _PREPARED.add(entry.key)
+    if rebuilt:
+        _REBUILT.add(entry.key)
     _UNREADABLE.pop(entry.key, None)
 
 
-def unreadable_scan(entry: Entry, why: str) -> None:
-    """The prepared scan of `entry` is there but cannot be read (`why`): its card says so."""
-    _UNREADABLE[entry.key] = why
+def unreadable_scan(entry: Entry, why: str, fix: str = PREPARE_AGAIN) -> None:
+    """The prepared scan of `entry` is there but cannot be read (`why`): its card says so, and `fix` (how to
+    write it again)."""
+    _UNREADABLE[entry.key] = (why, fix)
 
 
 def scan_source(entry: Entry | None, docs: list[str] | None) -> str:
     """Which text a card's top contexts come from, in words: the scan prepared with the coder (its own corpus:
-    modern prose, code and the model's chat), or the bundled King James verses, and why."""
+    modern prose, code and the model's chat; said to be rebuilt when the Graph tab rebuilt it), or the bundled
+    King James verses, and why."""
     if entry is not None and entry.key in _PREPARED:
-        return (f"from the scan prepared with it: {len(docs or [])} documents of its own corpus (modern prose, code "
-                "and the model's chat)")
-    why = (f"its prepared scan could not be read ({_UNREADABLE[entry.key]}); `slmviz prepare --transcoders` writes it "
-           "again" if entry is not None and entry.key in _UNREADABLE else "it has no prepared scan")
+        again = ", rebuilt since the server started" if entry.key in _REBUILT else ""
+        return (f"from the scan prepared with it{again}: {len(docs or [])} documents of its own corpus (modern prose, "
+                "code and the model's chat)")
+    unreadable = _UNREADABLE.get(entry.key) if entry is not None else None
+    why = (f"its prepared scan could not be read ({unreadable[0]}); {unreadable[1]}" if unreadable else
+           "it has no prepared scan")
     return f"from {len(docs or [])} verses of the bundled King James Bible: {why}"

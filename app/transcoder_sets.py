@@ -6,6 +6,8 @@ as one choice ("full set: 30 per-layer transcoders"), picked alone (every layer 
 single transcoder beside it would be a second one for its layer). It is loaded once per model and kept in memory
 (SmolLM2's: about 600 MB), and each layer's coder is pinned in the server's SAE store (app/saes.py) under the set's
 name for that layer (`{set name}/layer_{L}`), so a node's feature card and the workbench find it like any transcoder.
+Its cards read the feature scan prepared with it; when that scan is missing or cannot be read, the cards say so, the
+graph still draws, and the Graph tab offers to rebuild it (scan_problem, use_scan; app/tabs/graph_scan.py).
 
 Its cross-layer transcoder (`slmviz prepare --transcoders clt`, in .../clt) is offered the same way once it is
 there ("cross-layer transcoder: 30 layers"): its layer L's features are pinned as ts.feature_coder(L) (for the CLT,
@@ -58,6 +60,7 @@ BUILD_KIND = "transcoder-set"  # the build's Cancel leaves only this kind of job
 # max_feature_nodes, circuit-tracer's option; docs/features.md's example value): with 30 layers of k=64 features a
 # 16-token prompt has ~30k active ones, whose dense adjacency alone would be ~3.6 GB, past the tab's 4 GiB budget.
 MAX_FEATURE_NODES = 4096
+REBUILD_BUTTON = "Rebuild the scan"  # the Graph tab's button (app/tabs/graph_scan.py), named by the cards
 
 
 def set_ready(model: Any, kind: str = KIND) -> bool:
@@ -105,6 +108,7 @@ class TranscoderSets:
         self._loaded: dict[tuple[str, str], tuple[Any, dict[int, str]]] = {}  # (model, kind) -> (set, names)
         self._lock = threading.Lock()
         self._building: dict[str, tuple[str, Any]] = {}  # model -> (kind, job) of its latest build
+        self._scan_problems: dict[tuple[str, str], str | None] = {}  # (model, kind) -> why its cards lack its scan
 
     @staticmethod
     def _key(model: Any) -> str:
@@ -164,20 +168,46 @@ class TranscoderSets:
                 ts = slmviz.load_transcoders(kind, model=model)
                 # a card reads one layer's features (a CLT's: its encoder, each feature's writes summed), pinned under
                 # the name `prepare` gives the set's layers
-                coders = {layer: ts.feature_coder(layer) for layer in ts.layers}
                 names = {layer: f"{model.name}-{kind}/layer_{layer}" for layer in ts.layers}
-                try:
-                    scanned, damaged = load_set_scan(model, kind), None  # prepared with the set: no card waits
-                except Exception as e:  # noqa: BLE001 - a damaged scan: the cards say so, the graph still draws
-                    scanned, damaged = None, f"{type(e).__name__}: {e}"
-                for layer, name in names.items():
-                    entry = self.saes.pin(model, name, coders[layer])
-                    if scanned is not None:
-                        provide_feature_scan(model, entry, scanned)
-                    elif damaged:
-                        unreadable_scan(entry, damaged)
+                entries = [self.saes.pin(model, name, ts.feature_coder(layer)) for layer, name in names.items()]
                 self._loaded[key] = (ts, names)
+                self._read_scan(model, kind, entries)
             return self._loaded[key]
+
+    def _read_scan(self, model: Any, kind: str, entries: list[Any]) -> None:
+        """The scan prepared with the set, served as each coder's card scan (no card waits). When it is missing or
+        cannot be read, the cards say so (and scan the bundled verses on demand), the graph still draws, and
+        scan_problem says why: the Graph tab then offers to rebuild it (app/tabs/graph_scan.py). Called by _load,
+        holding self._lock."""
+        try:
+            scanned, why = load_set_scan(model, kind), None
+        except Exception as e:  # noqa: BLE001 - a damaged scan (ScanFormatError, or a folder it cannot open)
+            cause = e.__cause__ or e  # what the reader said, without the server's paths
+            scanned, why = None, f"{type(cause).__name__}: {cause}"
+        for entry in entries:
+            if scanned is not None:
+                provide_feature_scan(model, entry, scanned)
+            elif why is not None:
+                unreadable_scan(entry, why, fix=f"press '{REBUILD_BUTTON}' beside the card to write it again")
+        problem = None if scanned is not None else (
+            f"its prepared scan could not be read ({why})" if why is not None else "it has no prepared scan")
+        self._scan_problems[(self._key(model), kind)] = problem
+
+    def scan_problem(self, model: Any, kind: str) -> str | None:
+        """Why the cards of the model's loaded `kind` set do not read its prepared scan ("it has no prepared scan",
+        or that it could not be read and why), or None: they read it, or the set is not loaded yet (the first graph
+        over it loads it and reads its scan)."""
+        with self._lock:
+            return self._scan_problems.get((self._key(model), kind))
+
+    def use_scan(self, model: Any, kind: str, found: tuple[Any, list[str]]) -> None:
+        """A rebuilt scan of the loaded `kind` set: each layer's card reads it from now on (saying it was rebuilt),
+        in every session, without a restart; the set's scan_problem is cleared."""
+        _, names = self.load(model, kind)
+        for name in names.values():
+            provide_feature_scan(model, self.saes.get(model, name), found, rebuilt=True)
+        with self._lock:
+            self._scan_problems[(self._key(model), kind)] = None
 
     def args(self, model: Any, kind: str = KIND) -> dict[str, Any]:
         """The recipe a Build button trains `kind` with: the model's own, with $SLMVIZ_SET_RECIPE over it."""

@@ -10,7 +10,9 @@ of QK attribution and head loadings (tests/test_qk.py, tests/test_head_loadings.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,6 +28,7 @@ from app.saes import scan_source, unreadable_scan
 from app.tabs.graph_readable import CHAR_PX, KEEP_DEFAULT, META_KEY, MIN_WEIGHT_DEFAULT, draw, graph_payload
 from app.transcoder_sets import KIND, QUICK, TranscoderSets
 from slmviz.features.load import load_sae
+from slmviz.features.prepared_scans import load_set_scan, set_scan_dir
 from slmviz.graphs.derived import kept_adjacency, node_index
 from slmviz.training.prepare import RECIPES
 
@@ -195,6 +198,78 @@ def test_the_quick_set_is_built_from_the_tab_then_ticked_and_used(tiny_folder, t
         assert names["value"] == [label] and "Built" in status
         _, _, _, status = client.predict(PROMPT, [label], 1.0, 1.0, api_name="/circuit_attribution")
         assert "Replacement score" in status and label in status
+
+
+SET_LABEL, QUICK_LABEL = "full set: 2 per-layer transcoders", "quick set: 2 per-layer transcoders"
+
+
+@pytest.fixture(scope="module")
+def damaged_scan_server(tiny_folder, tiny, tmp_path_factory):
+    """The app on the tiny model with its full and quick sets prepared (in this process, a tiny recipe, into a cache
+    of its own): the full set's scan damaged (scan.safetensors truncated), the quick set's scan removed. Yields
+    (url, cache)."""
+    from slmviz.training.prepare import prepare_transcoders
+
+    cache = tmp_path_factory.mktemp("damaged-scan-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLMVIZ_CACHE", str(cache))
+        for kind, tokens in [(KIND, 2_000), (QUICK, 1_500)]:  # other weights: each coder's card scan is its own
+            prepare_transcoders(tiny, kind, progress=False, **{**SET_RECIPE, "tokens": tokens})
+            assert load_set_scan(tiny, kind) is not None
+        weights = set_scan_dir(tiny, KIND) / "scan.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
+        shutil.rmtree(set_scan_dir(tiny, QUICK))
+    env = {"SLMVIZ_CACHE": str(cache), "SLMVIZ_SET_RECIPE": json.dumps(SET_RECIPE)}
+    with app_server(env=env, model=str(tiny_folder), allow_local_models=True) as url:
+        yield url, cache
+
+
+def first_node(table: dict) -> str:
+    layer, feature, position = table["data"][0][:3]
+    return f"{layer}_{feature}_{position}"
+
+
+def rebuild_offered(client: Client, label: str) -> str:
+    """The rebuild panel's status line for the ticked set: empty exactly when its button is hidden (ScanRebuild.panel;
+    gradio_client does not return a button's visibility, tests/test_graph_tab_browser.py sees the button)."""
+    return client.predict([label], api_name="/graph_rebuild_scan_offer")
+
+
+def test_a_missing_or_damaged_set_scan_is_said_and_rebuilt_from_the_tab_keeping_the_graph(damaged_scan_server, tiny):
+    """The full set's damaged scan: the graph draws, the card says the scan could not be read and the rebuild panel
+    shows; pressing it writes the scan again, the same card then reads it (saying it was rebuilt) and the panel
+    hides, the graph with its pins and supernode kept. The quick set's missing scan alike. Pressed with no
+    set ticked, it is a readable error."""
+    url, cache = damaged_scan_server
+    client = Client(url, verbose=False)
+    with pytest.raises(AppError, match="Tick a prepared transcoder set"):
+        client.predict([], api_name="/graph_rebuild_scan")  # no set ticked
+    for label, kind, problem in [(SET_LABEL, KIND, "its prepared scan could not be read (SafetensorError"),
+                                 (QUICK_LABEL, QUICK, "it has no prepared scan")]:
+        _, table, _, status = client.predict(PROMPT, [label], 1.0, 1.0, api_name="/circuit_attribution")
+        assert "Replacement score" in status and table["data"]  # the graph draws without the scan
+        node = first_node(table)
+        card, _ = client.predict(node, 1.0, 1.0, api_name="/workbench_card")
+        assert problem in card and "No feature scan yet" in card, card
+        said = rebuild_offered(client, label)
+        assert problem in said and label in said
+        client.predict(node, 1.0, 1.0, api_name="/workbench_pin")
+        _, sub_status, _ = client.predict("story", "", 1.0, 1.0, api_name="/workbench_supernode")
+        assert "story" in sub_status
+        said = client.predict([label], api_name="/graph_rebuild_scan")
+        assert f"Rebuilt the scan of the {label}: {len(SET_RECIPE['corpus'])} documents" in said
+        card, _ = client.predict(node, 1.0, 1.0, api_name="/workbench_card")
+        assert (f"from the scan prepared with it, rebuilt since the server started: {len(SET_RECIPE['corpus'])} "
+                "documents of its own corpus") in card and "Top activating contexts" in card
+        assert rebuild_offered(client, label) == ""
+        _, path = client.predict(1.0, 1.0, api_name="/workbench_views")  # the graph, its pins and supernode kept
+        q = json.loads(Path(path).read_text())["qParams"]
+        assert node in q["pinnedIds"] and any(group[0] == "story" for group in q["supernodes"])
+        with pytest.MonkeyPatch.context() as mp:  # written whole on disk: the library reads it
+            mp.setenv("SLMVIZ_CACHE", str(cache))
+            scanned, docs = load_set_scan(tiny, kind)
+            assert docs == SET_RECIPE["corpus"] and len(scanned.hooks) == 2
+            assert [p.name for p in set_scan_dir(tiny, kind).parent.iterdir() if "scan" in p.name] == ["scan"]
 
 
 def test_the_drawing_gives_each_marker_and_label_its_own_room(graph):

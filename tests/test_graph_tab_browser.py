@@ -10,6 +10,8 @@ Does not check the numbers (tests/test_graph_tab_app.py compares them with the l
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 import test_graph_tab_app
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.browser
 tiny_folder, tiny, transcoders, tiny_server = (test_workbench_app.tiny_folder, test_workbench_app.tiny,
                                                test_workbench_app.transcoders, test_workbench_app.tiny_server)
 graph = test_graph_tab_app.graph
+damaged_scan_server, SET_LABEL = test_graph_tab_app.damaged_scan_server, test_graph_tab_app.SET_LABEL
 
 if not CHROMIUM.exists():
     pytest.skip(NO_CHROMIUM, allow_module_level=True)
@@ -115,6 +118,44 @@ def test_head_loadings_for_an_edge_then_the_qk_table_for_its_head(browser, tiny_
         page.wait_for_selector(".toast-body.error", timeout=30_000)
         assert "out of range" in page.locator(".toast-body.error").first.inner_text()
         assert page.locator("#graph-qk-result [data-testid=cell-0-0]").count() == 1
+
+
+REBUILD_SCREENSHOT = Path(tempfile.gettempdir()) / "slmviz-rebuild-scan.png"  # looked at by hand, not kept
+
+
+def test_a_damaged_set_scan_shows_the_rebuild_button_beside_the_card_and_rebuilding_hides_it(browser,
+                                                                                             damaged_scan_server):
+    """The full set (ticked) has a damaged scan: once its graph is built the Rebuild button and its status show
+    beside the node card, which says the scan could not be read; pressing it rebuilds the scan, the card is drawn
+    again from it and the button hides, the graph still there."""
+    url, _ = damaged_scan_server
+    with recording_page(browser, url, height=1400) as page:
+        page.get_by_role("tab", name="Graph").click()
+        page.wait_for_selector("#circuit-attr-prompt textarea")
+        assert page.get_by_label(SET_LABEL).is_checked()
+        assert not page.locator("#graph-rebuild-scan").is_visible()  # the set is not loaded yet: nothing known
+        page.fill("#circuit-attr-prompt textarea", PROMPT)
+        for slider in ("circuit-attr-nodes-kept", "circuit-attr-edges-kept"):  # the random set's features: keep all
+            move(page, slider, 1.0)
+        page.click("#circuit-attr-run")
+        page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=TIMEOUT_MS)
+        page.wait_for_selector("#graph-rebuild-scan", state="visible", timeout=30_000)
+        assert "could not be read" in page.locator("#graph-rebuild-scan-status").inner_text()
+        click_feature_node(page)
+        page.wait_for_function("document.querySelector('#graph-node-card').innerText.includes('could not be read')",
+                               timeout=60_000)
+        page.mouse.move(5, 5)
+        page.locator("#graph-rebuild-scan").scroll_into_view_if_needed()
+        page.screenshot(path=str(REBUILD_SCREENSHOT))
+        page.click("#graph-rebuild-scan")
+        page.wait_for_function("document.querySelector('#graph-node-card').innerText.includes('rebuilt since')",
+                               timeout=TIMEOUT_MS)
+        assert "Rebuilt the scan" in page.locator("#graph-rebuild-scan-status").inner_text()
+        assert not page.locator("#graph-rebuild-scan").is_visible()
+        assert "Top activating contexts" in page.locator("#graph-node-card").inner_text()
+        assert page.locator("#graph-plot .js-plotly-plot .nsewdrag").count() == 1
+        errors = page.locator(".toast-body.error")
+        assert errors.count() == 0, errors.first.inner_text()
 
 
 SCREENSHOT_PROMPT = "The capital of the state containing Dallas is"

@@ -9,6 +9,8 @@ recipes run for real (an hour of training: docs/features.md), nor the "mixed" co
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import build_tiny_model
@@ -22,12 +24,15 @@ from slmviz.features.prepared_scans import (
     load_sae_scan,
     load_set_scan,
     prepare_sae_scans,
+    prepare_set_scan,
     sae_scan_dir,
     scan_docs,
+    set_scan_dir,
 )
 from slmviz.formats.checkpoint import CheckpointError
 from slmviz.formats.slmviz import SET_FILE
 from slmviz.replacement.prepared import prepared_dir
+from slmviz.scans.scan import Scan, ScanFormatError
 from slmviz.training.prepare import RECIPES, prepare_transcoders, recipe
 
 CORPUS = [" ".join(f"w{(i * 7 + j * 3) % 120}" for j in range(20 + i % 13)) for i in range(40)]
@@ -133,3 +138,68 @@ def test_a_second_build_of_a_models_sets_is_refused_while_one_runs_and_loses_not
     ts = prepare_transcoders(tiny, "plt-quick", progress=False, scan_progress=False)
     assert (prepared_dir(tiny, "plt-quick") / SET_FILE).is_file() and ts.layers == [0, 1]
     prepare_transcoders(tiny, "plt-quick", progress=False, scan_progress=False)  # the lock was released
+
+
+class Stopped(Exception):
+    """What a cancelled job's progress report raises (app/jobs.py's JobCancelled), mid-scan."""
+
+
+def folder_bytes(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_damaged_set_scan_is_written_again_whole_and_a_stopped_rebuild_leaves_the_old_one(tiny, tmp_path,
+                                                                                              monkeypatch):
+    """A set's scan that cannot be read is a ScanFormatError saying where; prepare_set_scan writes it again. A rebuild
+    stopped while scanning, one whose save fails half-way, and one whose final rename fails all leave the old
+    folder byte for byte as it was, with nothing beside it; the rebuild that finishes is slmviz.scan's."""
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    d = tiny.cfg.d_model
+    coders = [SAE.random(d, 32, seed=layer, architecture="relu", hook_name=f"blocks.{layer}.mlp.hook_in",
+                         hook_name_out=f"blocks.{layer}.hook_mlp_out") for layer in (0, 1)]
+    folder = set_scan_dir(tiny, "plt")
+    prepare_set_scan(tiny, coders, "plt", corpus=CORPUS, progress=False)
+    weights = folder / "scan.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated
+    with pytest.raises(ScanFormatError, match=f"the prepared scan in {folder} could not be read"):
+        load_set_scan(tiny, "plt")
+    damaged = folder_bytes(folder)
+
+    def stop(done: int, total: int) -> None:
+        raise Stopped
+
+    with pytest.raises(Stopped):
+        prepare_set_scan(tiny, coders, "plt", corpus=CORPUS, progress=stop)
+    assert folder_bytes(folder) == damaged and [p.name for p in folder.parent.iterdir()] == ["scan"]
+
+    def half_saved(self, where):  # the disk fills up after the first file
+        (Path(where) / "scan.safetensors").write_bytes(b"half")
+        raise OSError("No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(Scan, "save", half_saved)
+        with pytest.raises(OSError, match="No space left"):
+            prepare_set_scan(tiny, coders, "plt", corpus=CORPUS, progress=False)
+    assert folder_bytes(folder) == damaged and [p.name for p in folder.parent.iterdir()] == ["scan"]
+
+    rename = Path.rename
+
+    def refused(self, target):  # the finished scan cannot be renamed in: the old one is put back
+        if self.name.startswith(".scan-") and "-old-" not in self.name:
+            raise PermissionError("read-only folder")
+        return rename(self, target)
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "rename", refused)
+        with pytest.raises(PermissionError):
+            prepare_set_scan(tiny, coders, "plt", corpus=CORPUS, progress=False)
+    assert folder_bytes(folder) == damaged and [p.name for p in folder.parent.iterdir()] == ["scan"]
+
+    s, docs = prepare_set_scan(tiny, coders, "plt", corpus=CORPUS, progress=False)
+    assert [p.name for p in folder.parent.iterdir()] == ["scan"]
+    read, read_docs = load_set_scan(tiny, "plt")
+    reference = slmviz.scan(docs, hooks=[acts_hook(c) for c in coders], saes=coders, model=tiny, top_k=SCAN_TOP_K,
+                            progress=False)
+    assert read_docs == docs == scan_docs(tiny, CORPUS)
+    for hook in reference.hooks:
+        assert torch.equal(read.stats[hook].top_key, reference.stats[hook].top_key), hook

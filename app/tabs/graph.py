@@ -21,7 +21,9 @@ Element ids (tests outside the repo use them): #graph-set, #graph-build-quick, #
 #graph-table (the kept features, select one), #graph-clear, #graph-pin-top, #graph-pin-top-n,
 #graph-subgraph-status, #graph-supernode-members, #graph-supernode-add, #graph-label, #graph-label-save,
 #graph-intervene-nodes, #graph-intervene-value, #graph-intervene-number, #graph-intervene-mode,
-#graph-intervene-cancel, #graph-json, #graph-load; the attention panel's (app/tabs/graph_qk.py).
+#graph-intervene-cancel, #graph-json, #graph-load; beside the node card, while the set in use has no readable
+prepared scan: #graph-rebuild-scan, #graph-rebuild-scan-cancel, #graph-rebuild-scan-status (app/tabs/graph_scan.py);
+the attention panel's (app/tabs/graph_qk.py).
 
 Clicking a node: plotly's click is not a Gradio event, so a few lines of page JavaScript (app/shared.py's
 plot_click_js) copy the node's id into a textbox and press its button.
@@ -29,6 +31,7 @@ plot_click_js) copy the node's id into a textbox and press its button.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
@@ -54,6 +57,7 @@ from .graph_readable import (
     MIN_WEIGHT_STEP,
     redraw_js,
 )
+from .graph_scan import RebuildPanel, ScanRebuild
 from .graph_workbench import MODE_CHOICES, VALUE_CHOICES, WorkbenchHandlers
 
 ATTR_PROMPT = "The capital of France is"
@@ -117,8 +121,9 @@ def build_graph_tab(ctx: AppContext, saes: SAEStore, features: Any, source: gr.S
             cancel_btn = gr.Button("Cancel", elem_id="circuit-attr-cancel")
         status = gr.Markdown(elem_id="circuit-attr-status")
         found = gr.State(None, time_to_live=3600)  # the session's graph: AttributionHandlers.attribution's dict
+        rebuild = RebuildPanel(ScanRebuild(ah.sets), names, source, queues)  # a set's missing or damaged scan
         redraw_workbench = build_workbench(WorkbenchHandlers(ctx, saes), found, node_threshold, edge_threshold,
-                                           queues)
+                                           queues, beside_card=rebuild.layout)
         with gr.Accordion("Attention: head loadings and QK pairs", open=True):
             build_qk_panel(found, queues)
         with gr.Accordion("The kept features: table, every edge drawn, and each feature's page", open=True):
@@ -178,6 +183,7 @@ def build_graph_tab(ctx: AppContext, saes: SAEStore, features: Any, source: gr.S
         source.change(offer, source, shown, api_visibility="private", **queues.light)
         if page is not None:
             page.load(offer, source, shown, api_visibility="private")
+    rebuild.offer_after(built, page)
     if page is not None:
         page.load(ah.sets.refresh, source, names, api_visibility="private").then(
             ah.describe, [found, names, source], set_line, api_visibility="private")
@@ -190,9 +196,11 @@ def build_graph_tab(ctx: AppContext, saes: SAEStore, features: Any, source: gr.S
 
 
 def build_workbench(wb: WorkbenchHandlers, found: gr.State, node_threshold: gr.Slider, edge_threshold: gr.Slider,
-                    queues: Queues) -> Any:
+                    queues: Queues, beside_card: Callable[[], Any] | None = None) -> Any:
     """The workbench's layout, under the attribution graph, and its events; returns wire(*events): after each of
-    those events (the graph built, re-pruned) the workbench redraws."""
+    those events (the graph built, re-pruned) the workbench redraws. `beside_card()` lays out more under the
+    node's buttons (the rebuild of a set's scan) and returns an event after which the node's card is drawn
+    again (or None)."""
     with gr.Row():
         keep = gr.Slider(KEEP_MIN, MAX_NODES_SENT, value=KEEP_DEFAULT, step=KEEP_STEP, elem_id="graph-keep-nodes",
                          label="nodes drawn: the most influential (embeddings, logits and pins always)")
@@ -209,6 +217,7 @@ def build_workbench(wb: WorkbenchHandlers, found: gr.State, node_threshold: gr.S
             with gr.Row():
                 pin_btn = gr.Button("Pin / unpin", variant="primary", elem_id="graph-pin")
                 clear_btn = gr.Button("Clear pins", elem_id="graph-clear")
+            card_changed = beside_card() if beside_card is not None else None
         with gr.Column(scale=2):
             card = gr.HTML(elem_id="graph-node-card")
     with gr.Accordion("Workbench: inspect, pin, group, label and intervene", open=True):
@@ -261,6 +270,8 @@ def build_workbench(wb: WorkbenchHandlers, found: gr.State, node_threshold: gr.S
     table.select(wb.select, [found, *thresholds], [node, card, label_box], api_visibility="private", **light)
     gr.on([show.click, node.submit], wb.card, [found, node, *thresholds], [card, label_box],
           api_name="workbench_card", **light)
+    if card_changed is not None:
+        card_changed.success(wb.card_again, [found, node, *thresholds], card, api_visibility="private", **light)
     changes = [
         pin_btn.click(wb.pin, [found, node, *thresholds], views, api_name="workbench_pin", **light),
         clear_btn.click(wb.clear, [found, *thresholds], views, api_name="workbench_clear", **light),

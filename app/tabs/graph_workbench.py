@@ -20,7 +20,7 @@ from typing import Any
 import gradio as gr
 
 from slmviz.graphs.intervene import intervene, resolve
-from slmviz.graphs.workbench import feature_labels
+from slmviz.graphs.workbench import feature_labels, node_index
 from slmviz.plots.subgraph import subgraph_figure
 
 from ..jobs import RUNNER
@@ -92,12 +92,13 @@ class WorkbenchHandlers:
         return node_card(found, pruned, node, lambda layer: self._coder(found, layer))
 
     def _use_scans(self, found: dict) -> None:
+        """The graph's automatic labels read each layer's current feature scan: a scan rebuilt since the graph was
+        built (app/tabs/graph_scan.py) replaces the one it had (its labels are cached per scan, edited ones kept)."""
         graph = found["graph"]
         for layer in found.get("layers", {}):
-            if layer not in graph.scans:
-                scan = self._scan(found, layer)
-                if scan is not None:
-                    graph.use_scans({layer: scan})
+            scan = self._scan(found, layer)
+            if scan is not None and graph.scans.get(layer) is not scan:
+                graph.use_scans({layer: scan})
 
     def _views(self, found: dict, node_threshold: Any, edge_threshold: Any) -> tuple:
         """(subgraph plot, subgraph status, feature table) of the current state: what a change shows first."""
@@ -138,6 +139,16 @@ class WorkbenchHandlers:
         if not node:
             raise ValueError("Click a node in the graph (or select one in the table) first")
         return self._card(found, pruned, node), (pruned.label(node) if is_feature(pruned, node) else "")
+
+    @readable_errors
+    def card_again(self, found: dict | None, node: str, node_threshold: float | None,
+                   edge_threshold: float | None) -> Any:
+        """The selected node's card drawn again (its feature scan was rebuilt); no change when no node of the
+        graph is selected (nothing was asked for: no error)."""
+        node = (node or "").strip()
+        if not found or "graph" not in found or node not in node_index(found["graph"]):
+            return gr.skip()
+        return self._card(found, self._pruned(found, node_threshold, edge_threshold), node)
 
     @readable_errors
     def select(self, evt: gr.SelectData, found: dict | None, node_threshold: float | None,

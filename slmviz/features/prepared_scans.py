@@ -16,10 +16,12 @@ import hashlib
 import json
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
 from ..loading.bundled import cache_dir, prepared_dir
+from ..scans.scan import ScanFormatError
 
 CORPUS = "mixed"  # the corpus the prepared sets train on (training.prepare), whose held-out split the scans read
 SCAN_DOCS, SCAN_CHARS, SCAN_TOP_K, SCAN_FOLDER = 200, 400, 10, "scan"
@@ -38,20 +40,31 @@ def prepare_set_scan(model: Any, ts: Any, kind: str = "plt", corpus: Any = CORPU
                      progress: Any = True) -> tuple[Any, list[str]]:
     """The feature scan of every coder of the prepared set `ts` (slmviz.scan, the set spliced: error terms on, so
     each coder reads the model's own input, as when scanned alone), kept beside the set in
-    $SLMVIZ_CACHE/transcoders/{model}/{kind}/scan with the documents it read; computed once, then read.
+    $SLMVIZ_CACHE/transcoders/{model}/{kind}/scan with the documents it read; computed once, then read. A scan
+    there that cannot be read (damaged) is computed again and swapped in whole: a scan stopped mid-way (an
+    exception from `progress`, a crash) leaves the old folder as it was.
     Returns (Scan, docs): what a feature card takes (features.dashboard.feature_card(scan=, docs=))."""
-    found = load_set_scan(model, kind)
+    try:
+        found = load_set_scan(model, kind)
+    except ScanFormatError:
+        found = None  # damaged: written again below
     if found is not None:
         return found
     docs = scan_docs(model, corpus, n_docs)
     s = _scan(model, list(ts), docs, progress)
-    _save_scan(s, docs, prepared_dir(model, kind) / SCAN_FOLDER)
+    _save_scan(s, docs, set_scan_dir(model, kind))
     return s, docs
 
 
+def set_scan_dir(model: Any, kind: str = "plt") -> Path:
+    """Where the scan of the model's prepared `kind` set is kept: $SLMVIZ_CACHE/transcoders/{model}/{kind}/scan."""
+    return prepared_dir(model, kind) / SCAN_FOLDER
+
+
 def load_set_scan(model: Any, kind: str = "plt") -> tuple[Any, list[str]] | None:
-    """(Scan, docs) prepared with the model's `kind` set, or None when there is none yet."""
-    return _load_scan(prepared_dir(model, kind) / SCAN_FOLDER)
+    """(Scan, docs) prepared with the model's `kind` set, or None when there is none yet. A scan there that cannot
+    be read raises ScanFormatError, saying why (prepare_set_scan writes it again)."""
+    return _load_scan(set_scan_dir(model, kind))
 
 
 def sae_scan_dir(model: Any, name: str) -> Path:
@@ -73,7 +86,7 @@ def prepare_sae_scans(model: Any, saes: dict[str, Any] | None = None, corpus: An
                       progress: Any = True) -> dict[str, Path]:
     """The feature scan of each SAE in `saes` ({name: SAE}; default: the model's bundled ones) over the same
     documents as a set's scan (scan_docs), kept in sae_scan_dir with its weights' digest; computed once per
-    weights. Returns {name: folder}."""
+    weights (and again when the one there cannot be read). Returns {name: folder}."""
     from .bundled import bundled_saes
     from .load import load_sae
 
@@ -81,7 +94,11 @@ def prepare_sae_scans(model: Any, saes: dict[str, Any] | None = None, corpus: An
         saes = {name: load_sae(name, model=model) for name in bundled_saes(model)}
     docs = None
     for name, sae in saes.items():
-        if load_sae_scan(model, name, sae) is None:
+        try:
+            found = load_sae_scan(model, name, sae)
+        except ScanFormatError:
+            found = None  # damaged: written again
+        if found is None:
             docs = docs if docs is not None else scan_docs(model, corpus, n_docs)
             _save_scan(_scan(model, [sae], docs, progress), docs, sae_scan_dir(model, name),
                        weights=weights_digest(sae))
@@ -89,7 +106,8 @@ def prepare_sae_scans(model: Any, saes: dict[str, Any] | None = None, corpus: An
 
 
 def load_sae_scan(model: Any, name: str, sae: Any) -> tuple[Any, list[str]] | None:
-    """(Scan, docs) prepared for the SAE `name` with these weights, or None (none yet, or other weights)."""
+    """(Scan, docs) prepared for the SAE `name` with these weights, or None (none yet, or other weights);
+    ScanFormatError when it is there but cannot be read."""
     folder = sae_scan_dir(model, name)
     try:
         made_for = json.loads((folder / "weights.json").read_text(encoding="utf-8"))
@@ -108,25 +126,56 @@ def _scan(model: Any, coders: list[Any], docs: list[str], progress: Any) -> Any:
 
 
 def _save_scan(s: Any, docs: list[str], folder: Path, weights: str | None = None) -> None:
-    """The scan, its documents (and the weights it was made with) written aside, then renamed into `folder`: a
-    half-written scan is never read. An older one there (other weights) is replaced."""
+    """The scan, its documents (and the weights it was made with) written aside, then swapped into `folder`
+    (_swap_in): a half-written scan is never read, and a write that fails leaves the old folder as it was. An
+    older one there (other weights, or damaged) is replaced."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    s.save(tmp)
-    (tmp / "docs.json").write_text(json.dumps(docs), encoding="utf-8")
-    if weights is not None:
-        (tmp / "weights.json").write_text(json.dumps(weights), encoding="utf-8")
-    if folder.exists():
-        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        s.save(tmp)
+        (tmp / "docs.json").write_text(json.dumps(docs), encoding="utf-8")
+        if weights is not None:
+            (tmp / "weights.json").write_text(json.dumps(weights), encoding="utf-8")
+    except BaseException:  # a full disk, a KeyboardInterrupt: nothing half-written stays beside the scan
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _swap_in(tmp, folder)
+
+
+def _swap_in(tmp: Path, folder: Path) -> None:
+    """Replace `folder` by the complete folder `tmp` (its sibling): the old one renamed aside, `tmp` renamed in,
+    then the old one removed. A reader finds the old folder or the new one, never a half-written one. (A rename
+    cannot replace a non-empty folder, so `folder` is absent between the two renames: a crash just there leaves no
+    scan, which the next prepare writes again, never a damaged one.) If `tmp` cannot be renamed in, the old folder
+    is put back; if another writer's complete copy got there first, that one is kept."""
+    aside = folder.with_name(f".{folder.name}-old-{uuid.uuid4().hex[:8]}")
+    try:
+        folder.rename(aside)
+    except FileNotFoundError:  # nothing there yet (or another writer moved it first)
+        aside = None
     try:
         tmp.rename(folder)
-    except OSError:  # another process finished first: keep its copy
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not folder.exists():  # not another writer's copy: the rename itself failed; put the old one back
+            if aside is not None:
+                aside.rename(folder)
+            raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def _load_scan(folder: Path) -> tuple[Any, list[str]] | None:
+    """(Scan, docs) saved in `folder`, None when none is there; ScanFormatError when its files are there but cannot
+    be read (truncated, overwritten, from another format): whatever the readers raise, one error that says where."""
     from ..scans.scan import Scan
 
     if not (folder / "scan.safetensors").is_file() or not (folder / "docs.json").is_file():
         return None
-    return Scan.load(folder), json.loads((folder / "docs.json").read_text(encoding="utf-8"))
+    try:
+        docs = json.loads((folder / "docs.json").read_text(encoding="utf-8"))
+        if not isinstance(docs, list) or not all(isinstance(d, str) for d in docs):
+            raise ValueError("docs.json is not a list of documents")
+        return Scan.load(folder), docs
+    except Exception as e:  # noqa: BLE001 - safetensors, pyarrow and json each raise their own
+        raise ScanFormatError(f"the prepared scan in {folder} could not be read ({type(e).__name__}: {e})") from e
