@@ -15,9 +15,29 @@ SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_types values
 
 
+# The conventions a model family fixes (docs/correctness.md, the families): the ArchConfig fields it sets away
+# from their LLaMA defaults. config_from_hf copies them into every checkpoint of the family.
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "mistral": {},
+    "qwen2": {},
+    "qwen3": {"qk_norm": "head"},
+    "olmo2": {"norm_placement": "output", "norm_weight_in_fp32": True, "qk_norm": "projection", "rope_in_fp32": True},
+    "gemma3_text": {"norm_placement": "sandwich", "norm_offset": 1.0, "norm_weight_in_fp32": True, "embed_scale": True,
+                    "qk_norm": "head"},
+}
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint uses an architecture or option slmviz does not reimplement."""
+
+
 @dataclass(frozen=True)
-class Family:
-    """The conventions a model family fixes, as data (docs/correctness.md, the families).
+class ArchConfig:
+    """The sizes and conventions of one checkpoint (a saved Trace keeps it: to_dict / from_dict).
+
+    The conventions its family fixes (FAMILIES):
 
     norm_placement: "pre" x + F(ln(x)) | "output" x + ln_post(F(x)) | "sandwich" x + ln_post(F(ln(x))).
     norm_offset: norms multiply by (offset + w); Gemma stores w around 0 and adds 1.
@@ -30,32 +50,6 @@ class Family:
         whole q / k projection (OLMo-2).
     """
 
-    norm_placement: str = "pre"
-    norm_offset: float = 0.0
-    norm_weight_in_fp32: bool = False
-    embed_scale: bool = False
-    qk_norm: str = "none"
-    rope_in_fp32: bool = False
-
-
-FAMILIES: dict[str, Family] = {
-    "llama": Family(),
-    "mistral": Family(),
-    "qwen2": Family(),
-    "qwen3": Family(qk_norm="head"),
-    "olmo2": Family(norm_placement="output", norm_weight_in_fp32=True, qk_norm="projection", rope_in_fp32=True),
-    "gemma3_text": Family(norm_placement="sandwich", norm_offset=1.0, norm_weight_in_fp32=True, embed_scale=True,
-                          qk_norm="head"),
-}
-SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
-
-
-class UnsupportedModelError(ValueError):
-    """The checkpoint uses an architecture or option slmviz does not reimplement."""
-
-
-@dataclass(frozen=True)
-class ArchConfig:
     model_type: str
     vocab_size: int
     d_model: int
@@ -81,6 +75,7 @@ class ArchConfig:
     layer_types: tuple[str, ...] | None = None
     # RoPE base of the sliding layers when it differs from rope_theta (Gemma 3: local 1e4, global 1e6).
     rope_local_theta: float | None = None
+    # The family's conventions (FAMILIES; the docstring says what each means).
     norm_placement: str = "pre"
     norm_offset: float = 0.0
     norm_weight_in_fp32: bool = False
@@ -194,7 +189,6 @@ def config_from_hf(hf: Any) -> ArchConfig:
         raise UnsupportedModelError(
             f"model_type {model_type!r} is not supported; slmviz reimplements {list(SUPPORTED_ARCHITECTURES)}"
         )
-    family = FAMILIES[model_type]
     # Gemma names it hidden_activation (and leaves hidden_act None).
     act = getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", None) or "silu"
     if act not in SUPPORTED_ACTIVATIONS:
@@ -262,12 +256,7 @@ def config_from_hf(hf: Any) -> ArchConfig:
         act=act,
         layer_types=layer_types,
         rope_local_theta=local_theta,
-        norm_placement=family.norm_placement,
-        norm_offset=family.norm_offset,
-        norm_weight_in_fp32=family.norm_weight_in_fp32,
-        rope_in_fp32=family.rope_in_fp32,
-        embed_scale=family.embed_scale,
-        qk_norm=family.qk_norm,
+        **FAMILIES[model_type],
         query_pre_attn_scalar=float(pre_attn_scalar) if pre_attn_scalar else None,
         final_logit_softcap=getattr(hf, "final_logit_softcapping", None) if model_type == "gemma3_text" else None,
     )

@@ -131,100 +131,70 @@ class Preset:
     needs: Callable[[Any], bool] | None = None
 
 
+def _row(changes: dict[str, Any], description: str, needs: Callable[[Any], bool] | None = None) -> Preset:
+    """One row of the preset table: the faithful Variant with `changes`, and what that breaks."""
+    return Preset(replace(BASE, **changes), description, needs)
+
+
 PRESETS: dict[str, Preset] = {
-    "faithful": Preset(BASE, "Nothing changed: must equal transformers on the same weights."),
-    "post_norm": Preset(
-        replace(BASE, norm="post"),
-        "Norm after the residual add, x = N(x + F(x)), as in the 2017 Transformer; LLaMA-style "
-        "weights were trained pre-norm, x + F(N(x)), and both orders run without error.",
-    ),
-    "no_norm": Preset(
-        replace(BASE, norm="none"),
-        "Every RMSNorm removed (final one too): the residual stream's massive activations reach "
-        "the sub-layers unscaled; easy to get by forgetting to call the norm.",
-    ),
-    "layer_norm": Preset(
-        replace(BASE, norm_type="layer"),
-        "Mean-centred LayerNorm instead of RMSNorm with the same weights: the two share a "
-        "signature and differ only by subtracting the mean.",
-    ),
-    "rope_interleaved": Preset(
-        replace(BASE, rope="interleaved"),
-        "RoPE rotates pairs (2i, 2i+1) as in GPT-J / Meta's original code instead of HF's "
-        "rotate_half pairs (i, i+d/2); which one a checkpoint needs depends on how its q/k rows were permuted.",
-    ),
-    "no_rope": Preset(
-        replace(BASE, rope="none"),
-        "No rotary embedding: attention loses all position information except the causal mask.",
-    ),
-    "rope_theta_10k": Preset(
-        replace(BASE, rope_theta=10_000.0),
-        "RoPE base 10 000 (the LLaMA-1 default) instead of the checkpoint's own (100 000 for "
-        "SmolLM2): a hard-coded default that silently overrides the config.",
-    ),
-    "gqa_tile": Preset(
-        replace(BASE, gqa="tile"),
-        "Query head i reads KV head i % g instead of i // (h/g): both index a valid KV head, "
-        "so nothing crashes, but every GQA checkpoint's head groups are scrambled.",
-    ),
-    "no_causal_mask": Preset(
-        replace(BASE, causal=False),
-        "Causal mask dropped: every position attends to the future, as in an encoder. The last "
-        "query already sees every key, yet it changes too, because the keys it reads were built from the future.",
-    ),
-    "standard_ffn": Preset(
-        replace(BASE, mlp="standard"),
-        "Plain FFN down(silu(up(x))) on the trained weights, the SwiGLU gate path removed: "
-        "shows what the gate contributes.",
-    ),
-    "kv_position_bug": Preset(
-        replace(BASE, kv_position_bug=True),
-        "During cached decoding each layer re-derives the new token's position from a shared "
-        "cache length that earlier layers already advanced, so layer L uses position p+L. "
-        "Prefill is unaffected: only generated tokens change.",
-    ),
+    # name: _row({the Variant fields it changes}, what that breaks)
+    "faithful": _row({}, "Nothing changed: must equal transformers on the same weights."),
+    "post_norm": _row({"norm": "post"},
+        "Norm after the residual add, x = N(x + F(x)), as in the 2017 Transformer; LLaMA-style weights were trained "
+        "pre-norm, x + F(N(x)), and both orders run without error."),
+    "no_norm": _row({"norm": "none"},
+        "Every RMSNorm removed (final one too): the residual stream's massive activations reach the sub-layers "
+        "unscaled; easy to get by forgetting to call the norm."),
+    "layer_norm": _row({"norm_type": "layer"},
+        "Mean-centred LayerNorm instead of RMSNorm with the same weights: the two share a signature and differ only "
+        "by subtracting the mean."),
+    "rope_interleaved": _row({"rope": "interleaved"},
+        "RoPE rotates pairs (2i, 2i+1) as in GPT-J / Meta's original code instead of HF's rotate_half pairs "
+        "(i, i+d/2); which one a checkpoint needs depends on how its q/k rows were permuted."),
+    "no_rope": _row({"rope": "none"},
+        "No rotary embedding: attention loses all position information except the causal mask."),
+    "rope_theta_10k": _row({"rope_theta": 10_000.0},
+        "RoPE base 10 000 (the LLaMA-1 default) instead of the checkpoint's own (100 000 for SmolLM2): a hard-coded "
+        "default that silently overrides the config."),
+    "gqa_tile": _row({"gqa": "tile"},
+        "Query head i reads KV head i % g instead of i // (h/g): both index a valid KV head, so nothing crashes, but "
+        "every GQA checkpoint's head groups are scrambled."),
+    "no_causal_mask": _row({"causal": False},
+        "Causal mask dropped: every position attends to the future, as in an encoder. The last query already sees "
+        "every key, yet it changes too, because the keys it reads were built from the future."),
+    "standard_ffn": _row({"mlp": "standard"},
+        "Plain FFN down(silu(up(x))) on the trained weights, the SwiGLU gate path removed: shows what the gate "
+        "contributes."),
+    "kv_position_bug": _row({"kv_position_bug": True},
+        "During cached decoding each layer re-derives the new token's position from a shared cache length that "
+        "earlier layers already advanced, so layer L uses position p+L. Prefill is unaffected: only generated tokens "
+        "change."),
     # Family conventions: each applies only where the checkpoint has the convention it removes.
-    "no_norm_offset": Preset(
-        replace(BASE, norm_offset=False),
-        "Gemma stores each norm weight as w and multiplies by (1 + w); a port that reads it like a "
-        "LLaMA weight multiplies by w, which is near 0, and squashes every normalised value.",
-    ),
-    "no_embed_scale": Preset(
-        replace(BASE, embed_scale=False),
-        "Gemma multiplies its embeddings by sqrt(d_model) (about 25 for the 270M model) before the "
-        "first block; the scale is not stored in the checkpoint, so a port that forgets it feeds tiny inputs.",
-    ),
-    "no_qk_norm": Preset(
-        replace(BASE, qk_norm=False),
-        "The RMSNorm on queries and keys (Gemma, Qwen3: per head; OLMo-2: over the whole projection) is "
-        "skipped; the weights exist, but nothing errors when they are never read.",
-    ),
-    "qk_norm_after_rope": Preset(
-        replace(BASE, qk_norm_order="after_rope"),
-        "QK-norm applied after the rotary embedding instead of before it: a per-head RMSNorm does not "
-        "commute with RoPE once its weight is not uniform, so every score moves a little.",
-    ),
-    "rope_local_as_global": Preset(
-        replace(BASE, rope_local_as_global=True),
-        "Gemma's sliding-window layers rotate with a local base (10 000) and its global layers with "
-        "1 000 000; here every layer uses the global base, as if the config had one rope_theta.",
-    ),
-    "pre_norm_only": Preset(
-        replace(BASE, norm="pre"),
+    "no_norm_offset": _row({"norm_offset": False},
+        "Gemma stores each norm weight as w and multiplies by (1 + w); a port that reads it like a LLaMA weight "
+        "multiplies by w, which is near 0, and squashes every normalised value."),
+    "no_embed_scale": _row({"embed_scale": False},
+        "Gemma multiplies its embeddings by sqrt(d_model) (about 25 for the 270M model) before the first block; the "
+        "scale is not stored in the checkpoint, so a port that forgets it feeds tiny inputs."),
+    "no_qk_norm": _row({"qk_norm": False},
+        "The RMSNorm on queries and keys (Gemma, Qwen3: per head; OLMo-2: over the whole projection) is skipped; the "
+        "weights exist, but nothing errors when they are never read."),
+    "qk_norm_after_rope": _row({"qk_norm_order": "after_rope"},
+        "QK-norm applied after the rotary embedding instead of before it: a per-head RMSNorm does not commute with "
+        "RoPE once its weight is not uniform, so every score moves a little."),
+    "rope_local_as_global": _row({"rope_local_as_global": True},
+        "Gemma's sliding-window layers rotate with a local base (10 000) and its global layers with 1 000 000; here "
+        "every layer uses the global base, as if the config had one rope_theta."),
+    "pre_norm_only": _row({"norm": "pre"},
         "Gemma wraps each sub-layer in two norms, before and after; this keeps only the one before "
         "(the LLaMA block), so each sub-layer's output reaches the residual stream unnormalised.",
-        needs=lambda cfg: cfg.norm_placement == "sandwich",
-    ),
-    "gelu_exact": Preset(
-        replace(BASE, gelu="exact"),
-        "The exact (erf) GELU instead of the tanh approximation Gemma was trained with: the two "
-        "differ by at most about 1e-3, a change that is easy to miss and still moves the logits.",
-    ),
-    "no_sliding_window": Preset(
-        replace(BASE, sliding_window=False),
-        "Sliding-window layers attend to the whole prefix instead of the last W tokens. Identical on "
-        "prompts shorter than the window (512 tokens for Gemma 3 270M); only longer prompts show it.",
-    ),
+        needs=lambda cfg: cfg.norm_placement == "sandwich"),
+    "gelu_exact": _row({"gelu": "exact"},
+        "The exact (erf) GELU instead of the tanh approximation Gemma was trained with: the two differ by at most "
+        "about 1e-3, a change that is easy to miss and still moves the logits."),
+    "no_sliding_window": _row({"sliding_window": False},
+        "Sliding-window layers attend to the whole prefix instead of the last W tokens. Identical on prompts shorter "
+        "than the window (512 tokens for Gemma 3 270M); only longer prompts show it."),
 }
 """Preset name -> Preset (its Variant and a one-line description of what it breaks), `faithful` first.
 

@@ -41,6 +41,13 @@ def _topk(h: torch.Tensor, k: int) -> torch.Tensor:
     return torch.zeros_like(h).scatter_(-1, indices, values.relu())
 
 
+def weight_size(weight: str, dim: int, doc: str | None = None) -> property:
+    """A read-only size read off dimension `dim` of the parameter named `weight` (SAE.d_in is W_enc's dim 0).
+
+    A coder stores no size beside its weights, so a size can never disagree with the tensors it describes."""
+    return property(lambda self: getattr(self, weight).shape[dim], doc=doc)
+
+
 class SAE(torch.nn.Module):
     """A sparse autoencoder or transcoder: `encode` x [..., d_in] -> f [..., d_sae], `decode` f -> x_hat [..., d_out].
 
@@ -115,17 +122,9 @@ class SAE(torch.nn.Module):
         self.W_skip = p(torch.zeros(d_out, d_in, dtype=dtype)) if skip else None
 
     # ---- sizes -------------------------------------------------------------------------------------------------
-    @property
-    def d_in(self) -> int:
-        return self.W_enc.shape[0]
-
-    @property
-    def d_sae(self) -> int:
-        return self.W_enc.shape[1]
-
-    @property
-    def d_out(self) -> int:
-        return self.W_dec.shape[1]
+    d_in = weight_size("W_enc", 0, "Width of the hook it reads.")
+    d_sae = weight_size("W_enc", 1, "Number of features.")
+    d_out = weight_size("W_dec", 1, "Width of the hook it writes (equal to d_in for an SAE).")
 
     @property
     def dtype(self) -> torch.dtype:

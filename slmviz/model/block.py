@@ -7,6 +7,7 @@ context shows a trace the batch-free view (see hooks.HookContext).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -168,6 +169,23 @@ class GateUp:
         return linear(x, self.p.w_gate_up[d:], None if b is None else b[d:])
 
 
+@dataclass(frozen=True, slots=True)
+class AttentionInputs:
+    """What one layer's attention reads besides its input x, set up by the decoder for each layer of a forward.
+
+    angles: this layer's RoPE angles [pos, d_head/2]. kv_index: the KV head each query head reads [h].
+    allowed: the mask [pos_q, pos_k] (causal, and the sliding window of a sliding layer); None = every key.
+    cache: the KV cache this layer's keys and values are appended to, or None. kv_grouped: kv_index is the
+    contiguous-group mapping, so the fused kernel may share KV heads itself.
+    """
+
+    angles: torch.Tensor
+    kv_index: torch.Tensor
+    allowed: torch.Tensor | None
+    cache: KVCache | None
+    kv_grouped: bool = False
+
+
 class Block:
     def __init__(self, cfg: ArchConfig, params: LayerParams, layer: int):
         self.cfg, self.p, self.layer = cfg, params, layer
@@ -193,22 +211,8 @@ class Block:
         eps = self.cfg.norm_eps
         return lambda v: normalize(v, weight, eps, c.norm_type, on_scale, on_normalized, c.norm_weight_in_fp32)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        ctx: HookContext,
-        c: Conventions,
-        angles: torch.Tensor,
-        kv_index: torch.Tensor,
-        allowed: torch.Tensor | None,
-        cache: KVCache | None,
-        kv_grouped: bool = False,
-    ) -> torch.Tensor:
-        """x: [b, pos, d_model] -> [b, pos, d_model]. `angles` are this layer's RoPE angles [pos, d_head/2];
-        `allowed` its mask (causal, and its sliding window if it has one).
-
-        `kv_grouped`: kv_index is the contiguous-group mapping, so the fused kernel may share KV heads itself.
-        """
+    def forward(self, x: torch.Tensor, ctx: HookContext, c: Conventions, inputs: AttentionInputs) -> torch.Tensor:
+        """x: [b, pos, d_model] -> [b, pos, d_model] under conventions c; `inputs` is what the attention reads."""
         hook = LayerHooks(ctx, self.hook_names) if ctx.wants_any(self.hook_names.values()) else NO_HOOKS
         residual = RESIDUAL_FORMS[c.norm]
         has_pre, has_post = self.cfg.has_pre_norms, self.cfg.has_post_norms
@@ -216,7 +220,7 @@ class Block:
         norms2 = [self._norm(slot, hook, c) for slot in norm_slots(c.norm, "ln2", has_pre, has_post)]
 
         def attn(v: torch.Tensor) -> torch.Tensor:
-            return self.attention(v, hook, c, angles, kv_index, allowed, cache, kv_grouped)
+            return self.attention(v, hook, c, inputs)
 
         def mlp(v: torch.Tensor) -> torch.Tensor:
             return self.mlp(v, hook, c)
@@ -227,8 +231,7 @@ class Block:
             # to the shared residual and once per head whose input a hook replaced (split_qkv).
             norm_in = (norms1[0], self._norm(norm_slots(c.norm, "ln1", has_pre, has_post)[0], NO_HOOKS, c)) \
                 if c.norm in READS_BEFORE else None
-            x = residual(x, lambda v: self.attention(v, hook, c, angles, kv_index, allowed, cache, kv_grouped,
-                                                     split=norm_in or (_same, _same)),
+            x = residual(x, lambda v: self.attention(v, hook, c, inputs, split=norm_in or (_same, _same)),
                          _same, norms1[1], lambda v: hook("hook_attn_out", v))
         else:
             x = residual(x, attn, *norms1, lambda v: hook("hook_attn_out", v))
@@ -242,15 +245,7 @@ class Block:
         return hook("hook_resid_post", x)
 
     def attention(
-        self,
-        x: torch.Tensor,
-        hook: LayerHooks,
-        c: Conventions,
-        angles: torch.Tensor,
-        kv_index: torch.Tensor,
-        allowed: torch.Tensor | None,
-        cache: KVCache | None,
-        kv_grouped: bool = False,
+        self, x: torch.Tensor, hook: LayerHooks, c: Conventions, inputs: AttentionInputs,
         split: tuple[Norm, Norm] | None = None,
     ) -> torch.Tensor:
         """`split`: x is the residual before the norm, and (hooked norm, plain norm) are applied here, per head
@@ -268,7 +263,7 @@ class Block:
         fp32 = cfg.rope_in_fp32  # rope.rotation_dtype: OLMo-2 rotates in fp32, the others in the activations' dtype
 
         def rotate(v: torch.Tensor) -> torch.Tensor:
-            return ROTATIONS[c.rope](v, angles, fp32)
+            return ROTATIONS[c.rope](v, inputs.angles, fp32)
 
         qk_norm = c.qk_norm != "none"
         if q is q_in and k is k_in and not qk_norm:
@@ -287,23 +282,24 @@ class Block:
         k = hook("attn.hook_rot_k", k)
 
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # [b, g, pos, dh]
-        if cache is not None:
-            k, v = cache.append(self.layer, k, v)  # [b, g, pos_k, dh]
+        if inputs.cache is not None:
+            k, v = inputs.cache.append(self.layer, k, v)  # [b, g, pos_k, dh]
         q = q.transpose(1, 2)  # [b, h, pos, dh]
         scale = attention_scale(dh, cfg.query_pre_attn_scalar)
 
         if hook.wants("attn.hook_attn_scores") or hook.wants("attn.hook_pattern"):
-            k, v = gather_kv(k, kv_index, kv_grouped), gather_kv(v, kv_index, kv_grouped)  # [b, h, pos_k, dh]
-            scores, pattern = eager_attention(q, k, allowed, scale)
+            kv_index, grouped = inputs.kv_index, inputs.kv_grouped
+            k, v = gather_kv(k, kv_index, grouped), gather_kv(v, kv_index, grouped)  # [b, h, pos_k, dh]
+            scores, pattern = eager_attention(q, k, inputs.allowed, scale)
             hooked_scores = hook("attn.hook_attn_scores", scores)
             if hooked_scores is not scores:  # edited scores must decide the pattern
                 pattern = softmax_pattern(hooked_scores)
             pattern = hook("attn.hook_pattern", pattern)
             z = torch.matmul(pattern, v)  # [b, h, pos, dh]
         else:
-            if not kv_grouped:
-                k, v = k[:, kv_index], v[:, kv_index]  # [b, g, pos_k, dh] -> [b, h, pos_k, dh]
-            z = fused_attention(q, k, v, allowed, scale)  # [b, h, pos, dh]
+            if not inputs.kv_grouped:
+                k, v = k[:, inputs.kv_index], v[:, inputs.kv_index]  # [b, g, pos_k, dh] -> [b, h, pos_k, dh]
+            z = fused_attention(q, k, v, inputs.allowed, scale)  # [b, h, pos, dh]
         z = hook("attn.hook_z", z.transpose(1, 2))  # [b, pos, h, dh]
 
         if hook.edits("attn.hook_result"):

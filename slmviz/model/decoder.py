@@ -15,7 +15,7 @@ from ..config import SLIDING, ArchConfig
 from ..hooks import HookContext, hook_names
 from ..variants import Conventions, Variant, resolve
 from .attention import attention_mask, kv_head_index, reads_contiguous_groups
-from .block import Block
+from .block import AttentionInputs, Block
 from .kv_cache import KVCache
 from .norm import norm_weight, normalize, skip_norm, unhooked
 from .params import DecoderParams, linear
@@ -179,7 +179,8 @@ class Decoder:
                 scaled = not (sliding and cfg.rope_local_theta is not None)
                 positions = torch.arange(start, start + n_new, device=self.device)
                 angles[key] = rope_angles(positions, self.inv_freq(theta, n_keys, scaled))
-            x = block.forward(x, ctx, c, angles[key], kv_index, masks[window], cache, kv_grouped)  # [b, pos, d]
+            inputs = AttentionInputs(angles[key], kv_index, masks[window], cache, kv_grouped)
+            x = block.forward(x, ctx, c, inputs)  # [b, pos, d]
         if cache is not None:
             cache.advance(n_new)
         if stop_after_layer is not None:

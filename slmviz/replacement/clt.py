@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ..errors import CLTError
-from ..features.sae import SAE, _topk
+from ..features.sae import SAE, _topk, weight_size
 from ..formats import circuit_tracer, gemma_scope
 from ..formats.saelens import canonical_architecture
 from .base import ReplacementSet
@@ -97,18 +97,9 @@ class CrossLayerTranscoder(torch.nn.Module, ReplacementSet):
         self.labels: dict[int, dict[int, str]] = {}  # edited labels {layer: {feature: text}}
 
     # ---- sizes and coverage -------------------------------------------------------------------------------------
-    @property
-    def n_layers(self) -> int:
-        return self.W_enc.shape[0]
-
-    @property
-    def d_model(self) -> int:
-        return self.W_enc.shape[1]
-
-    @property
-    def d_sae(self) -> int:
-        """Features per layer."""
-        return self.W_enc.shape[2]
+    n_layers = weight_size("W_enc", 0, "Layers 0..n_layers-1, each with d_sae features.")
+    d_model = weight_size("W_enc", 1, "The model's d_model: the width every layer's features read and write.")
+    d_sae = weight_size("W_enc", 2, "Features per layer.")
 
     @property
     def n_features(self) -> int:
