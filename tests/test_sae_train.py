@@ -32,6 +32,7 @@ from slmviz.training.sparse import (
     batch_top_k_cut,
     dead_feature_decode,
     decode_sparse,
+    gather,
     linear_fit,
     unit_scale,
 )
@@ -563,3 +564,24 @@ def test_a_corpus_the_model_cannot_embed_is_refused_before_any_forward(tmp_path,
         with pytest.raises(CorpusError, match=rf"document 30 .*token id {bad} .*vocabulary of 100 ids"):
             run(tmp_path / name)
         assert not (tmp_path / name).exists(), name
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_gathering_per_entry_values_has_one_gradient_however_often_it_runs():
+    """A feature active in many rows gathers its decoder norm once per entry, and the gradients of the repeats are
+    summed. sparse.gather (index_select) sums them in index order, so a step gives the same gradient every time and
+    in every process; advanced indexing (t[index]) summed them with parallel atomic adds on two threads, and two
+    builds of the quick set differed in every layer. At a quick-set step's size: 1,024 features, 32,768 entries."""
+    g = torch.Generator().manual_seed(0)
+    norms = torch.rand(1024, generator=g).requires_grad_()
+    feats = torch.randint(0, 1024, (32_768,), generator=g)
+    upstream = torch.randn(32_768, generator=g)
+    grads = set()
+    for _ in range(30):
+        norms.grad = None
+        (gather(norms, feats) * upstream).sum().backward()
+        grads.add(norms.grad.numpy().tobytes())
+    assert len(grads) == 1
+    assert torch.equal(gather(norms, feats), norms[feats])
+    reference = torch.zeros(1024, dtype=torch.float64).index_add_(0, feats, upstream.double())
+    assert torch.allclose(norms.grad.double(), reference, rtol=1e-5, atol=1e-4)

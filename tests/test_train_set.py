@@ -319,4 +319,4 @@ def test_max_feature_nodes_keeps_the_full_graphs_edges_among_the_chosen(tiny):
         float((capped.adjacency[targets] - sub[targets]).abs().max())
     assert torch.allclose(capped.adjacency.sum(1) + capped.constant, capped.target_values, atol=1e-3)
     with pytest.raises(slmviz.AttributionGraphError, match="max_feature_nodes="):
-        slmviz.attribution_graph(PROMPT, transcoders=ts, model=tiny, progress=False, memory_budget_gb=0.008)
+        slmviz.attribution_graph(PROMPT, transcoders=ts, model=tiny, progress=False, memory_budget_gb=0.005)

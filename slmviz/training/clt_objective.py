@@ -36,6 +36,7 @@ from .sparse import (
     aux_loss,
     batch_threshold,
     decode_sparse,
+    gather,
     kaiming_rows,
     linear_fit,
     unit_scale,
@@ -99,7 +100,8 @@ class CLTObjective(Objective):
         n, d, b = len(self.pairs), self.cfg.d_in, x.shape[0]
         y_hat = self.b_dec[None].expand(b, n, d).clone()
         for L, (rows, feats, acts) in enumerate(active):
-            dec = decode_sparse(rows, feats, acts / norms[L][feats], self.W_dec[L].flatten(1), b)  # [B, (n-L) d]
+            values = acts / gather(norms[L], feats)
+            dec = decode_sparse(rows, feats, values, self.W_dec[L].flatten(1), b)  # [B, (n-L) d]
             y_hat[:, L:] = y_hat[:, L:] + dec.view(b, n - L, d)
         if self.W_skip is not None:
             with autocast(x.device, self.cfg.dtype):

@@ -28,7 +28,7 @@ import torch
 from ..features.sae import SAE
 from .config import TrainConfig, autocast
 from .objective import Forward, Objective
-from .sparse import aux_loss, batch_threshold, decode_sparse, kaiming_rows, linear_fit, unit_scale
+from .sparse import aux_loss, batch_threshold, decode_sparse, gather, kaiming_rows, linear_fit, unit_scale
 
 
 class SAEObjective(Objective):
@@ -80,7 +80,8 @@ class SAEObjective(Objective):
         x, y = x[:, 0], y[:, 0]
         h, norms = self.pre(x)
         rows, feats, acts = self.activate(0, h)
-        y_hat = decode_sparse(rows, feats, acts / norms[feats], self.W_dec, x.shape[0]) + self.b_dec  # [B, d_out]
+        values = acts / gather(norms, feats)
+        y_hat = decode_sparse(rows, feats, values, self.W_dec, x.shape[0]) + self.b_dec  # [B, d_out]
         if self.W_skip is not None:
             with autocast(x.device, self.cfg.dtype):
                 skip = x @ self.W_skip.T  # [B, d_in] -> [B, d_out]

@@ -36,6 +36,15 @@ def active_entries(h: torch.Tensor, architecture: str, k: int, threshold: torch.
     return rows, feats, values, threshold
 
 
+def gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """t[index] along dim 0, where `index` repeats (a feature active in many rows): what every objective gathers per
+    active entry. Why not t[index]: on the CPU advanced indexing's backward adds the repeats' gradients with parallel
+    atomic adds, in an order that changes from run to run, so the same training run gave other weights in another
+    process (two builds of the quick set differed in every layer); index_select's backward adds them in index
+    order, and is faster. Pinned by tests/test_sae_train.py (one gradient however often a step runs)."""
+    return t.index_select(0, index)
+
+
 def batch_top_k(h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """BatchTopK's choice: the k*B largest entries of relu(h) [B, d_sae] over the whole batch, as (row, feature,
     value) triples grouped by row (rows non-decreasing, as decode_sparse needs). Zeros are never kept: SAELens
@@ -58,7 +67,7 @@ def batch_top_k(h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, to
         else:
             chosen = a > 0
         index = chosen.nonzero().squeeze(1)  # ascending: grouped by row
-    return index // h.shape[1], index % h.shape[1], flat[index]
+    return index // h.shape[1], index % h.shape[1], gather(flat, index)
 
 
 def batch_top_k_cut(a: torch.Tensor, keep: int) -> torch.Tensor:
@@ -133,7 +142,7 @@ def dead_feature_decode(h: torch.Tensor, dead: torch.Tensor, k_aux: int, norms: 
         values, feats = masked.topk(k_aux, dim=-1, sorted=False)  # [B, k_aux]; raw values, as SAELens
         rows = torch.arange(h.shape[0], device=h.device)[:, None].expand_as(feats).reshape(-1)
         feats = feats.reshape(-1)
-        return decode_sparse(rows, feats, values.reshape(-1) / norms[feats], W_dec, h.shape[0])
+        return decode_sparse(rows, feats, values.reshape(-1) / gather(norms, feats), W_dec, h.shape[0])
     idx = dead.nonzero().squeeze(1)
     h_dead = h[:, idx]  # [B, n_dead]
     values, pos = h_dead.topk(k_aux, dim=-1, sorted=False)  # [B, k_aux]
