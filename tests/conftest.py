@@ -142,9 +142,11 @@ def browser():
         b.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server():
-    """The app served from a subprocess for one module (a module that needs other settings defines its own)."""
+    """The app on its default settings, served from a subprocess once per test worker and shared by every module that
+    uses it (a server takes seconds to start, and there were seven); a module that needs other settings defines its
+    own. Sessions are per client, so the modules do not see each other's state."""
     from app_helpers import app_server
 
     with app_server() as url:

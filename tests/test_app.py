@@ -14,7 +14,7 @@ import json
 import threading
 
 import pytest
-from app_helpers import REPO, app_server  # also puts the repo root on sys.path for `app`
+from app_helpers import REPO  # also puts the repo root on sys.path for `app`
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
@@ -41,12 +41,6 @@ def fields_with(**changes) -> list:
 
 FAITHFUL_FIELDS = FAITHFUL_WIDGETS
 ROPE_FIELDS = preset_fields("rope_interleaved")
-
-
-@pytest.fixture(scope="module")
-def server():
-    with app_server() as url:
-        yield url
 
 
 @pytest.fixture()

@@ -69,9 +69,8 @@ def tiny_server(tiny_folder, transcoders):
 
 
 @pytest.fixture(scope="module")
-def smol_server():
-    with app_server() as url:
-        yield url
+def smol_server(server):
+    return server  # the default app, shared (conftest)
 
 
 def figure(plot: dict) -> dict:

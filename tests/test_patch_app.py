@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from app_helpers import TEST_CORPUS_DOCS, app_server
+from app_helpers import TEST_CORPUS_DOCS
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
@@ -29,12 +29,6 @@ from slmviz import plots
 from slmviz.interventions.ablation import ablation
 
 pytestmark = pytest.mark.app
-
-
-@pytest.fixture(scope="module")
-def server():
-    with app_server() as url:
-        yield url
 
 
 @pytest.fixture()
