@@ -12,7 +12,8 @@ or a set's folder), on PROMPTS (factual recall, IOI, induction, two-digit arithm
 Prints a JSON report and, with --out, writes it (into the file's report when there is one: a set run again replaces
 its own entry, keeping its held-out figures unless --evaluate measures them again). Nothing is asserted.
 
-    .venv/bin/python bench/studies/replacement_scores.py bundled plt [--model gemma-3-270m] [--evaluate] [--out FILE]
+    .venv/bin/python bench/studies/replacement_scores.py bundled plt [--model gemma-3-270m] [--out FILE]
+        [--evaluate [--no-graphs]]
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ def main() -> None:
                         "26-token induction prompt's graph has about 55k nodes)")
     p.add_argument("--evaluate", action="store_true", help="also evaluate_transcoders on the held-out splits")
     p.add_argument("--tokens", type=int, default=20_000, help="held-out tokens per corpus for --evaluate")
+    p.add_argument("--no-graphs", action="store_true",
+                   help="with --evaluate: only the held-out evaluation, keeping the set's graph figures in --out")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--log", type=Path, default=None,
                    help="a folder: each set's finished prompts go to LOG/<set>.jsonl, and a rerun skips them")
@@ -131,7 +134,7 @@ def main() -> None:
         if args.log is not None:
             args.log.mkdir(parents=True, exist_ok=True)
             log = args.log / f"{Path(name).name}-{args.max_feature_nodes or 'all'}.jsonl"
-        entry = graph_report(model, tcs, args.max_feature_nodes, log, args.memory_budget_gb)
+        entry = {} if args.no_graphs else graph_report(model, tcs, args.max_feature_nodes, log, args.memory_budget_gb)
         if args.evaluate and name != "bundled":
             from slmviz.corpora.named import resolve_corpus
 
@@ -140,7 +143,8 @@ def main() -> None:
                                                 tokens=args.tokens, progress=False)
                 entry[f"heldout_{corpus}"] = {"layers": r["layers"].round(4).to_dict("records"),
                                               "replaced": r["replaced"]}
-        kept = {k: v for k, v in report["sets"].get(name, {}).items() if k.startswith("heldout_")}
+        old = report["sets"].get(name, {})
+        kept = old if args.no_graphs else {k: v for k, v in old.items() if k.startswith("heldout_")}
         report["sets"][name] = {**kept, **entry}
         print(json.dumps({name: {k: v for k, v in entry.items() if k != "prompts"}}, indent=1), flush=True)
     if args.out:
