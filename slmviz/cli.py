@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             return code
         if args.command == "app":
             launch = _app_launcher()
-            launch(port=args.port, host=args.host, allow_local_models=args.allow_local_models, model=args.model)
+            launch(port=args.port, host=args.host, allow_local_models=args.allow_local_models, model=args.model,
+                   exit_on_interrupt=True)
             return 0
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"slmviz {args.command}: error: {e}", file=sys.stderr)

@@ -52,6 +52,7 @@ def app_process(env: dict[str, str] | None = None, **launch_kwargs) -> Iterator[
     stopped (stop_server) on exit, whatever the tests did.
     """
     port = free_port()
+    launch_kwargs = {"exit_on_interrupt": True, **launch_kwargs}  # as `slmviz app` serves it
     kwargs = ", ".join([f"port={port}"] + [f"{k}={v!r}" for k, v in launch_kwargs.items()])
     with tempfile.NamedTemporaryFile(prefix="slmviz-app-", suffix=".log") as log, \
             tempfile.TemporaryDirectory(prefix="slmviz-scans-") as scans:

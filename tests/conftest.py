@@ -142,11 +142,11 @@ def browser():
         b.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def server():
-    """The app on its default settings, served from a subprocess once per test worker and shared by every module that
-    uses it (a server takes seconds to start, and there were seven); a module that needs other settings defines its
-    own. Sessions are per client, so the modules do not see each other's state."""
+    """The app on its default settings, served from a subprocess for one module (a module that needs other settings
+    defines its own). One server per worker shared by every such module failed a browser test in CI: what one module
+    left on the server (a set ticked for SmolLM2) showed as an error toast after another switched to Gemma."""
     from app_helpers import app_server
 
     with app_server() as url:

@@ -38,3 +38,18 @@ def test_a_server_with_a_finished_job_and_an_open_session_exits_within_seconds_o
         took = time.monotonic() - started
     assert proc.returncode == 0
     assert took < SHUTDOWN_S, f"the server took {took:.1f} s to exit after Ctrl-C"
+
+
+def test_exit_within_ends_a_process_that_a_waiting_thread_would_hold_open():
+    """exit_within, which `slmviz app` arms on Ctrl-C: a thread that is not a daemon (here one sleeping a minute)
+    holds the interpreter's exit open; the process ends at the grace period, with status 0."""
+    import sys
+
+    from app_helpers import REPO
+
+    script = ("import threading, time\nfrom app.main import exit_within\n"
+              "threading.Thread(target=time.sleep, args=(60,)).start()\nexit_within(0.5)\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=50)
+    assert done.returncode == 0
+    assert time.monotonic() - started < 30  # the import of app.main, then half a second, not the minute
