@@ -145,8 +145,9 @@ def browser():
 @pytest.fixture(scope="module")
 def server():
     """The app on its default settings, served from a subprocess for one module (a module that needs other settings
-    defines its own). One server per worker shared by every such module failed a browser test in CI: what one module
-    left on the server (a set ticked for SmolLM2) showed as an error toast after another switched to Gemma."""
+    defines its own). One server per worker shared by every such module failed a browser test on a fresh clone (an
+    error toast naming SmolLM2's transcoder_l6 after the page switched to Gemma), which passed on a server of its
+    own: something a module leaves on the server reaches another's sessions."""
     from app_helpers import app_server
 
     with app_server() as url:
