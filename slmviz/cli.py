@@ -85,12 +85,16 @@ def check(model_path: str | None, prompts: list[str], out=None, dtype: str = "fl
 
 def prepare(names: list[str] | None, force: bool = False, out=None) -> int:
     """Prepare each bundled model (all by default), one progress line per step, so a first `make model`
-    says what its minute of dequantizing is spent on."""
+    says what its minute of dequantizing is spent on.
+
+    Several models are prepared at once, one process each, when they print to the real stdout: each conversion
+    runs on one core most of the time (GGUF dequantization, the tokenizer's conversion, the safetensors write),
+    so on a 2-core machine SmolLM2's runs inside Gemma's instead of before it."""
     out = out or sys.stdout
     from .loading.bundled import bundled_models, is_prepared, model_dir
-    from .loading.bundled import prepare as prepare_one
 
     names = names or bundled_models()
+    todo = []
     for i, name in enumerate(names, 1):
         if name not in bundled_models():
             raise KeyError(f"{name!r} is not a bundled model; bundled models are: {', '.join(bundled_models())}")
@@ -98,8 +102,27 @@ def prepare(names: list[str] | None, force: bool = False, out=None) -> int:
             print(f"[{i}/{len(names)}] {name}: ready at {model_dir(name)}", file=out, flush=True)
             continue
         print(f"[{i}/{len(names)}] {name}: preparing (once)", file=out, flush=True)
-        prepare_one(name, force=force, log=lambda line, n=name: print(f"    {n}: {line}", file=out, flush=True))
+        todo.append(name)
+    if len(todo) > 1 and out is sys.stdout:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn: a forked child would inherit this process's torch thread pool and its locks
+        with ProcessPoolExecutor(len(todo), mp_context=multiprocessing.get_context("spawn")) as pool:
+            for done in [pool.submit(_prepare_one, name, force) for name in todo]:
+                done.result()  # re-raises a child's error here
+    else:
+        for name in todo:
+            _prepare_one(name, force, out)
     return 0
+
+
+def _prepare_one(name: str, force: bool, out=None) -> None:
+    """loading.bundled.prepare(name), its log lines printed to `out` (stdout) under the model's name."""
+    from .loading.bundled import prepare as prepare_bundled
+
+    out = out or sys.stdout
+    prepare_bundled(name, force=force, log=lambda line: print(f"    {name}: {line}", file=out, flush=True))
 
 
 def _version() -> str:

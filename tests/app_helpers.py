@@ -60,7 +60,7 @@ def app_process(env: dict[str, str] | None = None, **launch_kwargs) -> Iterator[
                       "SLMVIZ_CORPUS_DOCS": str(TEST_CORPUS_DOCS), "SLMVIZ_SCAN_CACHE": scans, **(env or {})}
         server_env.pop("SPACE_ID", None)
         proc = subprocess.Popen(
-            [sys.executable, "-c", f"from app.main import launch; launch({kwargs})"],
+            [sys.executable, "-c", f"{ANSWER_CTRL_C}; from app.main import launch; launch({kwargs})"],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=server_env,
         )
         url = f"http://127.0.0.1:{port}"
@@ -69,6 +69,12 @@ def app_process(env: dict[str, str] | None = None, **launch_kwargs) -> Iterator[
             yield proc, url
         finally:
             stop_server(proc)
+
+
+# Ctrl-C raises KeyboardInterrupt in the server whatever this process inherited. A shell starts a background job
+# (`make test &`, `nohup .ci/run &`) with SIGINT ignored, every child inherits that, and Python then installs no
+# handler: each server sat out stop_server's 15 s before SIGTERM, and the shutdown test failed.
+ANSWER_CTRL_C = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)"
 
 
 def stop_server(proc: subprocess.Popen) -> None:

@@ -167,3 +167,21 @@ def page(request, browser, server):
 def pytest_report_header(config):
     cache = os.environ.get("SLMVIZ_CACHE", "~/.cache/slmviz")
     return f"torch {torch.__version__}, threads {torch.get_num_threads()}, SLMVIZ_CACHE={cache}"
+
+
+# The order in which `make test`'s workers take modules (pytest-xdist's loadfile, with --no-loadscope-reorder so
+# that this order stands): those that start the app or drive Chromium first (each takes 30 s to two minutes), then
+# those that load the real models, then the many quick ones, which fill in at the end so that both workers finish
+# together. xdist's own reorder (most tests first) put the long app modules last, where one worker ran them alone.
+MODULE_COST_ORDER = ("browser", "app", "slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    def cost_class(item) -> int:
+        marks = module_marks[item.nodeid.split("::")[0]]
+        return next((i for i, name in enumerate(MODULE_COST_ORDER) if name in marks), len(MODULE_COST_ORDER))
+
+    module_marks: dict[str, set[str]] = {}
+    for item in items:
+        module_marks.setdefault(item.nodeid.split("::")[0], set()).update(m.name for m in item.iter_markers())
+    items.sort(key=cost_class)  # stable: each module's own order is kept

