@@ -145,9 +145,9 @@ def browser():
 @pytest.fixture(scope="module")
 def server():
     """The app on its default settings, served from a subprocess for one module (a module that needs other settings
-    defines its own). One server per worker shared by every such module failed a browser test on a fresh clone (an
-    error toast naming SmolLM2's transcoder_l6 after the page switched to Gemma), which passed on a server of its
-    own: something a module leaves on the server reaches another's sessions."""
+    defines its own): a module's sessions start from a server no other module has touched. (One server per worker
+    was tried; its one failure, an error toast naming transcoder_l6 after a switch to Gemma, turned out to be a race
+    inside one session, since fixed: app/tabs/graph_scan.py's offer_after.)"""
     from app_helpers import app_server
 
     with app_server() as url:
