@@ -17,6 +17,7 @@ import pytest
 import test_graph_tab_app
 import test_workbench_app
 from app_helpers import CHROMIUM, NO_CHROMIUM, recording_page
+from playwright.sync_api import expect
 from test_browser import ASSETS
 from test_graph_tab_app import crossing_edge
 from test_workbench_browser import click_feature_node
@@ -132,7 +133,7 @@ def test_a_damaged_set_scan_shows_the_rebuild_button_beside_the_card_and_rebuild
     with recording_page(browser, url, height=1400) as page:
         page.get_by_role("tab", name="Graph").click()
         page.wait_for_selector("#circuit-attr-prompt textarea")
-        assert page.get_by_label(SET_LABEL).is_checked()
+        expect(page.get_by_label(SET_LABEL)).to_be_checked(timeout=60_000)  # once the page load's refresh ran
         assert not page.locator("#graph-rebuild-scan").is_visible()  # the set is not loaded yet: nothing known
         page.fill("#circuit-attr-prompt textarea", PROMPT)
         for slider in ("circuit-attr-nodes-kept", "circuit-attr-edges-kept"):  # the random set's features: keep all

@@ -22,6 +22,7 @@ from app_helpers import CHROMIUM, NO_CHROMIUM, app_server
 from conftest import build_tiny_model
 from gradio_client import Client
 from gradio_client.exceptions import AppError
+from playwright.sync_api import expect
 
 import slmviz
 from app.tabs.graph_attribution import feature_table
@@ -33,6 +34,8 @@ from slmviz.formats.slmviz import SET_FILE
 from slmviz.loading.bundled import cache_dir
 from slmviz.model_api import load_folder
 from slmviz.replacement.load import load_transcoders
+
+PICKER_TIMEOUT_MS = 60_000  # the page load's refresh of the transcoder picker, on a busy CI machine
 
 pytestmark = pytest.mark.app
 
@@ -170,7 +173,9 @@ def test_in_chromium_the_set_is_ticked_and_its_graph_shows_its_scores(built, pag
     page.get_by_role("tab", name="Graph").click()
     page.wait_for_selector("#circuit-attr-prompt textarea")
     page.fill("#circuit-attr-prompt textarea", PROMPT)
-    assert page.get_by_label(LABEL).is_checked() and not page.get_by_label("tc_l0").is_checked()
+    # the page load's refresh ticks the set built since the server started: wait for it, as a person would
+    expect(page.get_by_label(LABEL)).to_be_checked(timeout=PICKER_TIMEOUT_MS)
+    expect(page.get_by_label("tc_l0")).not_to_be_checked()
     assert not page.locator("#circuit-set-build").is_visible()  # the set is there: nothing to build
     page.click("#circuit-attr-run")
     page.wait_for_function("document.querySelector('#circuit-attr-status').innerText.includes('Pruned to')",
@@ -236,7 +241,8 @@ def test_in_chromium_the_clt_is_ticked_and_its_graph_shows_its_scores(clt_server
         page.get_by_role("tab", name="Graph").click()
         page.wait_for_selector("#circuit-attr-prompt textarea")
         page.fill("#circuit-attr-prompt textarea", PROMPT)
-        assert page.get_by_label(CLT_LABEL).is_checked() and not page.get_by_label("tc_l0").is_checked()
+        expect(page.get_by_label(CLT_LABEL)).to_be_checked(timeout=PICKER_TIMEOUT_MS)
+        expect(page.get_by_label("tc_l0")).not_to_be_checked()
         page.click("#circuit-attr-run")
         page.wait_for_function("document.querySelector('#circuit-attr-status').innerText.includes('Pruned to')",
                                timeout=180_000)
