@@ -5,8 +5,8 @@ PY := .venv/bin/python
 # ever pulling the multi-GB CUDA build that PyPI serves under the same version; elsewhere pip's own rules apply.
 TORCH_WHEEL := $(firstword $(wildcard /opt/wheels/torch-2.13.0+cpu-cp311-*.whl))
 # uv installs the ~200 packages in seconds where pip takes a minute and more (docs/contributing.md, "Setup").
-# --native-tls: the machine's certificates, as pip uses them.
-UV := .venv/bin/uv pip install --quiet --python $(PY) --native-tls
+# --system-certs: the machine's certificates, as pip uses them.
+UV := .venv/bin/uv pip install --quiet --python $(PY) --system-certs
 
 # Test workers (pytest-xdist), each module on one worker: its server or model fixture is built once. Each worker
 # computes on one thread (tests/conftest.py), so two fill a 2-core machine.
