@@ -196,11 +196,10 @@ EXIT_GRACE_S = 3.0  # after Ctrl-C: what closing the app and the atexit handlers
 def exit_within(seconds: float) -> None:
     """End the process `seconds` from now, whatever still runs then (a daemon thread calls os._exit(0)).
 
-    Why: the interpreter's exit waits for every thread that is not a daemon and for every atexit handler, and in two
-    of three full test runs something (not found: no slmviz thread is one) held a served app's exit open for more
-    than 30 s after Ctrl-C, once the app had run a corpus scan. A person pressing Ctrl-C on `make app` wants the
-    port back. The app's own cleanup normally finishes well inside the grace period, and then the process ends as
-    usual, before this fires."""
+    Why: the interpreter's exit waits for every thread that is not a daemon and for every atexit handler, which a
+    library can add; a person pressing Ctrl-C on `make app` wants the port back all the same. The app's own cleanup
+    normally finishes well inside the grace period, and then the process ends as usual, before this fires. (The
+    test servers that once outlived Ctrl-C by 30 s had SIGINT ignored: tests/app_helpers.py, ANSWER_CTRL_C.)"""
 
     def end() -> None:
         time.sleep(seconds)
