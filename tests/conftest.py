@@ -142,12 +142,15 @@ def browser():
         b.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server():
-    """The app on its default settings, served from a subprocess for one module (a module that needs other settings
-    defines its own): a module's sessions start from a server no other module has touched. (One server per worker
-    was tried; its one failure, an error toast naming transcoder_l6 after a switch to Gemma, turned out to be a race
-    inside one session, since fixed: app/tabs/graph_scan.py's offer_after.)"""
+    """The app on its default settings, served from a subprocess once per test worker and shared by every module
+    that asks for it (a module that needs other settings defines its own `server`). A start costs a model load and
+    the page's build, 10-20 s, and seven modules asked for this one. What a module does stays in its own sessions
+    (gr.State, one per client or page); what the server shares between sessions is the model store and the SAEs
+    loaded in the Model tab, which no test here counts on being empty. (The one failure of an earlier shared server,
+    an error toast naming transcoder_l6 after a switch to Gemma, was a race inside one session, since fixed:
+    app/tabs/graph_scan.py's offer_after.)"""
     from app_helpers import app_server
 
     with app_server() as url:
