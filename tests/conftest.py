@@ -157,45 +157,6 @@ def server():
         yield url
 
 
-# The Circuits, Graph and workbench tabs' tests run a tiny random llama (seed 3) with two random transcoders (layers
-# 0 and 1) and a server of them; the four modules that use them share one of each per test worker (read only: a test
-# that writes a set or a cache does so in a folder of its own).
-@pytest.fixture(scope="session")
-def circuit_tiny_folder(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("circuit-tiny") / "tiny", "llama_gqa", seed=3)
-
-
-@pytest.fixture(scope="session")
-def circuit_tiny(circuit_tiny_folder):
-    from slmviz.model_api import load_folder
-
-    return load_folder(circuit_tiny_folder)
-
-
-@pytest.fixture(scope="session")
-def circuit_transcoders(circuit_tiny_folder, circuit_tiny) -> Path:
-    """Random transcoders of the tiny model's layers 0 and 1 (tc_l0, tc_l1), offered to the app through
-    $SLMVIZ_SAE_DIRS."""
-    from slmviz import SAE
-
-    root = circuit_tiny_folder.parent / "transcoders"
-    d = circuit_tiny.cfg.d_model
-    for layer in (0, 1):
-        SAE.random(d, d, seed=layer, architecture="relu", hook_name=f"blocks.{layer}.mlp.hook_in",
-                   hook_name_out=f"blocks.{layer}.hook_mlp_out").save(root / f"tc_l{layer}")
-    return root
-
-
-@pytest.fixture(scope="session")
-def circuit_server(circuit_tiny_folder, circuit_transcoders):
-    """The app on the tiny model, offering its two transcoders."""
-    from app_helpers import app_server
-
-    with app_server(env={"SLMVIZ_SAE_DIRS": str(circuit_transcoders)}, model=str(circuit_tiny_folder),
-                    allow_local_models=True) as url:
-        yield url
-
-
 @pytest.fixture()
 def page(request, browser, server):
     """A page on the module's server that records every host it contacts (`page.hosts`); its viewport height is

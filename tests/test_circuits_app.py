@@ -22,14 +22,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from app_helpers import app_server
+from conftest import build_tiny_model
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import slmviz
 from app.tabs.circuits import EXACT_MAX_EDGES, REFINE_SIZES, TASK_CHOICES
 from app.tabs.graph_attribution import feature_table
+from slmviz import SAE
 from slmviz.circuits.tasks import induction_task
 from slmviz.features.load import load_sae
+from slmviz.model_api import load_folder
 
 pytestmark = pytest.mark.app
 
@@ -37,23 +41,31 @@ CLEAN, CORRUPTED, ANSWER, WRONG = "w5 w6 w7 w8 w9", "w5 w6 w3 w8 w9", " w2", " w
 
 
 @pytest.fixture(scope="module")
-def tiny_folder(circuit_tiny_folder):
-    return circuit_tiny_folder  # shared with the other circuit modules (conftest)
+def tiny_folder(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("circuits-app") / "tiny", "llama_gqa", seed=3)
 
 
 @pytest.fixture(scope="module")
-def tiny(circuit_tiny):
-    return circuit_tiny
+def tiny(tiny_folder):
+    return load_folder(tiny_folder)
 
 
 @pytest.fixture(scope="module")
-def transcoders(circuit_transcoders):
-    return circuit_transcoders
+def transcoders(tiny_folder, tiny):
+    """Random transcoders of the tiny model's layers 0 and 1, offered to the app through $SLMVIZ_SAE_DIRS."""
+    root = tiny_folder.parent / "transcoders"
+    d = tiny.cfg.d_model
+    for layer in (0, 1):
+        SAE.random(d, d, seed=layer, architecture="relu", hook_name=f"blocks.{layer}.mlp.hook_in",
+                   hook_name_out=f"blocks.{layer}.hook_mlp_out").save(root / f"tc_l{layer}")
+    return root
 
 
 @pytest.fixture(scope="module")
-def tiny_server(circuit_server):
-    return circuit_server
+def tiny_server(tiny_folder, transcoders):
+    with app_server(env={"SLMVIZ_SAE_DIRS": str(transcoders)}, model=str(tiny_folder),
+                    allow_local_models=True) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

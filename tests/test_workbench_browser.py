@@ -12,8 +12,11 @@ import json
 import urllib.request
 
 import pytest
-from app_helpers import CHROMIUM, NO_CHROMIUM, recording_page, tick_one_bundled_transcoder
+from app_helpers import CHROMIUM, NO_CHROMIUM, app_server, recording_page, tick_one_bundled_transcoder
+from conftest import build_tiny_model
 from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server
+
+from slmviz import SAE
 
 pytestmark = pytest.mark.browser
 
@@ -24,8 +27,14 @@ PAGE_HEIGHT = 1400
 
 
 @pytest.fixture(scope="module")
-def tiny_server(circuit_server):
-    return circuit_server  # the tiny model and the Circuits tests' transcoders, shared (conftest)
+def tiny_server(tmp_path_factory):
+    folder = build_tiny_model(tmp_path_factory.mktemp("workbench-browser") / "tiny", "llama_gqa", seed=3)
+    root = folder.parent / "transcoders"
+    for layer in (0, 1):
+        SAE.random(64, 64, seed=layer, architecture="relu", hook_name=f"blocks.{layer}.mlp.hook_in",
+                   hook_name_out=f"blocks.{layer}.hook_mlp_out").save(root / f"tc_l{layer}")
+    with app_server(env={"SLMVIZ_SAE_DIRS": str(root)}, model=str(folder), allow_local_models=True) as url:
+        yield url
 
 
 def build_graph(page, prompt: str) -> None:
