@@ -145,12 +145,15 @@ def browser():
 @pytest.fixture(scope="session")
 def server():
     """The app on its default settings, served from a subprocess once per test worker and shared by every module
-    that asks for it (a module that needs other settings defines its own `server`). A start costs a model load and
-    the page's build, 10-20 s, and seven modules asked for this one. What a module does stays in its own sessions
-    (gr.State, one per client or page); what the server shares between sessions is the model store and the SAEs
-    loaded in the Model tab, which no test here counts on being empty. (The one failure of an earlier shared server,
-    an error toast naming transcoder_l6 after a switch to Gemma, was a race inside one session, since fixed:
-    app/tabs/graph_scan.py's offer_after.)"""
+    that asks for it (a module that needs other settings defines its own `server`): a start costs a model load and
+    the page's build, 10-20 s, and eight modules ask for this one.
+
+    What a module does stays in its own sessions (gr.State, one per client or page). What the server shares between
+    sessions is the model store, the scans it has made and the SAEs loaded in the Model tab, which none of these
+    modules counts on being empty. The tiny model's server is not shared: tests/test_workbench_app.py compares a
+    node's label with the library's, and a feature scan made there by another module changes the label. (The one
+    failure of an earlier shared server, an error toast naming transcoder_l6 after a switch to Gemma, was a race
+    inside one session, since fixed: app/tabs/graph_scan.py's offer_after.)"""
     from app_helpers import app_server
 
     with app_server() as url:
