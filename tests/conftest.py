@@ -89,8 +89,9 @@ def _write_tokenizer(folder: Path, vocab_size: int) -> None:
 
 @pytest.fixture()
 def two_threads():
-    """torch on two threads for one test, whatever its worker runs on: for what exists only with several threads
-    (the one-row kernel's OnlineChoice) and for tolerances derived on the default two threads (bf16 scans)."""
+    """torch on two threads for one test, whatever its worker runs on: for what exists only with several threads (the
+    one-row kernel's OnlineChoice, parallel atomic adds). Only for that: beside the other test worker on a 2-core
+    machine, two threads wait on each other at every op, and a test of many small ops runs many times slower."""
     saved = torch.get_num_threads()
     torch.set_num_threads(2)
     yield
