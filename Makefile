@@ -11,6 +11,10 @@ UV := .venv/bin/uv pip install --quiet --python $(PY) --system-certs
 # Test workers (pytest-xdist), each module on one worker: its server or model fixture is built once. Each worker
 # computes on one thread (tests/conftest.py), so two fill a 2-core machine.
 TEST_WORKERS ?= 2
+# Every test server and subprocess imports torch, transformers and gradio afresh: some 3,500 modules. With
+# PYTHONDONTWRITEBYTECODE set (as on these machines) Python compiled all of them again in each process, about half
+# of a server's 20 s start; the tests keep the compiled bytecode under .cache/, so a shared .venv is not written to.
+TEST_PYCACHE := $(CURDIR)/.cache/pycache
 
 .PHONY: app test lint bench model setup clean docs transcoders
 
@@ -42,7 +46,7 @@ app: model
 
 test: model
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25  # the slowest, so a CI log shows where its minutes go
+	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(TEST_PYCACHE) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25  # the slowest, so a CI log shows where its minutes go
 
 lint: setup
 	$(PY) -m ruff check .

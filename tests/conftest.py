@@ -89,8 +89,9 @@ def _write_tokenizer(folder: Path, vocab_size: int) -> None:
 
 @pytest.fixture()
 def two_threads():
-    """torch on two threads for one test, whatever its worker runs on: for what exists only with several threads
-    (the one-row kernel's OnlineChoice) and for tolerances derived on the default two threads (bf16 scans)."""
+    """torch on two threads for one test, whatever its worker runs on: for what exists only with several threads (the
+    one-row kernel's OnlineChoice, parallel atomic adds). Only for that: beside the other test worker on a 2-core
+    machine, two threads wait on each other at every op, and a test of many small ops runs many times slower."""
     saved = torch.get_num_threads()
     torch.set_num_threads(2)
     yield
@@ -142,11 +143,17 @@ def browser():
         b.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server():
-    """The app on its default settings, served from a subprocess for one module (a module that needs other settings
-    defines its own): a module's sessions start from a server no other module has touched. (One server per worker
-    was tried; its one failure, an error toast naming transcoder_l6 after a switch to Gemma, turned out to be a race
+    """The app on its default settings, served from a subprocess once per test worker and shared by every module
+    that asks for it (a module that needs other settings defines its own `server`): a start costs a model load and
+    the page's build, 10-20 s, and eight modules ask for this one.
+
+    What a module does stays in its own sessions (gr.State, one per client or page). What the server shares between
+    sessions is the model store, the scans it has made and the SAEs loaded in the Model tab, which none of these
+    modules counts on being empty. The tiny model's server is not shared: tests/test_workbench_app.py compares a
+    node's label with the library's, and a feature scan made there by another module changes the label. (The one
+    failure of an earlier shared server, an error toast naming transcoder_l6 after a switch to Gemma, was a race
     inside one session, since fixed: app/tabs/graph_scan.py's offer_after.)"""
     from app_helpers import app_server
 

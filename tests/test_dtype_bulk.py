@@ -46,8 +46,11 @@ CORRUPTED = [3, 10, 11, 12, 40, 14, 15, 16]  # differs at position 4 only
 
 
 @pytest.fixture(autouse=True)
-def fast_bf16(monkeypatch, two_threads):
-    """Skip the timing (tests/test_dtype.py tests the warning); on two threads, as the tolerances were derived."""
+def fast_bf16(monkeypatch):
+    """Skip the timing (tests/test_dtype.py tests the warning). On the test worker's one thread: these tests once ran
+    on two, as their tolerances were first measured, and beside `make test`'s other worker on a 2-core machine the
+    two threads waited on each other at every op (the tiny model's per-cell sweeps: 1.4 s of CPU on one thread, 21 s
+    on two). The tolerances hold on one thread as well (the tiny llama's heatmaps: 0.0073 of PATCH_TOL's 0.05)."""
     monkeypatch.setattr(params, "_bf16_slowdown", 0.5)
 
 
