@@ -21,7 +21,7 @@ NEW_FAMILIES: dict[str, tuple[str, dict]] = {
     "gemma2": ("Gemma2Config", dict(
         vocab_size=128, hidden_size=80, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=64, sliding_window=4, query_pre_attn_scalar=24,
-        attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+        attn_logit_softcapping=2.0, final_logit_softcapping=1.0,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
 }
 
@@ -42,6 +42,8 @@ def build_family_model(folder: Path, arch: str, seed: int = 0, **overrides) -> P
                 p.copy_(0.1 * torch.randn_like(p))
             elif name.endswith("wpe.weight"):
                 p.copy_(0.5 * torch.randn_like(p))  # positions large enough that a wrong row shows
+            elif arch == "gemma2" and name.endswith(("q_proj.weight", "k_proj.weight", "embed_tokens.weight")):
+                p.mul_(6.0)  # scores and logits past the caps, so that capping shows
     model.save_pretrained(folder)
     _write_tokenizer(folder, config.vocab_size)
     return folder
