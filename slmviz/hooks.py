@@ -105,10 +105,12 @@ def layer_hooks(cfg: Any = None) -> dict[str, tuple[str, ...]]:
     pre = cfg is None or cfg.has_pre_norms
     post = cfg is not None and cfg.has_post_norms
     qk = "none" if cfg is None else cfg.qk_norm
-    rotary = cfg is None or cfg.positions == "rotary"  # learned positions (GPT-2) rotate nothing
     mlp = _MLP if cfg is None or cfg.gated_mlp else _PLAIN_MLP
+    # hook_rot_q / hook_rot_k on every family: with learned positions (GPT-2) nothing turns and they equal hook_q /
+    # hook_k. TransformerLens has them on rotary models only; slmviz keeps them so that what reads the queries and
+    # keys attention scores (QK attributions, circuits' frozen forwards) reads one name on every family.
     return {
-        **_RESID_PRE, **(_LN1 if pre else {}), **_QKV, **_QK_NORM[qk], **(_ROTARY if rotary else {}), **_ATTENTION,
+        **_RESID_PRE, **(_LN1 if pre else {}), **_QKV, **_QK_NORM[qk], **_ROTARY, **_ATTENTION,
         **(_LN1_POST if post else {}), **_ATTN_OUT, **(_LN2 if pre else {}), **_MLP_IN, **mlp,
         **(_LN2_POST if post else {}), **_MLP_OUT,
     }

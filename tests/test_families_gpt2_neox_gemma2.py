@@ -93,14 +93,15 @@ def test_every_hook_has_its_table_shape(models, traces, arch):
         assert tuple(t[name].shape) == hook_shape(name, m.cfg, len(IDS)), name
 
 
-def test_transformer_lens_names_per_family(models):
-    """GPT-2: hook_pos_embed, no rotary hooks, an ungated MLP (hook_pre, hook_post); Pythia: hook_rot_q on partial
+def test_transformer_lens_names_per_family(models, traces):
+    """GPT-2: hook_pos_embed, rotary hooks that turn nothing, an ungated MLP (hook_pre, hook_post); Pythia: hook_rot_q on partial
     rotary, ungated MLP; Gemma 2: four norms per block, the gated MLP's hooks. ln1's scale and normalized everywhere."""
     names = {arch: set(models[arch].hook_names) for arch in FAMILIES}
     for arch in FAMILIES:
         assert {at(0, "ln1.hook_scale"), at(0, "ln1.hook_normalized"), at(1, "ln2.hook_scale")} <= names[arch]
     assert "hook_pos_embed" in names["gpt2"] and "hook_pos_embed" not in names["gpt_neox"] | names["gemma2"]
-    assert not any("hook_rot_" in n for n in names["gpt2"])
+    t = traces["gpt2"]  # nothing turns: hook_rot_q is hook_q (kept so QK attributions read one name everywhere)
+    assert torch.equal(t[at(0, "attn.hook_rot_q")], t[at(0, "attn.hook_q")])
     assert {at(0, "attn.hook_rot_q"), at(0, "attn.hook_rot_k")} <= names["gpt_neox"]
     for arch in ("gpt2", "gpt_neox"):
         assert {at(0, "mlp.hook_pre"), at(0, "mlp.hook_post")} <= names[arch]
