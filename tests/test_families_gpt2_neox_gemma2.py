@@ -94,8 +94,9 @@ def test_every_hook_has_its_table_shape(models, traces, arch):
 
 
 def test_transformer_lens_names_per_family(models, traces):
-    """GPT-2: hook_pos_embed, rotary hooks that turn nothing, an ungated MLP (hook_pre, hook_post); Pythia: hook_rot_q on partial
-    rotary, ungated MLP; Gemma 2: four norms per block, the gated MLP's hooks. ln1's scale and normalized everywhere."""
+    """GPT-2: hook_pos_embed, rotary hooks that turn nothing, an ungated MLP (hook_pre, hook_post); Pythia:
+    hook_rot_q on partial rotary, ungated MLP; Gemma 2: four norms per block, the gated MLP's hooks. ln1's scale and
+    normalized everywhere."""
     names = {arch: set(models[arch].hook_names) for arch in FAMILIES}
     for arch in FAMILIES:
         assert {at(0, "ln1.hook_scale"), at(0, "ln1.hook_normalized"), at(1, "ln2.hook_scale")} <= names[arch]
@@ -291,3 +292,15 @@ REFUSED = [
 def test_presets_are_refused_where_they_do_not_apply_saying_why(models, arch, name, why):
     with pytest.raises(VariantError, match=rf"{name}.*does not apply to {arch}.*{why}.*Presets that apply"):
         models[arch].trace(IDS, variant=name)
+
+
+# --- slmviz check ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_slmviz_check_proves_parity_on_a_folder_of_each_family(dirs, arch, capsys):
+    """`slmviz check FOLDER`: every layer, every pattern, the logits and 16 greedy tokens against transformers."""
+    from slmviz.cli import main
+
+    assert main(["check", str(dirs[arch]), "--prompt", "w3 w4 w5 w6 w7 w8"]) == 0
+    out = capsys.readouterr().out
+    assert "OK: slmviz matches transformers" in out and "equal to transformers' generate: True" in out
+    assert arch in out
