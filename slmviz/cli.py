@@ -42,6 +42,7 @@ def check(model_path: str | None, prompts: list[str], out=None, dtype: str = "fl
 
     import slmviz
 
+    from .hooks import layer_hook_name
     from .loading.reference import load_reference, reference_generate, relative_error, run_reference
 
     if model_path in HUB_ALIASES and not Path(model_path).exists():
@@ -71,8 +72,8 @@ def check(model_path: str | None, prompts: list[str], out=None, dtype: str = "fl
         print(f"prompt ({ids.numel()} tokens): {prompt[:60]!r}", file=out)
         print(f"  {'layer':>5}  {'resid rel err':>13}  {'pattern max |Δ|':>15}", file=out)
         for layer in range(model.cfg.n_layers):
-            r = relative_error(ref.resid_post[layer], ours[f"blocks.{layer}.hook_resid_post"])
-            pattern = ours[f"blocks.{layer}.attn.hook_pattern"].to(ref.patterns[layer].device)
+            r = relative_error(ref.resid_post[layer], ours[layer_hook_name(layer, "hook_resid_post")])
+            pattern = ours[layer_hook_name(layer, "attn.hook_pattern")].to(ref.patterns[layer].device)
             p = float((ref.patterns[layer].float() - pattern.float()).abs().max())
             flag = "" if (r <= resid_tol and p <= pattern_tol) else "  MISMATCH"
             ok &= not flag
