@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py, which puts this checkout first
-from common import Row, interleaved, main, median, spread
+from common import Row, interleaved, main, median, print_rows, spread
 
 import slmviz
 from slmviz.loading.reference import load_reference
@@ -110,7 +110,10 @@ def run_family(arch: str, args: argparse.Namespace) -> list[Row]:
 def run(args: argparse.Namespace) -> list[Row]:
     rows = []
     for arch in args.only.split(","):
-        rows += run_family(arch, args)
+        done = run_family(arch, args)
+        print_rows(done)  # as each family finishes: a slow machine may stop the run before the last
+        sys.stdout.flush()
+        rows += done
     return rows
 
 
