@@ -42,6 +42,8 @@ def build_family_model(folder: Path, arch: str, seed: int = 0, **overrides) -> P
                 p.copy_(0.1 * torch.randn_like(p))
             elif name.endswith("wpe.weight"):
                 p.copy_(0.5 * torch.randn_like(p))  # positions large enough that a wrong row shows
+            elif arch == "gpt2" and name.endswith("mlp.c_fc.weight"):
+                p.mul_(20.0)  # pre-activations of order 1, where gelu_new and the exact GELU part
             elif arch == "gemma2" and name.endswith(("q_proj.weight", "k_proj.weight", "embed_tokens.weight")):
                 p.mul_(6.0)  # scores and logits past the caps, so that capping shows
     model.save_pretrained(folder)

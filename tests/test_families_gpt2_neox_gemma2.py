@@ -304,3 +304,71 @@ def test_slmviz_check_proves_parity_on_a_folder_of_each_family(dirs, arch, capsy
     out = capsys.readouterr().out
     assert "OK: slmviz matches transformers" in out and "equal to transformers' generate: True" in out
     assert arch in out
+
+
+# --- mutations: break one convention, the tiny model stops matching transformers --------------------------------
+def _exact_gelu_for_gelu_new(mp):
+    from slmviz.model import mlp
+
+    mp.setitem(mlp.ACTIVATIONS, "gelu_new", F.gelu)
+
+
+def _rms_for_layer_statistics(mp):
+    from slmviz.model import norm
+
+    mp.setitem(norm.NORM_STATISTICS, "layer", norm.rms_statistics)
+
+
+def _qkv_rows_as_stored(mp):
+    from slmviz.loading import weights
+
+    mp.setattr(weights, "neox_qkv_rows", lambda w, h, dh: w)
+
+
+def _rotate_the_last_dims(mp):
+    from slmviz.model import block
+
+    def last(x, angles, rotate, n_rot, in_fp32=False):
+        if n_rot == x.shape[-1]:
+            return rotate(x, angles, in_fp32)
+        return torch.cat((x[..., :-n_rot], rotate(x[..., -n_rot:], angles, in_fp32)), dim=-1)
+
+    mp.setattr(block, "rotate_partial", last)
+
+
+def _sequential_for_parallel(mp):
+    from slmviz.model import block
+
+    def sequential(x, attn, mlp, hook):
+        mid = hook("hook_resid_mid", x + hook("hook_attn_out", attn(x)))
+        return mid + hook("hook_mlp_out", mlp(mid))
+
+    mp.setattr(block, "parallel_residual", sequential)
+
+
+def _no_softcap(mp):
+    from slmviz.model import attention, decoder
+
+    mp.setattr(attention, "softcap", lambda x, cap: x)
+    mp.setattr(decoder, "softcap", lambda x, cap: x)
+
+
+MUTATIONS = {
+    "gpt2_gelu_new": ("gpt2", _exact_gelu_for_gelu_new),
+    "gpt2_layer_norm_centring": ("gpt2", _rms_for_layer_statistics),
+    "neox_qkv_layout": ("gpt_neox", _qkv_rows_as_stored),
+    "neox_partial_rotary_dims": ("gpt_neox", _rotate_the_last_dims),
+    "neox_parallel_residual": ("gpt_neox", _sequential_for_parallel),
+    "gemma2_softcap": ("gemma2", _no_softcap),
+}
+
+
+@pytest.mark.parametrize("convention", list(MUTATIONS))
+def test_breaking_a_new_family_convention_breaks_parity(dirs, references, convention, monkeypatch):
+    """The parity check is sensitive to each new convention: the broken model differs by > 1e-5 relative. (The
+    learned-position offset only shows in decoding: test_learned_positions_carry_the_cache_offset.)"""
+    arch, mutate = MUTATIONS[convention]
+    ref = run_reference(references[arch], IDS)
+    mutate(monkeypatch)
+    m = slmviz.load(dirs[arch])
+    assert relative_error(ref.logits, m.trace(IDS).logits) > 1e-5
