@@ -40,6 +40,8 @@ FIELD_LABELS = {
     "rope_local_as_global": "Sliding layers use the global RoPE base",
     "gqa": "GQA mapping", "causal": "Causal mask", "sliding_window": "Sliding window", "mlp": "MLP type",
     "gelu": "GELU form", "kv_position_bug": "KV position bug",
+    "pos_embed": "Learned position embedding", "parallel_residual": "Parallel residual",
+    "partial_rotary": "Partial rotary", "softcap": "Soft-capping",
 }
 VARIANT_FIELDS = [f.name for f in fields(Variant)]
 OWN = "own"  # the radio choice for a field left at None: the checkpoint's own convention
@@ -160,7 +162,8 @@ def describe_variant(v: Variant) -> str:
 
 
 def default_preset(presets: list[str]) -> str:
-    """The preset the Break-it tab starts on: RoPE pairing (every family here has RoPE), else the first."""
+    """The preset the Break-it tab starts on: RoPE pairing where the family has RoPE, else the first that applies
+    (post_norm on GPT-2, whose positions are learned)."""
     return "rope_interleaved" if "rope_interleaved" in presets else next(p for p in presets if p != "faithful")
 
 

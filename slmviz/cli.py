@@ -13,6 +13,9 @@ CHECK_PROMPTS = [
 LOGIT_TOL = 1e-4
 RESID_TOL = 1e-5
 PATTERN_TOL = 1e-5
+GENERATE_TOKENS = 16  # greedy tokens compared with transformers' generate (fp32)
+# Names people type for checkpoints the hub keeps under an owner now (a folder of that name wins).
+HUB_ALIASES = {"gpt2": "openai-community/gpt2", "gpt2-medium": "openai-community/gpt2-medium"}
 # In bf16 the tolerances are measured, not fixed: transformers' own eager-vs-sdpa difference on the same prompt.
 # Patterns have no sdpa counterpart (sdpa returns none); theirs is one bf16 step of a probability in [0.5, 1).
 PATTERN_TOL_BF16 = 2.0**-8
@@ -21,6 +24,11 @@ PATTERN_TOL_BF16 = 2.0**-8
 def check(model_path: str | None, prompts: list[str], out=None, dtype: str = "float32") -> bool:
     """Run slmviz and transformers side by side; print per-layer max differences; True if all match.
 
+    What it checks, per prompt: every block's output (hook_resid_post against transformers' hidden states,
+    relative error), every attention pattern (max |Δ|), the logits (max |Δ| and identical argmax); in float32 also
+    that cached greedy decoding gives transformers' `generate` tokens (GENERATE_TOKENS of them). `model_path` is a
+    folder, a hub id, or a bare name in HUB_ALIASES ("gpt2").
+
     `dtype`: both run in it. In float32 the tolerances are the fixed ones above. In bfloat16 / float16 each
     prompt's tolerance is what transformers' own two attention implementations (eager, sdpa) differ by on that
     prompt in that dtype: the logits' and the largest residual's relative error, and the share of positions
@@ -28,12 +36,17 @@ def check(model_path: str | None, prompts: list[str], out=None, dtype: str = "fl
     `out` defaults to sys.stdout as it is when called (a default bound at import would keep printing to
     whatever stdout was then, e.g. a test's closed capture)."""
     out = out or sys.stdout
+    from pathlib import Path
+
     import torch
 
     import slmviz
 
-    from .loading.reference import load_reference, relative_error, run_reference
+    from .hooks import layer_hook_name
+    from .loading.reference import load_reference, reference_generate, relative_error, run_reference
 
+    if model_path in HUB_ALIASES and not Path(model_path).exists():
+        model_path = HUB_ALIASES[model_path]
     model = slmviz.load(model_path, dtype=dtype)
     exact = model.dtype == torch.float32
     hf = load_reference(model.path, dtype=model.dtype, device=model.device)
@@ -59,8 +72,8 @@ def check(model_path: str | None, prompts: list[str], out=None, dtype: str = "fl
         print(f"prompt ({ids.numel()} tokens): {prompt[:60]!r}", file=out)
         print(f"  {'layer':>5}  {'resid rel err':>13}  {'pattern max |Δ|':>15}", file=out)
         for layer in range(model.cfg.n_layers):
-            r = relative_error(ref.resid_post[layer], ours[f"blocks.{layer}.hook_resid_post"])
-            pattern = ours[f"blocks.{layer}.attn.hook_pattern"].to(ref.patterns[layer].device)
+            r = relative_error(ref.resid_post[layer], ours[layer_hook_name(layer, "hook_resid_post")])
+            pattern = ours[layer_hook_name(layer, "attn.hook_pattern")].to(ref.patterns[layer].device)
             p = float((ref.patterns[layer].float() - pattern.float()).abs().max())
             flag = "" if (r <= resid_tol and p <= pattern_tol) else "  MISMATCH"
             ok &= not flag
@@ -71,7 +84,13 @@ def check(model_path: str | None, prompts: list[str], out=None, dtype: str = "fl
             dlogit = float((ref.logits - ours_logits).abs().max())
             good = dlogit <= LOGIT_TOL and agree == 1.0
             print(f"  logits: max |Δ| = {dlogit:.2e} (tol {LOGIT_TOL:g}), argmax identical at every position: "
-                  f"{agree == 1.0}{'' if good else '  MISMATCH'}\n", file=out)
+                  f"{agree == 1.0}{'' if good else '  MISMATCH'}", file=out)
+            theirs = reference_generate(hf, ids, GENERATE_TOKENS)
+            mine = model.generate_ids(ids, len(theirs), stop_at_eos=False)
+            same = mine == theirs
+            good &= same
+            print(f"  cached greedy decoding, {len(theirs)} tokens: equal to transformers' generate: {same}"
+                  f"{'' if same else '  MISMATCH'}\n", file=out)
         else:
             rel = relative_error(ref.logits, ours_logits)
             good = rel <= logit_tol and agree >= agree_tol
@@ -151,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_check = sub.add_parser("check", help="compare slmviz with transformers on the same weights")
+    p_check.add_argument("model_arg", nargs="?", default=None, metavar="MODEL",
+                         help="model folder or hub id, e.g. gpt2, EleutherAI/pythia-160m, google/gemma-2-2b")
     p_check.add_argument("--model", default=None, help="model folder or hub id (default: bundled SmolLM2-135M)")
     p_check.add_argument("--prompt", action="append", help="prompt to check (repeatable)")
     p_check.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
@@ -191,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("train-sae", "evaluate-sae", "train-transcoders"):
             return training_cli.run(args, argv)
         if args.command == "check":
-            return 0 if check(args.model, args.prompt or CHECK_PROMPTS, dtype=args.dtype) else 1
+            model = args.model_arg or args.model
+            return 0 if check(model, args.prompt or CHECK_PROMPTS, dtype=args.dtype) else 1
         if args.command == "trace":
             import slmviz
 

@@ -11,22 +11,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
-SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu", "gelu_new")
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_types values
-
-
-# The conventions a model family fixes (docs/correctness.md, the families): the ArchConfig fields it sets away
-# from their LLaMA defaults. config_from_hf copies them into every checkpoint of the family.
-FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": {},
-    "mistral": {},
-    "qwen2": {},
-    "qwen3": {"qk_norm": "head"},
-    "olmo2": {"norm_placement": "output", "norm_weight_in_fp32": True, "qk_norm": "projection", "rope_in_fp32": True},
-    "gemma3_text": {"norm_placement": "sandwich", "norm_offset": 1.0, "norm_weight_in_fp32": True, "embed_scale": True,
-                    "qk_norm": "head"},
-}
-SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 
 
 class UnsupportedModelError(ValueError):
@@ -48,6 +34,12 @@ class ArchConfig:
         activations' dtype with cos/sin cast to it (LLaMA, Qwen, Gemma). Equal in fp32 (see rope.rotation_dtype).
     qk_norm: "none" | "head" RMSNorm over each head's d_head (Qwen3, Gemma) | "projection" over the
         whole q / k projection (OLMo-2).
+    norm_type, norm_bias: LayerNorm with a bias (GPT-2, GPT-NeoX) instead of RMSNorm.
+    positions: "rotary" | "learned" (GPT-2's absolute position embedding, `hook_pos_embed`).
+    rotary_dim: partial rotary (GPT-NeoX): only the first rotary_dim dims of each head turn.
+    parallel_residual: attention and MLP both read the block's input (GPT-NeoX).
+    gated_mlp: the MLP has a gate projection (LLaMA, Gemma) or not (GPT-2, GPT-NeoX).
+    attn_softcap, final_logit_softcap: Gemma 2's soft-capping of attention scores and logits.
     """
 
     model_type: str
@@ -86,6 +78,25 @@ class ArchConfig:
     query_pre_attn_scalar: float | None = None
     # logits = cap · tanh(logits / cap) when set (Gemma 2-style soft-capping; None for Gemma 3).
     final_logit_softcap: float | None = None
+    # Attention scores = cap · tanh(scores / cap) before the mask when set (Gemma 2).
+    attn_softcap: float | None = None
+    # "rms" RMSNorm | "layer" mean-centred LayerNorm (GPT-2, GPT-NeoX); norm_bias: the norms add a learned bias.
+    norm_type: str = "rms"
+    norm_bias: bool = False
+    # "rotary" RoPE inside attention | "learned" a learned absolute position embedding added to the token
+    # embedding (GPT-2).
+    positions: str = "rotary"
+    # How many of each head's leading dims RoPE turns (GPT-NeoX's rotary_pct); None = all d_head.
+    rotary_dim: int | None = None
+    # x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX's use_parallel_residual) instead of the MLP reading resid_mid.
+    parallel_residual: bool = False
+    # True: down(act(gate(x)) · up(x)) (LLaMA, Gemma); False: down(act(up(x))), no gate (GPT-2, GPT-NeoX).
+    gated_mlp: bool = True
+
+    @property
+    def rotary_dims(self) -> int:
+        """How many leading dims of each head RoPE turns: all d_head unless the family rotates part (NeoX)."""
+        return self.d_head if self.rotary_dim is None else self.rotary_dim
 
     @property
     def n_rep(self) -> int:
@@ -150,8 +161,6 @@ def _rope_parameters(hf: Any, layer_type: str | None = None) -> tuple[float, dic
         raise UnsupportedModelError(
             f"RoPE scaling type {rope_type!r} is not supported; slmviz supports {list(SUPPORTED_ROPE_TYPES)}"
         )
-    if merged.get("partial_rotary_factor", 1.0) != 1.0:
-        raise UnsupportedModelError("partial_rotary_factor != 1 is not supported")
     return float(theta), {"rope_type": rope_type, **merged}
 
 
@@ -179,16 +188,21 @@ def check_sizes(get: Callable[[str], Any]) -> None:
         _check_positive("num_key_value_heads", get("num_key_value_heads"))
 
 
-def config_from_hf(hf: Any) -> ArchConfig:
-    """Translate a transformers config (llama, qwen2, mistral, qwen3, olmo2, gemma3_text) into an ArchConfig.
+def _partial_rotary_factor(scaling: dict[str, Any]) -> float:
+    return float(scaling.pop("partial_rotary_factor", 1.0) or 1.0)
 
-    Raises UnsupportedModelError naming what is supported for anything else.
-    """
-    model_type = getattr(hf, "model_type", None)
-    if model_type not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"model_type {model_type!r} is not supported; slmviz reimplements {list(SUPPORTED_ARCHITECTURES)}"
-        )
+
+def _refuse(hf: Any, option: str, faithful: Any) -> None:
+    """Refuse a checkpoint option slmviz does not reimplement, naming it (a silent ignore would change numbers)."""
+    value = getattr(hf, option, faithful)
+    if value is not None and value != faithful:
+        raise UnsupportedModelError(f"{getattr(hf, 'model_type', '?')} with {option}={value!r} is not supported "
+                                    f"(slmviz reimplements only {option}={faithful!r})")
+
+
+def read_llama_like(hf: Any) -> dict[str, Any]:
+    """The ArchConfig sizes and options of a LLaMA-style config (hidden_size, num_key_value_heads, rms_norm_eps,
+    rope_parameters, q/k/v/o_proj): llama, mistral, qwen2, qwen3, olmo2, gemma3_text, gemma2."""
     # Gemma names it hidden_activation (and leaves hidden_act None).
     act = getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", None) or "silu"
     if act not in SUPPORTED_ACTIVATIONS:
@@ -203,21 +217,11 @@ def config_from_hf(hf: Any) -> ArchConfig:
     # An explicit head_dim may differ from hidden_size / heads (e.g. Mistral-Nemo); None means derive it.
     d_head = getattr(hf, "head_dim", None) or hf.hidden_size // n_heads
     theta, scaling = _rope_parameters(hf)
-
+    if _partial_rotary_factor(scaling) != 1.0:
+        raise UnsupportedModelError(f"partial_rotary_factor != 1 is not supported for {hf.model_type}")
     attention_bias = bool(getattr(hf, "attention_bias", False))
-    # Qwen2 always has q/k/v biases and never an o bias; LLaMA's attention_bias covers all four.
-    qkv_bias = True if model_type == "qwen2" else attention_bias
-    o_bias = False if model_type == "qwen2" else attention_bias
-
     sliding_window = getattr(hf, "sliding_window", None)
     layer_types = getattr(hf, "layer_types", None)
-    if model_type == "qwen2":
-        # Qwen2 stores a window but only applies it with use_sliding_window, and then only to upper layers.
-        if getattr(hf, "use_sliding_window", False):
-            raise UnsupportedModelError("Qwen2 with use_sliding_window=True is not supported")
-        sliding_window, layer_types = None, None
-    if model_type in ("llama", "olmo2"):
-        sliding_window, layer_types = None, None
     if layer_types is not None:
         layer_types = tuple(layer_types)
         if len(layer_types) != hf.num_hidden_layers or not set(layer_types) <= {FULL, SLIDING}:
@@ -228,35 +232,140 @@ def config_from_hf(hf: Any) -> ArchConfig:
     local_theta = None
     if layer_types is not None and SLIDING in layer_types:
         local, local_scaling = _rope_parameters(hf, SLIDING)
+        local_scaling.pop("partial_rotary_factor", None)
         if local_scaling.get("rope_type") != "default":
             raise UnsupportedModelError("RoPE scaling on sliding layers is not supported")
         local_theta = local if local != theta else None
     if getattr(hf, "use_bidirectional_attention", False):
         raise UnsupportedModelError("use_bidirectional_attention=True (an encoder) is not supported")
-    pre_attn_scalar = getattr(hf, "query_pre_attn_scalar", None) if model_type == "gemma3_text" else None
-
-    return ArchConfig(
-        model_type=model_type,
-        vocab_size=hf.vocab_size,
-        d_model=hf.hidden_size,
-        n_layers=hf.num_hidden_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        d_head=d_head,
-        d_mlp=hf.intermediate_size,
-        norm_eps=float(hf.rms_norm_eps),
-        rope_theta=theta,
-        max_position_embeddings=int(hf.max_position_embeddings),
-        rope_scaling=scaling,
-        qkv_bias=qkv_bias,
-        o_bias=o_bias,
-        mlp_bias=bool(getattr(hf, "mlp_bias", False)),
+    return dict(
+        vocab_size=hf.vocab_size, d_model=hf.hidden_size, n_layers=hf.num_hidden_layers, n_heads=n_heads,
+        n_kv_heads=n_kv_heads, d_head=d_head, d_mlp=hf.intermediate_size, norm_eps=float(hf.rms_norm_eps),
+        rope_theta=theta, max_position_embeddings=int(hf.max_position_embeddings), rope_scaling=scaling,
+        qkv_bias=attention_bias, o_bias=attention_bias, mlp_bias=bool(getattr(hf, "mlp_bias", False)),
         tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-        sliding_window=int(sliding_window) if sliding_window else None,
-        act=act,
-        layer_types=layer_types,
+        sliding_window=int(sliding_window) if sliding_window else None, act=act, layer_types=layer_types,
         rope_local_theta=local_theta,
-        **FAMILIES[model_type],
-        query_pre_attn_scalar=float(pre_attn_scalar) if pre_attn_scalar else None,
-        final_logit_softcap=getattr(hf, "final_logit_softcapping", None) if model_type == "gemma3_text" else None,
     )
+
+
+def read_without_window(hf: Any) -> dict[str, Any]:
+    """LLaMA and OLMo-2 configs may carry a sliding_window their transformers model never applies."""
+    return {**read_llama_like(hf), "sliding_window": None, "layer_types": None}
+
+
+def read_qwen2(hf: Any) -> dict[str, Any]:
+    """Qwen2 always has q/k/v biases and never an o bias; it stores a window but applies it only with
+    use_sliding_window, and then only to upper layers (refused)."""
+    if getattr(hf, "use_sliding_window", False):
+        raise UnsupportedModelError("Qwen2 with use_sliding_window=True is not supported")
+    return {**read_without_window(hf), "qkv_bias": True, "o_bias": False}
+
+
+def read_gemma(hf: Any) -> dict[str, Any]:
+    """Gemma 2 / 3: the score scale query_pre_attn_scalar ** -0.5, and soft-capping where the config sets it."""
+    scalar = getattr(hf, "query_pre_attn_scalar", None)
+    attn_cap = getattr(hf, "attn_logit_softcapping", None)
+    final_cap = getattr(hf, "final_logit_softcapping", None)
+    return {**read_llama_like(hf), "query_pre_attn_scalar": float(scalar) if scalar else None,
+            "attn_softcap": float(attn_cap) if attn_cap else None,
+            "final_logit_softcap": float(final_cap) if final_cap else None}
+
+
+def read_gpt2(hf: Any) -> dict[str, Any]:
+    """GPT-2's config (n_embd, n_layer, n_head, n_inner, layer_norm_epsilon, activation_function): one KV head
+    per query head, biases everywhere, tied embeddings, learned positions. The options that change its
+    attention and that slmviz does not reimplement are refused by name."""
+    _refuse(hf, "scale_attn_by_inverse_layer_idx", False)
+    _refuse(hf, "reorder_and_upcast_attn", False)
+    _refuse(hf, "scale_attn_weights", True)
+    _refuse(hf, "add_cross_attention", False)
+    act = getattr(hf, "activation_function", "gelu_new")
+    if act not in SUPPORTED_ACTIVATIONS:
+        raise UnsupportedModelError(f"activation_function {act!r} is not supported; only {list(SUPPORTED_ACTIVATIONS)}")
+    d, n_heads = hf.hidden_size, hf.num_attention_heads
+    return _sizes_checked(dict(
+        vocab_size=hf.vocab_size, d_model=d, n_layers=hf.num_hidden_layers, n_heads=n_heads, n_kv_heads=n_heads,
+        d_head=d // n_heads, d_mlp=getattr(hf, "n_inner", None) or 4 * d, norm_eps=float(hf.layer_norm_epsilon),
+        rope_theta=10_000.0, max_position_embeddings=int(hf.max_position_embeddings),
+        qkv_bias=True, o_bias=True, mlp_bias=True, tie_embeddings=bool(getattr(hf, "tie_word_embeddings", True)),
+        act=act,
+    ))
+
+
+def read_gpt_neox(hf: Any) -> dict[str, Any]:
+    """GPT-NeoX / Pythia: rope_parameters' partial_rotary_factor (rotary_pct) turns the first
+    int(d_head · factor) dims of each head; use_parallel_residual; biases where attention_bias says."""
+    act = getattr(hf, "hidden_act", "gelu")
+    if act not in SUPPORTED_ACTIVATIONS:
+        raise UnsupportedModelError(f"hidden_act {act!r} is not supported; only {list(SUPPORTED_ACTIVATIONS)}")
+    theta, scaling = _rope_parameters(hf)
+    d, n_heads = hf.hidden_size, hf.num_attention_heads
+    d_head = d // n_heads
+    rotary_dim = int(d_head * _partial_rotary_factor(scaling))
+    bias = bool(getattr(hf, "attention_bias", True))
+    return _sizes_checked(dict(
+        vocab_size=hf.vocab_size, d_model=d, n_layers=hf.num_hidden_layers, n_heads=n_heads, n_kv_heads=n_heads,
+        d_head=d_head, d_mlp=hf.intermediate_size, norm_eps=float(hf.layer_norm_eps), rope_theta=theta,
+        max_position_embeddings=int(hf.max_position_embeddings), rope_scaling=scaling, qkv_bias=bias, o_bias=bias,
+        mlp_bias=True, tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)), act=act,
+        rotary_dim=None if rotary_dim == d_head else rotary_dim,
+        parallel_residual=bool(getattr(hf, "use_parallel_residual", True)),
+    ))
+
+
+def _sizes_checked(fields: dict[str, Any]) -> dict[str, Any]:
+    for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_mlp", "max_position_embeddings"):
+        _check_positive(key, fields[key])
+    if fields["d_model"] % fields["n_heads"]:
+        raise UnsupportedModelError(f"hidden size {fields['d_model']} is not a multiple of {fields['n_heads']} heads")
+    return fields
+
+
+@dataclass(frozen=True)
+class Family:
+    """Everything slmviz knows about one model_type, registered in FAMILIES (docs/contributing.md, Adding a family).
+
+    conventions: the ArchConfig fields the family fixes away from their LLaMA defaults (they win over `read`).
+    read: hf config -> the ArchConfig sizes and options of one checkpoint, refusing options slmviz does not
+        reimplement, by name.
+    weights: the key in loading.weights.WEIGHT_LAYOUTS of the function that maps its HF parameter names.
+    """
+
+    conventions: dict[str, Any] = field(default_factory=dict)
+    read: Callable[[Any], dict[str, Any]] = read_llama_like
+    weights: str = "llama"
+
+
+_GEMMA = {"norm_placement": "sandwich", "norm_offset": 1.0, "norm_weight_in_fp32": True, "embed_scale": True}
+_LAYER_NORM = {"norm_type": "layer", "norm_bias": True, "gated_mlp": False}
+
+# The families slmviz reimplements (docs/correctness.md, the families): one registration each.
+FAMILIES: dict[str, Family] = {
+    "llama": Family(read=read_without_window),
+    "mistral": Family(),
+    "qwen2": Family(read=read_qwen2),
+    "qwen3": Family({"qk_norm": "head"}),
+    "olmo2": Family({"norm_placement": "output", "norm_weight_in_fp32": True, "qk_norm": "projection",
+                     "rope_in_fp32": True}, read=read_without_window),
+    "gemma3_text": Family({**_GEMMA, "qk_norm": "head"}, read=read_gemma),
+    "gemma2": Family(_GEMMA, read=read_gemma),
+    "gpt2": Family({**_LAYER_NORM, "positions": "learned"}, read=read_gpt2, weights="gpt2"),
+    "gpt_neox": Family(_LAYER_NORM, read=read_gpt_neox, weights="gpt_neox"),
+}
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
+
+
+def config_from_hf(hf: Any) -> ArchConfig:
+    """Translate a transformers config of a registered family (FAMILIES) into an ArchConfig.
+
+    Raises UnsupportedModelError naming what is supported for anything else, and naming the option for a
+    checkpoint option slmviz does not reimplement.
+    """
+    model_type = getattr(hf, "model_type", None)
+    if model_type not in FAMILIES:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} is not supported; slmviz reimplements {list(SUPPORTED_ARCHITECTURES)}"
+        )
+    family = FAMILIES[model_type]
+    return ArchConfig(model_type=model_type, **{**family.read(hf), **family.conventions})

@@ -20,6 +20,8 @@ NameFilter = Iterable[str] | Callable[[str], bool] | None
 # name → dims, in the order the forward pass reaches them. LAYER_HOOKS is the LLaMA family's block;
 # `layer_hooks(cfg)` gives each family's own (norms after a sub-layer, QK-norm).
 GLOBAL_HOOKS_BEFORE: dict[str, tuple[str, ...]] = {"hook_embed": ("pos", "d_model")}
+# Learned absolute positions (GPT-2): TransformerLens's hook_pos_embed; resid_pre[0] = hook_embed + hook_pos_embed.
+POS_EMBED_HOOKS: dict[str, tuple[str, ...]] = {"hook_pos_embed": ("pos", "d_model")}
 _RESID_PRE = {"hook_resid_pre": ("pos", "d_model")}
 _LN1 = {"ln1.hook_scale": ("pos", "1"), "ln1.hook_normalized": ("pos", "d_model")}
 _QKV = {
@@ -39,9 +41,11 @@ _QK_NORM = {
     },
     "none": {},
 }
-_ATTENTION = {
+_ROTARY = {
     "attn.hook_rot_q": ("pos", "h", "d_head"),
     "attn.hook_rot_k": ("pos", "g", "d_head"),
+}
+_ATTENTION = {
     "attn.hook_attn_scores": ("h", "pos_q", "pos_k"),
     "attn.hook_pattern": ("h", "pos_q", "pos_k"),
     "attn.hook_z": ("pos", "h", "d_head"),
@@ -59,6 +63,8 @@ _MLP = {
     "mlp.hook_pre_linear": ("pos", "d_mlp"),
     "mlp.hook_post": ("pos", "d_mlp"),
 }
+# An ungated MLP (GPT-2, GPT-NeoX), as TransformerLens names it: the pre-activation and act(pre).
+_PLAIN_MLP = {"mlp.hook_pre": ("pos", "d_mlp"), "mlp.hook_post": ("pos", "d_mlp")}
 _LN2_POST = {"ln2_post.hook_scale": ("pos", "1"), "ln2_post.hook_normalized": ("pos", "d_model")}
 _MLP_OUT = {"hook_mlp_out": ("pos", "d_model"), "hook_resid_post": ("pos", "d_model")}
 GLOBAL_HOOKS_AFTER: dict[str, tuple[str, ...]] = {
@@ -68,8 +74,8 @@ GLOBAL_HOOKS_AFTER: dict[str, tuple[str, ...]] = {
 # Every local name any family has, with its dims (a name's dims never depend on the family, except the
 # QK-norm ones, which `layer_hooks` resolves).
 ALL_LAYER_HOOKS: dict[str, tuple[str, ...]] = {
-    **_RESID_PRE, **_LN1, **_QKV, **_QK_NORM["head"], **_ATTENTION, **_LN1_POST, **_ATTN_OUT, **_LN2, **_MLP_IN,
-    **_MLP, **_LN2_POST, **_MLP_OUT,
+    **_RESID_PRE, **_LN1, **_QKV, **_QK_NORM["head"], **_ROTARY, **_ATTENTION, **_LN1_POST, **_ATTN_OUT, **_LN2,
+    **_MLP_IN, **_MLP, **_LN2_POST, **_MLP_OUT,
 }
 # Opt-in hooks (TransformerLens's names; docs/circuits.md): the residual each head's query, each KV group's key
 # and value, and the MLP branch read *before* their norm. An edit of one changes that reader only (the residual
@@ -99,10 +105,21 @@ def layer_hooks(cfg: Any = None) -> dict[str, tuple[str, ...]]:
     pre = cfg is None or cfg.has_pre_norms
     post = cfg is not None and cfg.has_post_norms
     qk = "none" if cfg is None else cfg.qk_norm
+    mlp = _MLP if cfg is None or cfg.gated_mlp else _PLAIN_MLP
+    # hook_rot_q / hook_rot_k on every family: with learned positions (GPT-2) nothing turns and they equal hook_q /
+    # hook_k. TransformerLens has them on rotary models only; slmviz keeps them so that what reads the queries and
+    # keys attention scores (QK attributions, circuits' frozen forwards) reads one name on every family.
     return {
-        **_RESID_PRE, **(_LN1 if pre else {}), **_QKV, **_QK_NORM[qk], **_ATTENTION, **(_LN1_POST if post else {}),
-        **_ATTN_OUT, **(_LN2 if pre else {}), **_MLP_IN, **_MLP, **(_LN2_POST if post else {}), **_MLP_OUT,
+        **_RESID_PRE, **(_LN1 if pre else {}), **_QKV, **_QK_NORM[qk], **_ROTARY, **_ATTENTION,
+        **(_LN1_POST if post else {}), **_ATTN_OUT, **(_LN2 if pre else {}), **_MLP_IN, **mlp,
+        **(_LN2_POST if post else {}), **_MLP_OUT,
     }
+
+
+def global_hooks_before(cfg: Any = None) -> dict[str, tuple[str, ...]]:
+    """The hooks before the first block: hook_embed, and hook_pos_embed where positions are learned (GPT-2)."""
+    learned = cfg is not None and cfg.positions == "learned"
+    return {**GLOBAL_HOOKS_BEFORE, **(POS_EMBED_HOOKS if learned else {})}
 
 
 LAYER_HOOKS: dict[str, tuple[str, ...]] = layer_hooks()
@@ -118,7 +135,7 @@ def hook_names(cfg_or_n_layers: Any) -> list[str]:
     cfg = None if isinstance(cfg_or_n_layers, int) else cfg_or_n_layers
     n_layers = cfg_or_n_layers if cfg is None else cfg.n_layers
     local_names = layer_hooks(cfg)
-    names = list(GLOBAL_HOOKS_BEFORE)
+    names = list(global_hooks_before(cfg))
     for layer in range(n_layers):
         names += [layer_hook_name(layer, local) for local in local_names]
     return names + list(GLOBAL_HOOKS_AFTER)
@@ -129,7 +146,7 @@ def hook_dims(name: str, cfg: Any = None) -> tuple[str, ...]:
     if name.startswith("blocks."):
         local = name.split(".", 2)[2]
         return layer_hooks(cfg).get(local) or ALL_LAYER_HOOKS.get(local) or INPUT_HOOKS[local]
-    return {**GLOBAL_HOOKS_BEFORE, **GLOBAL_HOOKS_AFTER}[name]
+    return {**GLOBAL_HOOKS_BEFORE, **POS_EMBED_HOOKS, **GLOBAL_HOOKS_AFTER}[name]
 
 
 def hook_shape(name: str, cfg: Any, n_pos: int, n_pos_k: int | None = None) -> tuple[int, ...]:

@@ -32,9 +32,10 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "qk_norm_order": QK_NORM_ORDERS,
     "gelu": GELU_FORMS,
 }
-_NONE_MEANS_OWN = ("norm", "qk_norm_order", "gelu")
+_NONE_MEANS_OWN = ("norm", "norm_type", "qk_norm_order", "gelu")
 _BOOLEANS = ("causal", "kv_position_bug", "rope_local_as_global")
-_OPTIONAL_BOOLEANS = ("norm_offset", "embed_scale", "qk_norm", "sliding_window")
+_OPTIONAL_BOOLEANS = ("norm_offset", "embed_scale", "qk_norm", "sliding_window", "pos_embed", "parallel_residual",
+                      "partial_rotary", "softcap")
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ class Variant:
     norm:       None (the checkpoint's own) | "pre" x + F(N(x)) | "output" x + N(F(x)) |
                 "sandwich" x + N_post(F(N(x))) (Gemma only: needs both norm weights) | "post" N(x + F(x)) |
                 "none" (norms removed, final one too; QK-norm stays)
-    norm_type:  "rms" (faithful) | "layer" (mean-centred LayerNorm with the same weights, no bias)
+    norm_type:  None (the checkpoint's own) | "rms" | "layer" (mean-centred LayerNorm with the same weights
+                and biases: RMSNorm on a LayerNorm family is `rms_for_layernorm`)
     norm_offset: None | False: norms multiply by w instead of (1 + w) (Gemma only)
     embed_scale: None | False: embeddings are not multiplied by sqrt(d_model) (Gemma only)
     qk_norm:    None | False: the QK-norm is skipped (Gemma, Qwen3, OLMo-2)
@@ -62,11 +64,16 @@ class Variant:
     mlp:        "swiglu" down(act(gate)·up) (faithful) | "standard" down(act(up)), gate unused
     gelu:       None | "exact": erf GELU where the checkpoint uses the tanh approximation (Gemma)
     kv_position_bug: False (faithful) | True: cached decoding re-derives each layer's position
-                from a cache length the earlier layers already advanced (prefill unaffected)
+                from a cache length the earlier layers already advanced (prefill unaffected); with learned
+                positions the decoding step's position embedding loses the cache offset
+    pos_embed:  None | False: the learned position embedding is not added (GPT-2)
+    parallel_residual: None | False: the MLP reads resid_mid instead of the block's input (GPT-NeoX)
+    partial_rotary: None | False: RoPE turns every dim of each head, not the first rotary_dim (GPT-NeoX)
+    softcap:    None | False: attention scores and final logits are not soft-capped (Gemma 2)
     """
 
     norm: str | None = None
-    norm_type: str = "rms"
+    norm_type: str | None = None
     norm_offset: bool | None = None
     embed_scale: bool | None = None
     qk_norm: bool | None = None
@@ -80,6 +87,10 @@ class Variant:
     mlp: str = "swiglu"
     gelu: str | None = None
     kv_position_bug: bool = False
+    pos_embed: bool | None = None
+    parallel_residual: bool | None = None
+    partial_rotary: bool | None = None
+    softcap: bool | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
@@ -167,8 +178,8 @@ PRESETS: dict[str, Preset] = {
         "contributes."),
     "kv_position_bug": _row({"kv_position_bug": True},
         "During cached decoding each layer re-derives the new token's position from a shared cache length that "
-        "earlier layers already advanced, so layer L uses position p+L. Prefill is unaffected: only generated tokens "
-        "change."),
+        "earlier layers already advanced, so layer L uses position p+L (with learned positions, GPT-2: the new token "
+        "is embedded at position 0, the cache offset lost). Prefill is unaffected: only generated tokens change."),
     # Family conventions: each applies only where the checkpoint has the convention it removes.
     "no_norm_offset": _row({"norm_offset": False},
         "Gemma stores each norm weight as w and multiplies by (1 + w); a port that reads it like a LLaMA weight "
@@ -195,6 +206,23 @@ PRESETS: dict[str, Preset] = {
     "no_sliding_window": _row({"sliding_window": False},
         "Sliding-window layers attend to the whole prefix instead of the last W tokens. Identical on prompts shorter "
         "than the window (512 tokens for Gemma 3 270M); only longer prompts show it."),
+    # GPT-2, GPT-NeoX (Pythia) and Gemma 2 (docs/variants.md, the field's families).
+    "rms_for_layernorm": _row({"norm_type": "rms"},
+        "RMSNorm where the checkpoint was trained with LayerNorm (GPT-2, Pythia): the mean is not subtracted, with "
+        "the same weights and biases, so every normalised value shifts by the mean over its row.",
+        needs=lambda cfg: cfg.norm_type == "layer"),
+    "no_pos_embed": _row({"pos_embed": False},
+        "GPT-2's learned position embedding is never added to the token embedding: attention keeps only the causal "
+        "mask to tell positions apart."),
+    "sequential_residual": _row({"parallel_residual": False},
+        "Pythia runs attention and MLP side by side on the block's input, x + attn(ln1(x)) + mlp(ln2(x)); this "
+        "feeds the MLP the residual after attention (the GPT-2 order), which the weights were not trained for."),
+    "rotary_full": _row({"partial_rotary": False},
+        "Pythia rotates only the first quarter of each head's dims (rotary_pct 0.25); this rotates all of them, with "
+        "frequencies spread over the whole head, as a port that ignores rotary_pct does."),
+    "no_softcap": _row({"softcap": False},
+        "Gemma 2 squashes attention scores into ±50 and the final logits into ±30 with cap · tanh(x / cap); without "
+        "it large scores and logits pass unbounded (what an SDPA or flash kernel without soft-capping computes)."),
 }
 """Preset name -> Preset (its Variant and a one-line description of what it breaks), `faithful` first.
 
@@ -234,6 +262,12 @@ class Conventions:
     mlp: str
     act: str
     kv_position_bug: bool
+    positions: str = "rotary"
+    rotary_dims: int = 0
+    parallel_residual: bool = False
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    norm_bias: bool = False
 
 
 # Field → (does this checkpoint have the convention the field changes?, what it needs). A field set to
@@ -247,8 +281,16 @@ _NEEDS: dict[str, tuple[Callable[[Any], bool], str]] = {
                              "sliding layers with their own RoPE base (Gemma)"),
     "sliding_window": (lambda cfg: cfg.has_sliding_layers, "sliding-window layers (Gemma, Mistral)"),
     "gelu": (lambda cfg: cfg.act.startswith("gelu"), "a GELU MLP (Gemma)"),
+    "mlp": (lambda cfg: cfg.gated_mlp, "a gated MLP (LLaMA, Qwen, Gemma)"),
+    "rope": (lambda cfg: cfg.positions == "rotary", "rotary positions (every family but GPT-2)"),
+    "rope_theta": (lambda cfg: cfg.positions == "rotary", "rotary positions (every family but GPT-2)"),
+    "pos_embed": (lambda cfg: cfg.positions == "learned", "learned absolute positions (GPT-2)"),
+    "parallel_residual": (lambda cfg: cfg.parallel_residual, "a parallel residual (GPT-NeoX)"),
+    "partial_rotary": (lambda cfg: cfg.rotary_dim is not None, "partial rotary (GPT-NeoX)"),
+    "softcap": (lambda cfg: cfg.attn_softcap is not None or cfg.final_logit_softcap is not None,
+                "soft-capped attention scores or logits (Gemma 2)"),
 }
-_GELU = {("gelu_pytorch_tanh", "exact"): "gelu", ("gelu", "tanh"): "gelu_pytorch_tanh"}
+_GELU = {("gelu_pytorch_tanh", "exact"): "gelu", ("gelu_new", "exact"): "gelu", ("gelu", "tanh"): "gelu_pytorch_tanh"}
 
 
 def resolve(variant: Variant, cfg: Any) -> Conventions:
@@ -263,24 +305,31 @@ def resolve(variant: Variant, cfg: Any) -> Conventions:
     global_theta = float(variant.rope_theta or cfg.rope_theta)
     local_theta = global_theta if (variant.rope_local_as_global or cfg.rope_local_theta is None) \
         else float(cfg.rope_local_theta)
+    capped = variant.softcap is not False
     return Conventions(
         norm=variant.norm or cfg.norm_placement,
-        norm_type=variant.norm_type,
+        norm_type=variant.norm_type or cfg.norm_type,
         norm_offset=0.0 if variant.norm_offset is False else float(cfg.norm_offset),
         norm_weight_in_fp32=cfg.norm_weight_in_fp32,
         embed_scale=cfg.embed_scale and variant.embed_scale is not False,
         qk_norm="none" if variant.qk_norm is False else cfg.qk_norm,
         qk_norm_after_rope=variant.qk_norm_order == "after_rope",
-        rope=variant.rope,
+        rope=variant.rope if cfg.positions == "rotary" else "none",
         rope_theta=global_theta,
         rope_local_theta=local_theta,
         # g == 1 (MQA) or g == h (MHA): tiling and grouping read the same KV head, so gqa_tile changes nothing.
         gqa=variant.gqa if 1 < cfg.n_kv_heads < cfg.n_heads else "grouped",
         causal=variant.causal,
         sliding_window=None if variant.sliding_window is False else cfg.sliding_window,
-        mlp=variant.mlp,
+        mlp=variant.mlp if cfg.gated_mlp else "plain",
         act=_GELU.get((cfg.act, variant.gelu), cfg.act),
         kv_position_bug=variant.kv_position_bug,
+        positions="none" if variant.pos_embed is False else cfg.positions,
+        rotary_dims=cfg.d_head if variant.partial_rotary is False else cfg.rotary_dims,
+        parallel_residual=cfg.parallel_residual and variant.parallel_residual is not False,
+        attn_softcap=cfg.attn_softcap if capped else None,
+        final_softcap=cfg.final_logit_softcap if capped else None,
+        norm_bias=cfg.norm_bias,
     )
 
 
@@ -290,6 +339,9 @@ def _missing_convention(variant: Variant, cfg: Any) -> str | None:
         value = getattr(variant, name)
         if value != getattr(BASE, name) and not has(cfg):
             return f"Variant.{name}={value!r} needs {what}; {cfg.model_type} has none"
+    if (variant.norm == "post" and cfg.parallel_residual and variant.parallel_residual is not False):
+        return ("Variant.norm='post' normalises the sum x + F(x) of one sub-layer, and a parallel residual "
+                f"({cfg.model_type}) adds both sub-layers at once; combine it with sequential_residual")
     if variant.norm == "sandwich" and not (cfg.has_pre_norms and cfg.has_post_norms):
         return (f"Variant.norm='sandwich' needs norm weights before and after each sub-layer (Gemma); "
                 f"{cfg.model_type} has one per sub-layer")

@@ -15,7 +15,9 @@ from slmviz.variants import PRESETS, Variant, VariantError, applies, resolve_var
 # The presets for conventions LLaMA-family models have; the others need Gemma, Qwen3 or OLMo-2
 # (tests/test_families.py covers those).
 FAMILY_PRESETS = ["no_norm_offset", "no_embed_scale", "no_qk_norm", "qk_norm_after_rope", "rope_local_as_global",
-                  "pre_norm_only", "gelu_exact", "no_sliding_window"]
+                  "pre_norm_only", "gelu_exact", "no_sliding_window",
+                  # GPT-2, Pythia, Gemma 2 (tests/test_families_gpt2_neox_gemma2.py)
+                  "rms_for_layernorm", "no_pos_embed", "sequential_residual", "rotary_full", "no_softcap"]
 LLAMA_PRESETS = [n for n in PRESETS if n not in FAMILY_PRESETS]
 PROMPT = "The capital of France is Paris. The capital of Italy is Rome. The capital of Germany is"
 

@@ -15,6 +15,7 @@ from typing import Any
 import gradio as gr
 
 import slmviz
+from slmviz.config import SUPPORTED_ARCHITECTURES
 from slmviz.loading.bundled import is_prepared, model_dir
 from slmviz.loading.bundled import prepare as prepare_bundled
 
@@ -83,8 +84,7 @@ def build_model_tab(ctx: AppContext, saes: SAEStore) -> ModelTab:
     with gr.Tab("Model", id="tab-model"):
         allowed = "a hub id (owner/name)" + (" or a local folder" if ctx.store.allow_local else "")
         gr.Markdown(f"Load another model ({allowed}), or pick a bundled one above; leave empty for the "
-                    "startup model. Supported: llama, qwen2, mistral, qwen3, olmo2 and gemma3_text "
-                    "checkpoints in safetensors.")
+                    f"startup model. Supported: {', '.join(SUPPORTED_ARCHITECTURES)} checkpoints in safetensors.")
         with gr.Row():
             model_box = gr.Textbox(label="model", placeholder="HuggingFaceTB/SmolLM2-135M-Instruct",
                                    elem_id="model-source", scale=4)

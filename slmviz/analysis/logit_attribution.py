@@ -10,7 +10,8 @@ the scale frozen the readout is a linear map, `direction · x`, and every write 
 
 The rows: per layer (`by="layer"`: attention, MLP), per head (`by="head"`: each head's z_h · W_o[h], plus the
 MLPs), or per MLP neuron (`by="neuron"`: post_n · W_down[:, n], plus the attention layers), and one
-`remainder` row: the embedding and every bias (o_proj, down_proj), which belong to no head or neuron.
+`remainder` row: the embedding (with GPT-2's learned positions) and every bias (o_proj, down_proj, the final
+LayerNorm's), which belong to no head or neuron.
 
 Families with a norm *inside* the branch (Gemma's ln1_post / ln2_post, OLMo-2's output norms) are exact too:
 hook_attn_out already is the normalised write, and for the split into heads or neurons that norm's scale is
@@ -28,6 +29,7 @@ import pandas as pd
 import torch
 
 from ..metrics import single_token_id
+from ..model.norm import normalize
 from .traced import Traced
 
 BY = ("layer", "head", "neuron")
@@ -37,7 +39,9 @@ def logit_attribution(trace: Traced, answer: str | int, wrong: str | int | None 
                       position: int = -1) -> pd.DataFrame:
     """DataFrame: component, kind, layer, head, neuron, attribution; rows sum to the logit difference.
 
-    `frame.attrs["logit_diff"]` is the model's own logit(answer) - logit(wrong) at `position`.
+    `frame.attrs["logit_diff"]` is the model's own logit(answer) - logit(wrong) at `position`. Where the family
+    soft-caps its logits (Gemma 2), the readout is linear only before the cap: the rows sum to
+    `frame.attrs["logit_diff_before_cap"]`, and logit_diff is the capped value beside it.
     """
     if by not in BY:
         raise ValueError(f"by must be one of {BY}, got {by!r}")
@@ -56,7 +60,8 @@ def logit_attribution(trace: Traced, answer: str | int, wrong: str | int | None 
                          "final residual is not a sum of component writes; logit attribution needs another variant")
     a = single_token_id(model.tokenizer, answer, cfg.vocab_size, "answer")
     w = None if wrong is None else single_token_id(model.tokenizer, wrong, cfg.vocab_size, "wrong")
-    need = ["hook_embed", "ln_final.hook_scale"] + [
+    positions = ["hook_pos_embed"] if "hook_pos_embed" in model.hook_names else []
+    need = ["hook_embed", *positions, "ln_final.hook_scale"] + [
         f"blocks.{L}.{hook}" for L in range(cfg.n_layers) for hook in ("hook_attn_out", "hook_mlp_out")]
     need += [f"blocks.{L}.attn.hook_z" for L in range(cfg.n_layers)] if by == "head" else []
     need += [f"blocks.{L}.mlp.hook_post" for L in range(cfg.n_layers)] if by == "neuron" else []
@@ -75,6 +80,10 @@ def logit_attribution(trace: Traced, answer: str | int, wrong: str | int | None 
 
     rows: list[tuple[str, str, int | None, int | None, int | None, float]] = []
     remainder = float(direction @ at("hook_embed"))
+    if "hook_pos_embed" in model.hook_names:  # learned positions (GPT-2) are part of the embedding's write
+        remainder += float(direction @ at("hook_pos_embed"))
+    if p.ln_final_bias is not None and conv["norm"] != "none":  # LayerNorm's bias: a constant of the readout
+        remainder += float(readout @ p.ln_final_bias.double())
     h, dh = cfg.n_heads, cfg.d_head
     for L, lp in enumerate(p.layers):
         d_attn = _branch_direction(trace, direction, lp, "ln1_post", L, pos, conv)  # [d_model]
@@ -101,6 +110,12 @@ def logit_attribution(trace: Traced, answer: str | int, wrong: str | int | None 
         frame[col] = frame[col].astype("Int64")
     logits = trace.logits[pos].double()
     frame.attrs["logit_diff"] = float(logits[a] - (logits[w] if w is not None else 0.0))
+    c = model.decoder.conventions(trace.variant)
+    if c.final_softcap is not None:  # Gemma 2: the rows split the difference before cap · tanh(logits / cap)
+        final = trace[f"blocks.{cfg.n_layers - 1}.hook_resid_post"][pos][None].double()
+        normed = normalize(final, model.decoder.final_norm_factor(c).double(), cfg.norm_eps, c.norm_type,
+                           weight_in_fp32=c.norm_weight_in_fp32)[0]
+        frame.attrs["logit_diff_before_cap"] = float(readout @ normed)
     frame.attrs["metric"] = (f"logit({trace.token_string(a)!r})"
                              + (f" - logit({trace.token_string(w)!r})" if w is not None else ""))
     frame.attrs["position"] = pos

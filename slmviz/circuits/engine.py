@@ -345,7 +345,8 @@ def _patched_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], m
         if scale is not None:
             hooks[scale] = _keep(stash)
         hooks[f"blocks.{layer}.hook_attn_out"] = _write_heads(model, layer, graph, sources, stash, scale)
-        mlp = _Reader(m[:, :graph.mlp_source(layer), slices["mlp"]], diff, corrupted_input("resid_mid", layer))
+        mlp_reads = "resid_pre" if graph.parallel else "resid_mid"  # a parallel block's MLP reads its input
+        mlp = _Reader(m[:, :graph.mlp_prefix(layer), slices["mlp"]], diff, corrupted_input(mlp_reads, layer))
         hooks[f"blocks.{layer}.hook_mlp_in"] = mlp.part(0, 1)
         hooks[f"blocks.{layer}.hook_mlp_out"] = _put(sources, graph.mlp_source(layer))
     logits_reader = _Reader(m[:, :, graph.logits_target:], diff, lambda: _rows(pairs, lambda r: r.corrupted.final[at]))

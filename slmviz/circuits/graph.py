@@ -41,6 +41,8 @@ class ComponentGraph:
     n_layers: int
     n_heads: int
     n_kv_heads: int
+    # GPT-NeoX's parallel residual: layer L's MLP reads the block's input, so no head of layer L feeds it.
+    parallel: bool = False
     sources: list[str] = field(init=False, compare=False)
     targets: list[str] = field(init=False, compare=False)
     n_prev: torch.Tensor = field(init=False, compare=False, repr=False)  # [n_dst]: target t reads sources[:n_prev[t]]
@@ -55,7 +57,7 @@ class ComponentGraph:
                 n_prev += [before] * count
             sources += [f"a{layer}.h{i}" for i in range(h)]
             targets.append(f"m{layer}")
-            n_prev.append(len(sources))
+            n_prev.append(before if self.parallel else len(sources))
             sources.append(f"m{layer}")
         targets.append("logits")
         n_prev.append(len(sources))
@@ -66,7 +68,7 @@ class ComponentGraph:
     @classmethod
     def of(cls, model_or_cfg: Any) -> ComponentGraph:
         cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
-        return cls(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
+        return cls(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, bool(getattr(cfg, "parallel_residual", False)))
 
     # --- sizes and indices --------------------------------------------------------------------------
     @property
@@ -91,6 +93,11 @@ class ComponentGraph:
 
     def mlp_source(self, layer: int) -> int:
         return 1 + layer * (self.n_heads + 1) + self.n_heads
+
+    def mlp_prefix(self, layer: int) -> int:
+        """Sources the MLP of `layer` reads: through this layer's heads, or only what its attention reads too when
+        the residual is parallel (GPT-NeoX)."""
+        return self.attn_prefix(layer) if self.parallel else self.mlp_source(layer)
 
     def attn_prefix(self, layer: int) -> int:
         """Sources the attention of `layer` reads: the input and every earlier layer's heads and MLP."""

@@ -59,7 +59,10 @@ class QKAttributionError(AttributionGraphError):
 class QKAttribution:
     """The split of one attention score over pairs of graph nodes (module docstring).
 
-    `score`, `pattern`: the model's own hook_attn_scores / hook_pattern at (layer, head, query, key);
+    `score`, `pattern`: the model's own hook_attn_scores / hook_pattern at (layer, head, query, key); where the
+    family soft-caps its scores (Gemma 2: cap · tanh(s / cap), model.attention.softcap), `score` is the score before
+    the cap, the one bilinear in q and k that the pairs split, and `capped_score` the model's hook_attn_scores beside
+    it (None for families without a cap);
     `linear_score`: the graph's linear model's score, what `pairs.contribution` sums to (equal to `score` to float
     rounding); `scale`: the score's factor (1/√d_head, Gemma's query_pre_attn_scalar^-0.5).
     `nodes`: node_id, kind (feature | error | embedding | bias), layer, position, feature, in_graph, label;
@@ -84,6 +87,7 @@ class QKAttribution:
     key_side: pd.DataFrame
     full: bool = False
     tokens: list[str] = field(default_factory=list)
+    capped_score: float | None = None
 
     def __repr__(self) -> str:
         return (f"QKAttribution(layer {self.layer} head {self.head}, query {self.query} -> key {self.key}: score "
@@ -121,7 +125,7 @@ def qk_attribution(graph: Any, layer: int, head: int, query: int = -1, key: int 
     layer, head, query, key = checked_entry(model.cfg, len(graph.input_ids), layer, head, query, key)
     if max_pairs is not None and (not isinstance(max_pairs, int) or isinstance(max_pairs, bool) or max_pairs < 1):
         raise QKAttributionError(f"max_pairs must be a positive whole number or None, got {max_pairs!r}")
-    score, pattern = model_entry(model, graph.input_ids, layer, head, query, key)
+    score, pattern, capped = model_entry(model, graph.input_ids, layer, head, query, key)
     sources = score_sources(graph)
     nodes = source_nodes(graph, sources, full)
     q_vecs, k_vecs = attention_vectors(sources, nodes, layer, head, query, key)
@@ -142,7 +146,7 @@ def qk_attribution(graph: Any, layer: int, head: int, query: int = -1, key: int 
                          kv_head=kv_head_of(head, cfg.n_heads // cfg.n_kv_heads), score=score, pattern=pattern,
                          linear_score=linear_score, scale=scale, nodes=table, query_vectors=q_vecs,
                          key_vectors=k_vecs, pairs=pairs, query_side=query_side, key_side=key_side, full=full,
-                         tokens=list(graph.tokens))
+                         tokens=list(graph.tokens), capped_score=capped)
 
 
 def checked_entry(cfg: Any, n_pos: int, layer: Any, head: Any, query: Any, key: Any) -> tuple[int, int, int, int]:
@@ -170,11 +174,15 @@ def checked_entry(cfg: Any, n_pos: int, layer: Any, head: Any, query: Any, key: 
     return layer, head, query, key
 
 
-def model_entry(model: Any, input_ids: Any, layer: int, head: int, query: int, key: int) -> tuple[float, float]:
-    """(hook_attn_scores, hook_pattern) of the model's own run at the entry (the run stops after that layer);
+def model_entry(model: Any, input_ids: Any, layer: int, head: int, query: int,
+                key: int) -> tuple[float, float, float | None]:
+    """(score, hook_pattern, capped score) of the model's own run at the entry (the run stops after that layer):
+    score is hook_attn_scores, or, where the family soft-caps scores, the score before the cap (scale · rot_q · rot_k
+    of that run) with hook_attn_scores as the capped score (else None).
     QKAttributionError where the entry is masked by a sliding window (a masked score holds -inf or the dtype's most
     negative value)."""
-    names = [f"blocks.{layer}.attn.hook_attn_scores", f"blocks.{layer}.attn.hook_pattern"]
+    names = [f"blocks.{layer}.attn.hook_attn_scores", f"blocks.{layer}.attn.hook_pattern",
+             f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k"]
     ids = torch.tensor(list(input_ids), dtype=torch.long)
     ctx = build_context(model.hook_names, names, batched=True)
     with torch.inference_mode():
@@ -185,7 +193,12 @@ def model_entry(model: Any, input_ids: Any, layer: int, head: int, query: int, k
         raise QKAttributionError(f"layer {layer} masks key {key} for query {query} (a sliding-window layer: it sees "
                                  f"the query's own token and the {model.cfg.sliding_window} - 1 before it); pick a "
                                  f"key inside the window")
-    return float(score), float(t[names[1]][head, query, key])
+    pattern = float(t[names[1]][head, query, key])
+    cfg = model.cfg
+    if cfg.attn_softcap is None:
+        return float(score), pattern, None
+    q, k = t[names[2]][query, head].double(), t[names[3]][key, kv_head_of(head, cfg.n_heads // cfg.n_kv_heads)].double()
+    return float(attention_scale(cfg.d_head, cfg.query_pre_attn_scalar) * (q @ k)), pattern, float(score)
 
 
 def attention_vectors(sources: GraphSources, nodes: SourceNodes, layer: int, head: int, query: int, key: int

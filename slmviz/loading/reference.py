@@ -34,7 +34,7 @@ def run_reference(hf_model, input_ids: torch.Tensor, attentions: bool = True) ->
     """One forward with hidden states and attentions (`attentions=False`: patterns is empty, e.g. for the
     sdpa implementation, which has none). transformers' hidden_states[L+1] is block L's output, except the
     last entry, which has the final norm applied; that layer is captured with a forward hook on the block."""
-    last_block = hf_model.model.layers[-1]
+    last_block = reference_blocks(hf_model)[-1]
     captured: dict[str, torch.Tensor] = {}
     handle = last_block.register_forward_hook(
         lambda _m, _i, out: captured.__setitem__("last", out[0] if isinstance(out, tuple) else out)
@@ -46,6 +46,13 @@ def run_reference(hf_model, input_ids: torch.Tensor, attentions: bool = True) ->
     n = hf_model.config.num_hidden_layers
     resid = [out.hidden_states[i + 1][0] for i in range(n - 1)] + [captured["last"][0]]
     return ReferenceRun(out.logits[0], resid, [a[0] for a in out.attentions] if attentions else [])
+
+
+def reference_blocks(hf_model) -> list:
+    """transformers' decoder blocks of any family: model.layers (LLaMA, Gemma), transformer.h (GPT-2),
+    gpt_neox.layers (GPT-NeoX)."""
+    base = hf_model.base_model
+    return list(getattr(base, "layers", None) or base.h)
 
 
 @torch.inference_mode()

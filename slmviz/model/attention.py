@@ -83,15 +83,31 @@ def attention_mask(
     return None if bool(allowed.all()) else allowed
 
 
+def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap · tanh(x / cap) (Gemma 2's attention scores, cap 50, and final logits, cap 30); x itself for None.
+
+    Computed as transformers does, x / cap, tanh, then · cap. The cap bounds every score to (-cap, cap): without
+    it (`no_softcap`, or an SDPA/flash kernel that cannot cap) large scores sharpen their patterns and the
+    model still runs. Attention capping comes after the 1/sqrt scale and before the mask, so masked entries
+    stay -inf. TransformerLens's hook_attn_scores holds the capped value, and so does slmviz's; the score
+    that is bilinear in q and k is the one before the cap.
+    Pinned by tests/test_families_gpt2_neox_gemma2.py::test_gemma2_soft_caps_scores_before_the_mask_and_logits.
+    """
+    return x if cap is None else torch.tanh(x / cap) * cap
+
+
 def eager_attention(
-    q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None, scale: float
+    q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None, scale: float, cap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(scores, pattern), both [b, h, pos_q, pos_k]; masked scores are -inf. q: [b, h, pos_q, dh]; k: [b, h, pos_k, dh].
 
-    Like transformers' eager path: scale after the matmul, softmax in fp32. Scaling and masking write into
-    the fresh matmul output (no hook has seen it yet), so the scores cost one [b, h, pos_q, pos_k] buffer.
+    Like transformers' eager path: scale after the matmul, soft-cap (`softcap`, Gemma 2), mask, softmax in fp32.
+    Scaling and masking write into the fresh matmul output (no hook has seen it yet), so the scores cost one
+    [b, h, pos_q, pos_k] buffer.
     """
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)  # [b, h, pos_q, pos_k]
+    if cap is not None:
+        scores = softcap(scores, cap)
     if allowed is not None:
         scores.masked_fill_(~allowed, float("-inf"))
     return scores, softmax_pattern(scores)

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from ..config import ArchConfig
-from ..hooks import INPUT_HOOKS, HookContext, layer_hook_name, layer_hooks
+from ..hooks import ALL_LAYER_HOOKS, INPUT_HOOKS, HookContext, layer_hook_name
 from ..variants import Conventions
 from .attention import attention_scale, eager_attention, fused_attention, gather_kv, softmax_pattern
 from .kv_cache import KVCache
 from .mlp import ACTIVATIONS, MLP_FORMS
 from .norm import norm_weight, normalize, skip_norm, unhooked
 from .params import LayerParams, linear
-from .rope import ROTATIONS
+from .rope import ROTATIONS, rotate_partial
 
 Sublayer = Callable[[torch.Tensor], torch.Tensor]
 Norm = Callable[[torch.Tensor], torch.Tensor]
@@ -76,6 +76,30 @@ RESIDUAL_FORMS = {
 # (hook_q_input, ..., hook_mlp_in) sit on x before that norm: a form missing here would apply its norm
 # twice or not at all to an edited input. Pinned by tests/test_circuits_hooks.py.
 READS_BEFORE = frozenset({"pre", "sandwich", "none"})
+
+# A parallel block's branch under each placement: what one sub-layer adds, F read through the norm before it
+# and/or followed by the norm after it. ("post" normalises a sum of one sub-layer: variants.resolve refuses it.)
+BRANCHES: dict[str, Callable[[Sublayer, Norm, Norm], Sublayer]] = {
+    "pre": lambda f, before, after: lambda x: f(before(x)),
+    "none": lambda f, before, after: lambda x: f(before(x)),
+    "output": lambda f, before, after: lambda x: after(f(x)),
+    "sandwich": lambda f, before, after: lambda x: after(f(before(x))),
+}
+
+
+def parallel_residual(x: torch.Tensor, attn: Sublayer, mlp: Sublayer, hook) -> torch.Tensor:
+    """x + attn(x) + mlp(x): GPT-NeoX's use_parallel_residual; both branches read the block's input x.
+
+    `attn` / `mlp` are the branches with their norms (ln1 before attention, ln2 before the MLP, both reading x).
+    The hook contract still holds as sums: resid_mid = resid_pre + attn_out, resid_post = resid_mid + mlp_out,
+    but here resid_mid is a partial sum nothing reads (the MLP saw resid_pre). Feeding the MLP resid_mid
+    instead (`sequential_residual`, the GPT-2 order) runs on Pythia's weights and changes every layer.
+    transformers sums (mlp + attn) + x; this sums (x + attn) + mlp, one fp32 rounding apart.
+    Pinned by tests/test_families_gpt2_neox_gemma2.py::test_neox_runs_attention_and_mlp_in_parallel.
+    """
+    attn_out = hook("hook_attn_out", attn(x))
+    mid = hook("hook_resid_mid", x + attn_out)
+    return mid + hook("hook_mlp_out", mlp(x))
 
 
 def norm_slots(placement: str, sublayer: str, has_pre: bool, has_post: bool) -> tuple[str, str]:
@@ -189,7 +213,9 @@ class AttentionInputs:
 class Block:
     def __init__(self, cfg: ArchConfig, params: LayerParams, layer: int):
         self.cfg, self.p, self.layer = cfg, params, layer
-        self.hook_names = {local: layer_hook_name(layer, local) for local in [*layer_hooks(cfg), *INPUT_HOOKS]}
+        # Every local name any family has: the ones this family lacks (hook_rot_q with learned positions, hook_gate
+        # in an ungated MLP) are not in the model's hook_names, so no run ever asks for them.
+        self.hook_names = {local: layer_hook_name(layer, local) for local in [*ALL_LAYER_HOOKS, *INPUT_HOOKS]}
         h, g, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
         self.qkv_split = (h * dh, g * dh, g * dh)
         self.qk_width = (h + g) * dh  # q and k sit side by side at the start of each qkv row
@@ -209,7 +235,8 @@ class Block:
         weight = self.norm_factor(slot, c.norm_offset, c.norm_weight_in_fp32)
         on_scale, on_normalized = hook.callback(f"{slot}.hook_scale"), hook.callback(f"{slot}.hook_normalized")
         eps = self.cfg.norm_eps
-        return lambda v: normalize(v, weight, eps, c.norm_type, on_scale, on_normalized, c.norm_weight_in_fp32)
+        bias = self.p.norm_biases.get(slot) if self.p.norm_biases else None
+        return lambda v: normalize(v, weight, eps, c.norm_type, on_scale, on_normalized, c.norm_weight_in_fp32, bias)
 
     def forward(self, x: torch.Tensor, ctx: HookContext, c: Conventions, inputs: AttentionInputs) -> torch.Tensor:
         """x: [b, pos, d_model] -> [b, pos, d_model] under conventions c; `inputs` is what the attention reads."""
@@ -226,6 +253,8 @@ class Block:
             return self.mlp(v, hook, c)
 
         x = hook("hook_resid_pre", x)
+        if c.parallel_residual:
+            return hook("hook_resid_post", self.parallel(x, hook, c, inputs, norms1, norms2))
         if hook.wants("hook_q_input") or hook.wants("hook_k_input") or hook.wants("hook_v_input"):
             # Opt-in per-head inputs (hooks.INPUT_HOOKS): the attention reads x and applies the norm itself, once
             # to the shared residual and once per head whose input a hook replaced (split_qkv).
@@ -243,6 +272,23 @@ class Block:
         else:
             x = residual(x, mlp, *norms2, lambda v: hook("hook_mlp_out", v))
         return hook("hook_resid_post", x)
+
+    def parallel(self, x: torch.Tensor, hook: LayerHooks, c: Conventions, inputs: AttentionInputs,
+                 norms1: list[Norm], norms2: list[Norm]) -> torch.Tensor:
+        """`parallel_residual` with this block's branches, the opt-in input hooks on x as in the sequential path."""
+        branch = BRANCHES[c.norm]
+        if hook.wants("hook_q_input") or hook.wants("hook_k_input") or hook.wants("hook_v_input"):
+            norm_in = (norms1[0], self._norm(norm_slots(c.norm, "ln1", self.cfg.has_pre_norms,
+                                                        self.cfg.has_post_norms)[0], NO_HOOKS, c)) \
+                if c.norm in READS_BEFORE else (_same, _same)
+            attn = branch(lambda v: self.attention(v, hook, c, inputs, split=norm_in), _same, norms1[1])
+        else:
+            attn = branch(lambda v: self.attention(v, hook, c, inputs), *norms1)
+        mlp = branch(lambda v: self.mlp(v, hook, c), *norms2)
+        if hook.wants("hook_mlp_in"):
+            inner = mlp
+            mlp = lambda v: inner(hook("hook_mlp_in", v))  # noqa: E731
+        return parallel_residual(x, attn, mlp, hook)
 
     def attention(
         self, x: torch.Tensor, hook: LayerHooks, c: Conventions, inputs: AttentionInputs,
@@ -262,8 +308,10 @@ class Block:
         v = hook("attn.hook_v", v.view(b, n_pos, g, dh))  # [b, pos, g, dh]
         fp32 = cfg.rope_in_fp32  # rope.rotation_dtype: OLMo-2 rotates in fp32, the others in the activations' dtype
 
+        rotation, n_rot = ROTATIONS[c.rope], c.rotary_dims
+
         def rotate(v: torch.Tensor) -> torch.Tensor:
-            return ROTATIONS[c.rope](v, inputs.angles, fp32)
+            return rotate_partial(v, inputs.angles, rotation, n_rot, fp32)
 
         qk_norm = c.qk_norm != "none"
         if q is q_in and k is k_in and not qk_norm:
@@ -287,10 +335,11 @@ class Block:
         q = q.transpose(1, 2)  # [b, h, pos, dh]
         scale = attention_scale(dh, cfg.query_pre_attn_scalar)
 
-        if hook.wants("attn.hook_attn_scores") or hook.wants("attn.hook_pattern"):
+        if hook.wants("attn.hook_attn_scores") or hook.wants("attn.hook_pattern") or c.attn_softcap is not None:
+            # Soft-capped scores (Gemma 2) have no fused kernel: the eager path caps them (attention.softcap).
             kv_index, grouped = inputs.kv_index, inputs.kv_grouped
             k, v = gather_kv(k, kv_index, grouped), gather_kv(v, kv_index, grouped)  # [b, h, pos_k, dh]
-            scores, pattern = eager_attention(q, k, inputs.allowed, scale)
+            scores, pattern = eager_attention(q, k, inputs.allowed, scale, c.attn_softcap)
             hooked_scores = hook("attn.hook_attn_scores", scores)
             if hooked_scores is not scores:  # edited scores must decide the pattern
                 pattern = softmax_pattern(hooked_scores)
@@ -371,6 +420,9 @@ class Block:
     def mlp(self, x: torch.Tensor, hook: LayerHooks, c: Conventions) -> torch.Tensor:
         p = self.p
         x = mlp_input(x, hook)
+        if c.mlp == "plain":  # ungated (GPT-2, GPT-NeoX): w_gate_up holds the up rows only
+            post = MLP_FORMS["plain"](x, None, lambda v: linear(v, p.w_gate_up, p.b_gate_up), ACTIVATIONS[c.act], hook)
+            return linear(post, p.w_down, p.b_down)  # [b, pos, d_model]
         projections = GateUp(p, self.cfg.d_mlp)
         post = MLP_FORMS[c.mlp](x, projections.gate, projections.up, ACTIVATIONS[c.act], hook)
         return linear(post, p.w_down, p.b_down)  # [b, pos, d_model]

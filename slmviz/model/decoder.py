@@ -14,7 +14,7 @@ import torch
 from ..config import SLIDING, ArchConfig
 from ..hooks import HookContext, hook_names
 from ..variants import Conventions, Variant, resolve
-from .attention import attention_mask, kv_head_index, reads_contiguous_groups
+from .attention import attention_mask, kv_head_index, reads_contiguous_groups, softcap
 from .block import AttentionInputs, Block
 from .kv_cache import KVCache
 from .norm import norm_weight, normalize, skip_norm, unhooked
@@ -56,8 +56,27 @@ def embed_scale(d_model: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def softcap_logits(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """cap · tanh(logits / cap) when the config sets final_logit_softcapping (None: logits unchanged)."""
-    return logits if cap is None else torch.tanh(logits / cap) * cap
+    """cap · tanh(logits / cap) when the config sets final_logit_softcapping (None: logits unchanged); see
+    attention.softcap."""
+    return softcap(logits, cap)
+
+
+def learned_positions(offset: int, n_new: int, decoding: bool, kv_position_bug: bool, max_positions: int,
+                      device: torch.device | None = None) -> torch.Tensor:
+    """The rows of GPT-2's learned position embedding (wpe) that n_new tokens read: offset + arange(n_new).
+
+    `offset` is the cache length (`position_offset`), so a decoding step's token reads row p, its absolute
+    position, as transformers' GPT2Model does with past_seen_tokens. The embedding is added once, before the
+    first block; forgetting the offset in a cached step (`kv_position_bug` with learned positions: rows
+    0..n_new-1) runs, and every generated token is embedded as if it were the first. Past the table's
+    max_position_embeddings rows there is no position: a clear error rather than an index error.
+    Pinned by tests/test_families_gpt2_neox_gemma2.py::test_learned_positions_carry_the_cache_offset.
+    """
+    start = 0 if (kv_position_bug and decoding) else offset
+    if start + n_new > max_positions:
+        raise ValueError(f"{start + n_new} positions, but this model's learned position embedding has "
+                         f"{max_positions} (max_position_embeddings)")
+    return torch.arange(start, start + n_new, device=device)
 
 
 class Decoder:
@@ -87,15 +106,16 @@ class Decoder:
         cfg = self.cfg
         return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.d_head, capacity, self.params.embed.dtype, batch, self.device)
 
-    def inv_freq(self, theta: float, seq_len: int, scaled: bool = True) -> torch.Tensor:
-        """RoPE inverse frequencies at base `theta`; `scaled=False` for Gemma's local layers (no scaling)."""
+    def inv_freq(self, theta: float, seq_len: int, scaled: bool = True, dims: int | None = None) -> torch.Tensor:
+        """RoPE inverse frequencies at base `theta` over `dims` turned dims (d_head; fewer for partial rotary);
+        `scaled=False` for Gemma's local layers (no scaling)."""
         cfg = self.cfg
         scaling = cfg.rope_scaling if scaled else {"rope_type": "default"}
         dynamic = scaling.get("rope_type") == "dynamic" and seq_len > cfg.max_position_embeddings
-        key = (theta, seq_len if dynamic else 0, scaled)
+        key = (theta, seq_len if dynamic else 0, scaled, dims or cfg.d_head)
         if key not in self._inv_freq_cache:
             self._inv_freq_cache[key] = rope_inv_freq(
-                cfg.d_head, theta, scaling, seq_len, cfg.max_position_embeddings
+                dims or cfg.d_head, theta, scaling, seq_len, cfg.max_position_embeddings
             ).to(self.device)
         return self._inv_freq_cache[key]
 
@@ -124,8 +144,20 @@ class Decoder:
             if c.embed_scale:
                 x = x * embed_scale(self.cfg.d_model, x.dtype)
             x = ctx("hook_embed", x)
+            if self.cfg.positions == "learned":
+                x = x + ctx("hook_pos_embed", self.position_embedding(ids.shape[1], c, cache, x))
             logits = self._run(x, 0, ctx, c, cache, last_only, stop_after_layer)
         return logits[0] if single else logits
+
+    def position_embedding(self, n_new: int, c: Conventions, cache: KVCache | None, like: torch.Tensor) -> torch.Tensor:
+        """`hook_pos_embed` [b, pos, d_model]: the learned position rows the new tokens read (`learned_positions`);
+        zeros with the `no_pos_embed` variant, so resid_pre[0] = hook_embed + hook_pos_embed holds either way."""
+        if c.positions != "learned":
+            return torch.zeros_like(like)
+        offset = position_offset(cache)
+        rows = learned_positions(offset, n_new, offset > 0, c.kv_position_bug, self.params.pos_embed.shape[0],
+                                 self.device)
+        return self.params.pos_embed[rows].expand(like.shape[0], -1, -1)  # [b, pos, d_model]
 
     def forward_from(
         self,
@@ -178,7 +210,7 @@ class Decoder:
                 # two in a Gemma): RoPE's cos/sin are then computed once per forward (rope.half_trig).
                 scaled = not (sliding and cfg.rope_local_theta is not None)
                 positions = torch.arange(start, start + n_new, device=self.device)
-                angles[key] = rope_angles(positions, self.inv_freq(theta, n_keys, scaled))
+                angles[key] = rope_angles(positions, self.inv_freq(theta, n_keys, scaled, c.rotary_dims))
             inputs = AttentionInputs(angles[key], kv_index, masks[window], cache, kv_grouped)
             x = block.forward(x, ctx, c, inputs)  # [b, pos, d]
         if cache is not None:
@@ -189,7 +221,7 @@ class Decoder:
         if last_only:
             x = x[:, -1:]
         x = self.final_norm(x, c, _callback(ctx, "ln_final.hook_scale"), _callback(ctx, "ln_final.hook_normalized"))
-        return softcap_logits(linear(x, p.unembed, None), cfg.final_logit_softcap)  # [b, pos, vocab]
+        return softcap_logits(linear(x, p.unembed, None), c.final_softcap)  # [b, pos, vocab]
 
     def final_norm(
         self, x: torch.Tensor, c: Conventions, on_scale: Callable = unhooked, on_normalized: Callable = unhooked
@@ -198,7 +230,7 @@ class Decoder:
         if c.norm == "none":
             return skip_norm(x, on_scale, on_normalized)
         return normalize(x, self.final_norm_factor(c), self.cfg.norm_eps, c.norm_type, on_scale, on_normalized,
-                         c.norm_weight_in_fp32)
+                         c.norm_weight_in_fp32, self.params.ln_final_bias)
 
     def final_norm_factor(self, c: Conventions) -> torch.Tensor:
         """ln_final's factor under conventions c (see norm.norm_weight), computed once per offset."""

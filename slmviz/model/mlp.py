@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -17,9 +18,22 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-# config.json's activation name -> function (SwiGLU with silu; Gemma's GeGLU with gelu_pytorch_tanh).
+def gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's "gelu_new": 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))), written out as transformers'
+    NewGELUActivation (and the original GPT-2 code) computes it.
+
+    The same function as gelu_tanh, but evaluated in another order: the two differ by an ulp or so, which
+    is why the formula is spelled out, not swapped for F.gelu(approximate="tanh"). The exact erf GELU
+    (the `gelu_exact` variant) differs from it by up to ~1e-3 and still runs.
+    Pinned by tests/test_families_gpt2_neox_gemma2.py::test_gpt2_uses_gelu_new_written_out.
+    """
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+# config.json's activation name -> function (SwiGLU with silu; Gemma's GeGLU with gelu_pytorch_tanh; GPT-2's
+# gelu_new; GPT-NeoX's exact gelu).
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu, "gelu_pytorch_tanh": gelu_tanh, "gelu": F.gelu,
+    "silu": F.silu, "gelu_pytorch_tanh": gelu_tanh, "gelu": F.gelu, "gelu_new": gelu_new,
 }
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
@@ -53,4 +67,14 @@ def standard_ffn(x: torch.Tensor, gate: Linear, up: Linear, act: Callable, hook)
     return hook("mlp.hook_post", g * lin)
 
 
-MLP_FORMS = {"swiglu": swiglu, "standard": standard_ffn}
+def plain_mlp(x: torch.Tensor, gate: Linear, up: Linear, act: Callable, hook) -> torch.Tensor:
+    """post = act(up(x)): the ungated MLP GPT-2 (c_fc) and GPT-NeoX (dense_h_to_4h) were trained with.
+
+    Its hooks are TransformerLens's for such a model: hook_pre = up(x), hook_post = act(hook_pre) (no
+    hook_gate / hook_pre_linear: there is no gate). `gate` is never called (these families have no gate rows).
+    """
+    pre = hook("mlp.hook_pre", up(x))
+    return hook("mlp.hook_post", act(pre))
+
+
+MLP_FORMS = {"swiglu": swiglu, "standard": standard_ffn, "plain": plain_mlp}

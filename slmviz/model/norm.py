@@ -18,7 +18,14 @@ def rms_statistics(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def layer_statistics(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """LayerNorm's (centred input, variance): (x - mean, biased variance). The `layer_norm` variant."""
+    """LayerNorm's (centred input, variance): (x - mean, biased variance), as torch's F.layer_norm.
+
+    What GPT-2 and GPT-NeoX (Pythia) were trained with, with a learned bias added after the weight
+    (`normalize`'s bias). Dropping the mean (RMSNorm, the `rms_for_layernorm` variant) runs with the same
+    weights and shifts every normalised value by its row's mean; on an RMSNorm family the centring is the
+    `layer_norm` variant. The centring is linear (x - mean = C x), so attribution with the scale frozen
+    stays exact. Pinned by tests/test_families_gpt2_neox_gemma2.py::test_layer_norm_centres_and_adds_its_bias.
+    """
     centred = x - x.mean(-1, keepdim=True)
     return centred, centred.pow(2).mean(-1, keepdim=True)
 
@@ -60,8 +67,9 @@ def normalize(
     on_scale: Callable[[torch.Tensor], torch.Tensor] = unhooked,
     on_normalized: Callable[[torch.Tensor], torch.Tensor] = unhooked,
     weight_in_fp32: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """weight · (centred / sqrt(var + eps)), with TransformerLens's hook points on the parts.
+    """weight · (centred / sqrt(var + eps)) (+ bias, LayerNorm families), with TransformerLens's hook points.
 
     `weight` is the factor from `norm_weight`. `on_scale` sees scale = sqrt(var + eps) [..., 1], the
     divisor; `on_normalized` sees the normalized input *before* the learned weight. Computed in fp32 as
@@ -79,6 +87,10 @@ def normalize(
     """
     statistics = NORM_STATISTICS[norm_type]
     hooked = on_scale is not unhooked or on_normalized is not unhooked
+    if bias is not None:
+        if not hooked and statistics is layer_statistics and x.dtype == torch.float32:
+            return torch.layer_norm(x, weight.shape, weight, bias, eps)  # transformers' nn.LayerNorm, bit for bit
+        return normalize(x, weight, eps, norm_type, on_scale, on_normalized, weight_in_fp32) + bias
     if not hooked and statistics is rms_statistics:
         if x.dtype == torch.float32:
             return torch.rms_norm(x, weight.shape, weight, eps)

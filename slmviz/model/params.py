@@ -30,7 +30,7 @@ class LayerParams:
     b_qkv: torch.Tensor | None
     w_o: torch.Tensor  # [d_model, h * d_head]
     b_o: torch.Tensor | None
-    w_gate_up: torch.Tensor  # [2 * d_mlp, d_model]: gate rows first, then up
+    w_gate_up: torch.Tensor  # [2 * d_mlp, d_model]: gate rows first, then up; [d_mlp, d_model] (up) when ungated
     b_gate_up: torch.Tensor | None
     w_down: torch.Tensor  # [d_model, d_mlp]
     b_down: torch.Tensor | None
@@ -38,6 +38,8 @@ class LayerParams:
     ln2_post: torch.Tensor | None = None  # [d_model]
     q_norm: torch.Tensor | None = None  # [d_head] per head, or [h * d_head] over the projection (OLMo-2)
     k_norm: torch.Tensor | None = None  # [d_head] or [g * d_head]
+    # LayerNorm biases (GPT-2, GPT-NeoX), by slot like the weights: {"ln1": [d_model], "ln2": [d_model]}.
+    norm_biases: dict[str, torch.Tensor] | None = None
 
 
 @dataclass
@@ -46,6 +48,8 @@ class DecoderParams:
     layers: list[LayerParams]
     ln_final: torch.Tensor  # [d_model]
     unembed: torch.Tensor  # [vocab, d_model]; the same tensor as embed when embeddings are tied
+    ln_final_bias: torch.Tensor | None = None  # [d_model], LayerNorm families
+    pos_embed: torch.Tensor | None = None  # [max_position_embeddings, d_model], learned positions (GPT-2)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

@@ -126,3 +126,17 @@ def no_rotation(x: torch.Tensor, angles: torch.Tensor, in_fp32: bool = False) ->
 
 
 ROTATIONS = {"rotate_half": rotate_half, "interleaved": rotate_interleaved, "none": no_rotation}
+
+
+def rotate_partial(x: torch.Tensor, angles: torch.Tensor, rotate, n_rot: int, in_fp32: bool = False) -> torch.Tensor:
+    """Partial rotary (GPT-NeoX's rotary_pct): the first `n_rot` dims of each head turn, the rest pass unchanged.
+
+    x: [b, pos, heads, d_head]; angles: [pos, n_rot/2], from frequencies over n_rot dims (not d_head). Within
+    the turned dims the pairing is the rotation's own: rotate_half pairs dim i with i + n_rot/2 (not i + d_head/2).
+    Rotating every dim (`rotary_full`), or pairing across the whole head, runs and moves every score.
+    The result keeps all d_head dims, as TransformerLens's hook_rot_q / hook_rot_k do.
+    Pinned by tests/test_families_gpt2_neox_gemma2.py::test_partial_rotary_turns_the_first_dims_paired_within_them.
+    """
+    if n_rot == x.shape[-1]:
+        return rotate(x, angles, in_fp32)
+    return torch.cat((rotate(x[..., :n_rot], angles, in_fp32), x[..., n_rot:]), dim=-1)
