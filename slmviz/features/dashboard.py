@@ -1,5 +1,5 @@
 """Feature dashboards: what an SAE's (or transcoder's) feature responds to and what it writes, as data and as one
-HTML card that a notebook displays (`_repr_html_`) and the app's Features tab shows (app/features_tab.py).
+HTML card that a notebook displays (`_repr_html_`) and the app's Features tab shows (app/tabs/features.py).
 
     s = slmviz.scan(corpus, hooks=[f"{sae.hook_name_out}.hook_sae_acts_post"], saes=[sae], model=m)
     feature_card(sae, 12, scan=s, model=m)          # in a notebook: the card itself
