@@ -156,3 +156,18 @@ def test_a_graphs_labels_and_scores_come_from_the_deep_scan(tiny, tmp_path, monk
     nid = next(iter(want))
     L, f = int(feats.set_index("node_id").layer[nid]), int(feats.set_index("node_id").feature[nid])
     assert g.labels[nid].startswith("[auto] " + scored[(L, f)][0])
+
+
+def test_a_card_says_which_scan_it_read_and_shows_the_label_with_its_score(tiny, tmp_path, monkeypatch):
+    from slmviz.features.dashboard import feature_card
+
+    m, coders = tiny
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    small, _ = prepare_set_scan(m, coders, "plt", corpus=CORPUS, progress=False)
+    assert "small scan" in feature_card(coders[1], 3, scan=small, model=m).note
+    deep, _ = prepare_deep_scan(m, coders, "plt", tokens=10_000, corpus=CORPUS, progress=False)
+    table = load_deep_labels(m, "plt")
+    r = table.frame[table.frame.layer == 1].iloc[0]
+    card = feature_card(coders[1], int(r.feature), scan=deep, model=m, labels=table)
+    assert card.label == r.label and (card.label_score == r.score or np.isnan(r.score))
+    assert f"deep scan ({deep.n_tokens:,} tokens)" in card.note and r.label in card.note

@@ -316,12 +316,42 @@ def heldout_docs(model: Any, corpus: Any, skip: int = HELDOUT_SKIP_DOCS, chars: 
 
 
 # --- the run ----------------------------------------------------------------------------------------------------
+class DeepScanBusy(RuntimeError):
+    """Another deep scan of the same set is running (it holds the work folder's lock)."""
+
+
 def run_deep_scan(model: Any, coders: dict[int, Any], folder: Path, corpus: Any, tokens: int = DEEP_TOKENS,
                   heldout_tokens: int = HELDOUT_TOKENS, batch_tokens: int = DEEP_BATCH_TOKENS,
                   progress: ProgressLike = None, docs: Any = None, heldout: Any = None) -> tuple[Any, list[str]]:
     """The deep scan of `coders` ({layer: SAE}, spliced together) into `folder` (scan files, docs.json,
     labels.parquet), resuming from `folder`'s sibling work folder where a run stopped. `docs` / `heldout`:
-    iterables of documents in place of deep_docs / heldout_docs (tests). Returns (Scan, docs)."""
+    iterables of documents in place of deep_docs / heldout_docs (tests). Returns (Scan, docs). Another run of the
+    same set at once: DeepScanBusy."""
+    work = folder.with_name(WORK_FOLDER if folder.name == DEEP_FOLDER else f".{folder.name}-work")
+    work.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(work.parent / f"{work.name}.lock", blocking=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise DeepScanBusy(f"a deep scan of this set is running already (it holds {lock.lock_file}); it resumes "
+                           "where it stops, nothing is lost") from None
+    try:
+        return _run(model, layers_of(coders), coders, folder, work, corpus, tokens, heldout_tokens, batch_tokens,
+                    progress, docs, heldout)
+    finally:
+        lock.release()
+
+
+def layers_of(coders: dict[int, Any]) -> list[int]:
+    return sorted(coders)
+
+
+def _run(model: Any, layers: list[int], coders: dict[int, Any], folder: Path, work: Path, corpus: Any, tokens: int,
+         heldout_tokens: int, batch_tokens: int, progress: ProgressLike, docs: Any, heldout: Any
+         ) -> tuple[Any, list[str]]:
+    """run_deep_scan's work, under its lock."""
     from safetensors.torch import load_file, save_file
 
     from ..hooks import checked_saes
@@ -334,7 +364,6 @@ def run_deep_scan(model: Any, coders: dict[int, Any], folder: Path, corpus: Any,
 
     p = as_progress(progress, "deep scan")
     scan_part, label_part, score_part = p.part("scan", 0.9), p.part("labels", 0.02), p.part("scores", 0.08)
-    layers = sorted(coders)
     saes = tuple(checked_saes([coders[L] for L in layers], model.hook_names))
     hooks = [acts_hook(coders[L]) for L in layers]
     features = {h: feature_of(h, model.hook_names, model.cfg, saes) for h in hooks}
@@ -343,8 +372,6 @@ def run_deep_scan(model: Any, coders: dict[int, Any], folder: Path, corpus: Any,
     vocab = int(model.decoder.params.unembed.shape[0])
     table = TokenTable(hooks, [features[h].n for h in hooks], vocab, keep=KEEP_TOKENS)
     acc = empty_partials(model, spec, features)
-    work = folder.with_name(WORK_FOLDER if folder.name == DEEP_FOLDER else f".{folder.name}-work")
-    work.mkdir(parents=True, exist_ok=True)
     done = {"shards": 0, "documents": 0, "windows": 0, "tokens": 0, "batches": 0, "seconds": 0.0}
     state_file = work / "state.safetensors"
     if state_file.is_file():  # resume: the state written after the last finished shard
@@ -467,5 +494,5 @@ def _save(s: Any, docs: list[str], labels: LabelTable, folder: Path) -> None:
     _swap_in(tmp, folder)
 
 
-__all__ = ["DEEP_TOKENS", "LabelScorer", "LabelTable", "TokenTable", "choose_label_tokens", "deep_docs",
+__all__ = ["DEEP_TOKENS", "DeepScanBusy", "LabelScorer", "LabelTable", "TokenTable", "choose_label_tokens", "deep_docs",
            "quantile_edges", "run_deep_scan"]
