@@ -200,7 +200,9 @@ def main() -> None:
     ap.add_argument("--set", default="plt-quick")
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads: 1 runs fastest on a shared 2-core machine")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     runs = common.RESULTS / "summary_runs"
     runs.mkdir(parents=True, exist_ok=True)
     path = runs / f"{args.model}-{args.set}.jsonl"
@@ -209,10 +211,13 @@ def main() -> None:
         report(path, out, args.model, args.set)
         return
     m = slmviz.load(args.model)
-    ts = slmviz.load_transcoders(args.set, model=m)
+    if args.set == "bundled":  # the model's bundled transcoders (a few layers), while no prepared set is there
+        ts = [slmviz.load_sae(n, model=m) for n in slmviz.bundled_saes(m) if n.startswith("transcoder")]
+    else:
+        ts = slmviz.load_transcoders(args.set, model=m)
     from slmviz.features.prepared_scans import load_deep_labels
 
-    labels = load_deep_labels(m, args.set)
+    labels = load_deep_labels(m, args.set) if args.set != "bundled" else None
     done = {json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()} \
         if path.is_file() else set()
     chosen = answers(m, CANDIDATES, args.n)
