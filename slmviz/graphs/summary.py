@@ -21,7 +21,8 @@ groups of their own kinds, so that the group edges carry every kept edge between
 
 **Checks.** Each feature group is set to 0 in two runs (graphs.intervene's, with the frozen run made once):
 `predicted`, the constrained run (the graph's local replacement model: attention, norms and errors frozen), and
-`measured`, a free run of the model; each the change of the target token's logit. `agree`: the same sign.
+`measured`, a free run of the model; each the change of the target token's demeaned logit (the graph's target:
+demeaned_change). `agree`: the same sign.
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ class GraphSummary:
         return self.groups[self.groups["kind"] == "features"]
 
     def check(self, target: int | str | None = None, progress: ProgressLike = None) -> pd.DataFrame:
-        """Turn each feature group off (its features set to 0) and compare the target logit's change in the graph's
-        linear model (`predicted`, a constrained intervention) with a free run (`measured`). `target`: a token id or
-        a token string (exactly one token); default the model's top token. Columns: name, predicted, measured,
+        """Turn each feature group off (its features set to 0) and compare the target's demeaned logit change in the
+        graph's linear model (`predicted`, a constrained intervention) with a free run (`measured`). `target`: a token
+        id or a token string (exactly one token); default the model's top token. Columns: name, predicted, measured,
         agree, measured_prob (the target's probability change in the free run), negligible (|predicted| <
         NEGLIGIBLE). attrs: target (id), target_token, logit and probability (the target's, unchanged run)."""
         t0 = time.perf_counter()
@@ -373,6 +374,15 @@ def target_token(model: Any, target: int | str | None, logits: torch.Tensor) -> 
     return int(target)
 
 
+def demeaned_change(new: torch.Tensor, old: torch.Tensor, t: int) -> float:
+    """The change of token t's logit minus the mean logit: what the graph's logit target measures (its rows explain
+    a demeaned logit). Why not the raw logit: a free run moves every logit together as the final norm's scale
+    follows the edit, a shift no probability sees and the graph does not model, and it can flip the raw change's
+    sign (tests/test_summary.py pins the check to this)."""
+    delta = (new - old).double()
+    return float(delta[t] - delta.mean())
+
+
 def check_groups(graph: Any, groups: pd.DataFrame, target: int | str | None = None,
                  progress: ProgressLike = None) -> pd.DataFrame:
     """GraphSummary.check's frame (see there). Both runs are graphs.intervene's (constrained and free, every
@@ -414,8 +424,8 @@ def check_groups(graph: Any, groups: pd.DataFrame, target: int | str | None = No
             for name in frozen:
                 hooks.setdefault(name, lambda x, name: keep[name])
             constrained = model.trace(ids, saes=saes, names=[], hooks=hooks).logits[-1].double()
-            predicted = float(constrained[t] - constrained_base[t])
-            measured = float(free[t] - free_base[t])
+            predicted = demeaned_change(constrained, constrained_base, t)
+            measured = demeaned_change(free, free_base, t)
             rows.append({"name": r.name, "predicted": predicted, "measured": measured,
                          "agree": bool(np.sign(predicted) == np.sign(measured)),
                          "measured_prob": float(torch.softmax(free, -1)[t] - base_prob),
