@@ -223,9 +223,22 @@ def test_progress_counts_every_target_and_a_raising_callable_stops_the_graph(mod
 
 def test_progress_true_draws_a_tqdm_bar_to_the_end(models, capsys):
     m = models["llama_gqa"]
-    g = attribution_graph(PROMPT, transcoders=[transcoder(m, 1)], model=m, batch_size=5, progress=True)
+    attribution_graph(PROMPT, transcoders=[transcoder(m, 1)], model=m, batch_size=5, progress=True)
+    err = capsys.readouterr().err
+    assert "attribution_graph" in err and "100%" in err
+
+
+def test_progress_updates_name_the_attribution_count_every_target_and_end_the_job(models):
+    """slmviz.progress's contract: a sink of ProgressUpdate sees the "attribution" part count targets up to the
+    total (logits + features), never going back, and the job's bar end at 1."""
+    m = models["llama_gqa"]
+    seen = []
+    g = attribution_graph(PROMPT, transcoders=[transcoder(m, 1)], model=m, batch_size=5, progress=seen.append)
     total = int(g.nodes["kind"].isin(["logit", "feature"]).sum())
-    assert f"{total}/{total}" in capsys.readouterr().err
+    counts = [u for u in seen if u.unit == "target"]
+    assert counts and counts[-1].done == total and {u.total for u in counts} == {total}
+    assert all(u.phase == "attribution" for u in counts)
+    assert [u.fraction for u in seen] == sorted(u.fraction for u in seen) and seen[-1].fraction == 1.0
 
 
 @pytest.mark.parametrize("architecture,kw", [("topk", {"k": 6, "rescale_acts_by_decoder_norm": True}),
@@ -546,3 +559,26 @@ def test_smollm2_graph_with_the_bundled_transcoders_reproduces_its_logits(model)
     assert g.nodes.loc[logit.numpy(), "token"].iloc[0] == " Paris"
     p = g.prune()
     assert 0 < p.kept_nodes.shape[0] < g.nodes.shape[0]
+
+
+def test_a_named_token_target_is_attributed_like_the_same_top_logit(models):
+    """graphs.targets' seam: TokenTargets([t]) for a token t among the top logits gives t's logit row as the default
+    graph gives it (the same sources, the same edges), and its rows still sum with the constant to its value."""
+    from slmviz.graphs.attribution import TokenTargets
+
+    m = models["gemma3"]
+    tcs = [transcoder(m, L, seed=40 + L) for L in range(m.cfg.n_layers)]
+    g = attribution_graph(PROMPT, transcoders=tcs, model=m, batch_size=16, progress=False)
+    logits = g.nodes[g.nodes["kind"] == "logit"]
+    tok = int(logits["feature"].iloc[2])
+    one = attribution_graph(PROMPT, transcoders=tcs, model=m, batch_size=16, progress=False,
+                            targets=TokenTargets([tok]))
+    n_src = len(g.nodes) - len(logits)
+    assert one.nodes["kind"].tolist()[-1] == "logit" and int(one.nodes["feature"].iloc[-1]) == tok
+    row_g = g.adjacency[n_src + 2, :n_src]
+    row_one = one.adjacency[n_src, :n_src]
+    torch.testing.assert_close(row_one, row_g, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(one.adjacency.sum(1) + one.constant, one.target_values, rtol=1e-4, atol=1e-4)
+    assert float(one.target_values[-1]) == pytest.approx(float(g.target_values[n_src + 2]), abs=1e-5)
+    with pytest.raises(AttributionGraphError, match="not a token id"):
+        attribution_graph(PROMPT, transcoders=tcs, model=m, progress=False, targets=TokenTargets([10**9]))

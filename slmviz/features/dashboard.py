@@ -1,5 +1,5 @@
 """Feature dashboards: what an SAE's (or transcoder's) feature responds to and what it writes, as data and as one
-HTML card that a notebook displays (`_repr_html_`) and the app's Features tab shows (app/features_tab.py).
+HTML card that a notebook displays (`_repr_html_`) and the app's Features tab shows (app/tabs/features.py).
 
     s = slmviz.scan(corpus, hooks=[f"{sae.hook_name_out}.hook_sae_acts_post"], saes=[sae], model=m)
     feature_card(sae, 12, scan=s, model=m)          # in a notebook: the card itself
@@ -82,6 +82,8 @@ class FeatureCard:
     no_effects: str = ""
     nearest: pd.DataFrame = field(default_factory=pd.DataFrame)
     note: str = ""
+    label: str = ""  # the deep scan's label (features.deep_scan), when given
+    label_score: float | None = None  # its detection balanced accuracy on held-out text
 
     def html(self) -> str:
         """The card as one HTML fragment (inline styles, no script)."""
@@ -100,15 +102,34 @@ class FeatureCard:
         return f"FeatureCard(feature {self.feature} of {self.name or repr(self.sae)}{fires})"
 
 
+def scan_source(scan: Any) -> str:
+    """What a card says of the scan it read: "the deep scan (1,048,576 tokens)" or "the small scan (20,480 tokens;
+    the deep scan is not built yet)"; "" without a scan."""
+    if scan is None:
+        return ""
+    n = int(scan.info.get("tokens", 0))
+    if scan.info.get("deep"):
+        return f"Read the deep scan ({n:,} tokens)."
+    return f"Read the small scan ({n:,} tokens); labels and contexts sharpen once the set's deep scan is built."
+
+
 def feature_card(sae: Any, feature: int, scan: Any = None, model: Any = None, docs: list[str] | None = None,
-                 name: str = "", k: int = 10, note: str = "") -> FeatureCard:
+                 name: str = "", k: int = 10, note: str = "", labels: Any = None) -> FeatureCard:
     """Feature `feature`'s dashboard. scan: a scan of acts_hook(sae) with the SAE spliced (its statistics, density,
     quantile bands and top contexts; left out without one). model: for the logit effects (default: the model the
     SAE was loaded for). docs: the scanned documents, shown when hovering a context. k: tokens per side of the
-    logit effects and nearest features."""
+    logit effects and nearest features. labels: the deep scan's LabelTable (features.deep_scan): the card shows the
+    feature's label beside its score. The note says which scan the card read (scan_source)."""
     f = check_feature(sae, feature)
     k = check_k(k)
-    card = FeatureCard(sae, f, name=name, scan=scan, docs=docs, note=note, nearest=sae.nearest(f, k))
+    notes = [n for n in (note, scan_source(scan)) if n]
+    card = FeatureCard(sae, f, name=name, scan=scan, docs=docs, note=" ".join(notes), nearest=sae.nearest(f, k))
+    layer = _layer_of(sae)
+    hit = labels.lookup(layer, f) if labels is not None and layer is not None else None
+    if hit is not None:
+        card.label, card.label_score = hit
+        score = "no score (it never fired in the held-out text)" if hit[1] != hit[1] else f"score {hit[1]:.2f}"
+        card.note = f"Label: {hit[0]} ({score}, detection balanced accuracy on held-out text). {card.note}".strip()
     if scan is not None:
         card.stats = firing_stats(scan, sae, f)
         card.contexts = top_contexts(scan, sae, f)
@@ -117,6 +138,11 @@ def feature_card(sae: Any, feature: int, scan: Any = None, model: Any = None, do
     except SAEError as e:  # no model, or an SAE that does not write the residual stream: the card says why
         card.no_effects = str(e)
     return card
+
+
+def _layer_of(sae: Any) -> int | None:
+    parts = str(getattr(sae, "hook_name", "")).split(".")
+    return int(parts[1]) if len(parts) > 1 and parts[0] == "blocks" and parts[1].isdigit() else None
 
 
 def top_features(trace: Any, sae: Any, k: int = 8) -> pd.DataFrame:

@@ -61,10 +61,68 @@ def set_scan_dir(model: Any, kind: str = "plt") -> Path:
     return prepared_dir(model, kind) / SCAN_FOLDER
 
 
-def load_set_scan(model: Any, kind: str = "plt") -> tuple[Any, list[str]] | None:
-    """(Scan, docs) prepared with the model's `kind` set, or None when there is none yet. A scan there that cannot
-    be read raises ScanFormatError, saying why (prepare_set_scan writes it again)."""
+def load_set_scan(model: Any, kind: str = "plt", deep: bool | None = None) -> tuple[Any, list[str]] | None:
+    """(Scan, docs) prepared with the model's `kind` set: its deep scan once there is one (deep=None, the default;
+    `scan.n_tokens` says how many tokens it read, `set_scan_source` which it is), else its small scan; None when
+    there is none yet. deep=True / False: that one only. A scan there that cannot be read raises ScanFormatError,
+    saying why (prepare_set_scan / prepare_deep_scan write it again)."""
+    if deep is not False:
+        found = _load_scan(deep_scan_dir(model, kind))
+        if found is not None or deep:
+            return found
     return _load_scan(set_scan_dir(model, kind))
+
+
+def deep_scan_dir(model: Any, kind: str = "plt") -> Path:
+    """Where the deep scan of the model's prepared `kind` set is kept, beside the small one."""
+    from .deep_scan import DEEP_FOLDER
+
+    return prepared_dir(model, kind) / DEEP_FOLDER
+
+
+def set_scan_source(model: Any, kind: str = "plt") -> str | None:
+    """Which scan load_set_scan reads for the set: "deep", "small", or None (none yet). By the files present
+    (cheap: the app asks before every card); a damaged one still counts, and loading it says so."""
+    for name, folder in (("deep", deep_scan_dir(model, kind)), ("small", set_scan_dir(model, kind))):
+        if (folder / "scan.safetensors").is_file() and (folder / "docs.json").is_file():
+            return name
+    return None
+
+
+def prepare_deep_scan(model: Any, ts: Any, kind: str = "plt", tokens: int | None = None, corpus: Any = CORPUS,
+                      progress: Any = True, batch_tokens: int | None = None) -> tuple[Any, list[str]]:
+    """The deep scan of the prepared set `ts` (features.deep_scan: at least `tokens`, default DEEP_TOKENS, of the
+    set's own kind of text, with labels and their measured scores), kept in deep_scan_dir; computed once, then read.
+    Resumable: a run that stopped (Cancel, a crash) goes on from the last shard it wrote. A deep scan there that
+    cannot be read is computed again and swapped in whole. Returns (Scan, docs)."""
+    from .deep_scan import DEEP_BATCH_TOKENS, DEEP_TOKENS, run_deep_scan
+
+    tokens = DEEP_TOKENS if tokens is None else int(tokens)
+    try:
+        found = load_set_scan(model, kind, deep=True)
+    except ScanFormatError:
+        found = None  # damaged: written again below
+    if found is not None and found[0].n_tokens >= tokens:
+        return found
+    coders = getattr(ts, "coders", None)
+    if coders is None:  # a list of transcoders: each at the layer it reads
+        coders = {int(c.hook_name.split(".")[1]): c for c in ts}
+    return run_deep_scan(model, coders, deep_scan_dir(model, kind), corpus, tokens=tokens,
+                         batch_tokens=batch_tokens or DEEP_BATCH_TOKENS, progress=progress)
+
+
+def load_deep_labels(model: Any, kind: str = "plt") -> Any:
+    """The deep scan's LabelTable (labels and their scores) for the model's `kind` set, or None before it exists;
+    ScanFormatError where it cannot be read."""
+    from .deep_scan import LabelTable
+
+    folder = deep_scan_dir(model, kind)
+    if not (folder / "labels.parquet").is_file():
+        return None
+    try:
+        return LabelTable.load(folder)
+    except Exception as e:  # noqa: BLE001 - pyarrow and json each raise their own
+        raise ScanFormatError(f"the deep scan's labels in {folder} could not be read ({type(e).__name__}: {e})") from e
 
 
 def sae_scan_dir(model: Any, name: str) -> Path:

@@ -123,9 +123,10 @@ class Writes:
     writes its own layer once; a cross-layer transcoder's feature writes every later layer too.
 
     Why a table: the vector is the feature's activation times a decoder row that depends on the feature alone, and a
-    feature fires at many positions. Stored per write, a CLT's vectors grow with the prompt (SmolLM2's CLT: ~1,000
-    active features a token, ~15 rows each, 37 MB a token, so the 4 GiB budget stopped at 55 tokens); the table
-    holds each (feature, layer written) row once, at most the CLT's decoder, whatever the length."""
+    feature fires at many positions. Stored per write, a CLT's vectors grow with the prompt (each active feature
+    writes every later layer, so the memory budget stopped a CLT's graphs at a few dozen tokens; the figures are in
+    docs/cross-layer-transcoders.md); the table holds each (feature, layer written) row once, at most the CLT's
+    decoder, whatever the length."""
 
     node: torch.Tensor  # [w] long: the feature node (0..n_features-1)
     layer: torch.Tensor  # [w] long: the MLP output written

@@ -5,7 +5,7 @@
     r = intervene(g, {"say Paris": "-1x"}, constrained=False, continuation=8)
     r.logits, r.original, r.crossed, r.top(), r.continuation
 
-Values are interventions, not modes (STYLE.md §13): `{node_id or supernode name: value}` goes in, logits come out.
+Values are interventions, not modes: `{node_id or supernode name: value}` goes in, logits come out.
 A value is a number (the feature's new activation) or a multiple of the node's activation in the prompt: "0",
 "-1x", "2x", "0.5x" (also "−1×"). A supernode sets each of its feature members.
 

@@ -181,7 +181,7 @@ def mean_path_length(adjacency: torch.Tensor, logit_probabilities: torch.Tensor,
     weights = torch.zeros(n, dtype=adjacency.dtype)
     weights[n - len(logit_probabilities):] = logit_probabilities.to(adjacency.dtype)
     # In the adjacency's dtype and without a normalised copy, as graph_scores: a float64 copy of a full set's
-    # unpruned graph ran a 23 GB machine out of memory
+    # unpruned graph is several times the adjacency, past a laptop's memory (docs/attribution-graphs.md, "Memory")
     start = n_features + n_errors
     mass = weighted = 0.0
     for length, term in enumerate(influence_terms(RowNormalizedAbs(adjacency), weights, max_iter), start=1):

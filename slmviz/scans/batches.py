@@ -16,7 +16,7 @@ without the causal mask would see the pads: its damage is computed one window at
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,8 +148,11 @@ class _Stop(Exception):
     """Raised by the last scanned hook when no logits are needed: the rest of the forward is skipped."""
 
 
-def run_batch(model: Any, batch: Batch, spec: ScanSpec, features: dict[str, Feature]) -> BatchResult:
-    """Run one batch through the faithful model (and the variants, for damage) and reduce it."""
+def run_batch(model: Any, batch: Batch, spec: ScanSpec, features: dict[str, Feature],
+              tap: Callable[[str, torch.Tensor, torch.Tensor], None] | None = None) -> BatchResult:
+    """Run one batch through the faithful model (and the variants, for damage) and reduce it. `tap(hook, x [N, F],
+    ids [N])`, if given, sees each hook's features of the batch's real tokens as they are reduced (the deep scan's
+    token tables, features.deep_scan: a reduction of its own, without a second forward)."""
     windows = batch.windows
     lengths = torch.tensor([len(w.ids) for w in windows])  # [b]
     longest = int(lengths.max())
@@ -182,6 +185,8 @@ def run_batch(model: Any, batch: Batch, spec: ScanSpec, features: dict[str, Feat
         x = _rows(feat.fn(value).cpu(), flat)  # [b, L, F] -> [N, F]
         raw = (x if feat.fn is identity else _rows(value.cpu(), flat)) if feat.per_position_value else None
         hooks[name] = HookPartial.of_tokens(x, keys, ctx_rows, flat_ids, raw, spec.top_k)
+        if tap is not None:
+            tap(name, x, flat_ids)
     damage = _damage(model, ids, lengths, windows, logits, spec) if spec.variants else None
     return BatchResult(batch.index, hooks, damage)
 

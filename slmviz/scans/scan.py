@@ -172,6 +172,11 @@ class Scan:
     def hooks(self) -> list[str]:
         return list(self.stats)
 
+    @property
+    def n_tokens(self) -> int:
+        """The tokens the scan read (info["tokens"]): a set's deep scan reads at least a million."""
+        return int(self.info.get("tokens", 0))
+
     def __repr__(self) -> str:
         i = self.info
         hooks = ", ".join(f"{h} ({f['n']} × {f['axis']})" for h, f in self.features.items())

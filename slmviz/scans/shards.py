@@ -85,16 +85,17 @@ def empty_partials(model: Any, spec: ScanSpec, features: dict[str, Feature]) -> 
 
 
 def run_shard(model: Any, shard: Shard, spec: ScanSpec, features: dict[str, Feature],
-              on_batch: Callable[[float], None] | None = None) -> ShardResult:
+              on_batch: Callable[[float], None] | None = None,
+              tap: Callable[[str, torch.Tensor, torch.Tensor], None] | None = None) -> ShardResult:
     """Every batch of one shard, merged in batch order. on_batch(fraction of the shard's tokens done) is called
-    after each batch (progress, and the app's Cancel)."""
+    after each batch (progress, and the app's Cancel); `tap` is run_batch's."""
     windows = list(iter_windows(model.tokenizer, shard.texts, spec.window, first_doc=shard.first_doc))
     total = max(1, sum(len(w.ids) for w in windows))  # batches run longest first: count tokens, not documents
     merged = empty_partials(model, spec, features)
     damage: list[DamagePartial] = []
     n_windows = n_tokens = n_batches = 0
     for batch in plan_batches(windows, spec.batch_tokens):
-        result = run_batch(model, batch, spec, features)
+        result = run_batch(model, batch, spec, features, tap)
         for h, part in result.hooks.items():
             merged[h] = merged[h].merge(part)
         if result.damage is not None:

@@ -15,13 +15,14 @@ it is: docs/features.md ("Full transcoder sets").
 from __future__ import annotations
 
 import shlex
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from filelock import FileLock, Timeout
 
-from ..features.prepared_scans import CORPUS, prepare_sae_scans, prepare_set_scan
+from ..features.prepared_scans import CORPUS, prepare_deep_scan, prepare_sae_scans, prepare_set_scan
 from ..formats.checkpoint import CheckpointError
 from ..loading.bundled import prepared_dir
 from .train import train_transcoders
@@ -80,16 +81,31 @@ def recipe(model: Any, kind: str, overrides: dict[str, Any] | None = None) -> di
 
 
 def prepare_transcoders(model: Any, kind: str = "plt", progress: Any = True, scan_progress: Any = None,
-                        **overrides: Any) -> Any:
+                        deep_scan: bool = False, **overrides: Any) -> Any:
     """Train (or resume, or load when finished) `model`'s prepared `kind` set into $SLMVIZ_CACHE, then prepare its
     feature scan and the bundled SAEs' (features.prepared_scans: no card waits for one); returns the set.
 
     `overrides`: train_transcoders arguments over the recipe (`corpus=` replaces CORPUS: a corpus name, a file or a
     list of texts); they are what makes a set for a model without a recipe (recipe()). `scan_progress`: the scan's
-    fn(docs done, total) (default: a bar when `progress` is True, else none)."""
+    fn(docs done, total) (default: a bar when `progress` is True, else none). `deep_scan`: then the set's deep scan
+    too (features.deep_scan: a million tokens, labels with scores), after the lock is released; `start_deep_scan`
+    runs it in the background instead, so that the first graph never waits for it."""
     args = recipe(model, kind, overrides)
     with build_lock(model, kind):
-        return _prepare(model, kind, args, progress, scan_progress)
+        ts = _prepare(model, kind, args, progress, scan_progress)
+    if deep_scan:
+        prepare_deep_scan(model, ts, kind, progress=progress)
+    return ts
+
+
+def start_deep_scan(model: Any, ts: Any, kind: str, progress: Any = None) -> threading.Thread:
+    """The set's deep scan (prepare_deep_scan: resumable, read once made) in a daemon thread, started now; returns
+    the thread. A second start while one runs for the same set is refused by its work folder's lock (DeepScanBusy
+    as the thread's error, nothing lost)."""
+    thread = threading.Thread(target=prepare_deep_scan, args=(model, ts, kind), kwargs={"progress": progress},
+                              name=f"deep scan {kind}", daemon=True)
+    thread.start()
+    return thread
 
 
 @contextmanager

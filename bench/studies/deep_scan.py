@@ -1,0 +1,94 @@
+"""The deep scan's cost and its labels' scores (issue 51): tokens/s of features.deep_scan on this CPU, the wall time
+for 1,000,000 tokens (measured, or extrapolated from a shorter run and said so), and the distribution of label
+scores beside the top-token baseline.
+
+    .venv/bin/python bench/studies/deep_scan.py --model SmolLM2-135M-Instruct --set plt-quick --tokens 1000000
+    .venv/bin/python bench/studies/deep_scan.py --model SmolLM2-135M-Instruct --set bundled --tokens 32768
+
+`--set plt-quick` (a prepared set) writes the set's own deep scan (resumable: run the same line again after a stop);
+`--set bundled` scans the model's bundled transcoders into a scratch folder. Appends one JSON line to
+bench/results/deep_scan.jsonl and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py, which puts this checkout first
+import common  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import slmviz  # noqa: E402
+from slmviz.features import deep_scan as ds  # noqa: E402
+from slmviz.features.prepared_scans import deep_scan_dir, load_deep_labels, prepare_deep_scan  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="SmolLM2-135M-Instruct")
+    ap.add_argument("--set", default="plt-quick")
+    ap.add_argument("--tokens", type=int, default=ds.DEEP_TOKENS)
+    ap.add_argument("--heldout", type=int, default=ds.HELDOUT_TOKENS)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--shard-docs", type=int, default=ds.DEEP_SHARD_DOCS,
+                    help="documents per resumable step (a short measuring run stops at the first shard past --tokens)")
+    args = ap.parse_args()
+    ds.DEEP_SHARD_DOCS = args.shard_docs
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    m = slmviz.load(args.model)
+    load_before = common.load_average()
+    last = {"t": 0.0}
+
+    def show(u) -> None:
+        if time.perf_counter() - last["t"] > 30:
+            last["t"] = time.perf_counter()
+            print(u.text(), flush=True)
+
+    t0 = time.perf_counter()
+    if args.set == "bundled":
+        coders = {int(s.hook_name.split(".")[1]): s for s in
+                  (slmviz.load_sae(n, model=m) for n in slmviz.bundled_saes(m) if n.startswith("transcoder"))}
+        folder = Path(tempfile.mkdtemp()) / ds.DEEP_FOLDER
+        s, _ = ds.run_deep_scan(m, coders, folder, "quick", tokens=args.tokens, heldout_tokens=args.heldout,
+                                progress=show)
+        table = ds.LabelTable.load(folder)
+    else:
+        ts = slmviz.load_transcoders(args.set, model=m)
+        s, _ = prepare_deep_scan(m, ts, args.set, tokens=args.tokens, progress=show)
+        table = load_deep_labels(m, args.set)
+        folder = deep_scan_dir(m, args.set)
+    wall = time.perf_counter() - t0
+    f = table.frame
+    scores, base = f.score.dropna().to_numpy(), f.baseline.dropna().to_numpy()
+    scan_s = float(s.info["seconds"])
+    row = {
+        "model": args.model, "set": args.set, "coders": len(s.hooks), "features": int(sum(x["n"] for x in
+                                                                                       s.features.values())),
+        "tokens": s.n_tokens, "scan_s": scan_s, "tokens_per_s": s.n_tokens / scan_s if scan_s else None,
+        "wall_s_this_call": wall, "seconds_for_1M": 1_000_000 * scan_s / s.n_tokens if s.n_tokens else None,
+        "extrapolated": s.n_tokens < 1_000_000, "heldout_tokens": table.info["heldout_tokens"],
+        "labelled": len(f), "scored": len(scores),
+        "median_score": float(np.median(scores)) if len(scores) else None,
+        "score_quartiles": [float(np.quantile(scores, q)) for q in (0.25, 0.75)] if len(scores) else None,
+        "median_baseline": float(np.median(base)) if len(base) else None,
+        "share_score_ge_0.75": float((scores >= 0.75).mean()) if len(scores) else None,
+        "examples": [{"layer": int(r.layer), "feature": int(r.feature), "label": r.label, "score": r.score,
+                      "baseline": r.baseline} for r in f.sort_values("fires", ascending=False).head(8).itertuples()],
+        "folder": str(folder), "cpu": common.cpu_model(), "load_before": load_before,
+        "load_after": common.load_average(), "threads": torch.get_num_threads(),
+        "batch_tokens": s.info.get("batch_tokens"),
+    }
+    with (common.RESULTS / "deep_scan.jsonl").open("a") as out:
+        out.write(json.dumps(row) + "\n")
+    print(json.dumps(row, indent=1))
+
+
+if __name__ == "__main__":
+    main()
