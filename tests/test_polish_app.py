@@ -7,7 +7,7 @@ the checkpoint's own); a continuation that stops at end-of-text saying so; the B
 tab's beginning-of-sequence note; the Corpus tab's every layer, scanned on demand; the Features card's label,
 density axes and steering default; the Circuits graph's rows and labels; a user's mistake as one log line and a
 warning that keeps the panels; an out-of-range number put back to its last valid value; no stale "Ablating...".
-Screenshots (looked at by hand) go to assets/.
+Screenshots (looked at by hand) go to $SLMVIZ_SCREENSHOTS (assets/ for the repository's).
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from slmviz.plots.circuits import MLP_ROW, node_position
 
 pytestmark = pytest.mark.app
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+# The screenshots, looked at by hand: into the temporary folder, or assets/ with SLMVIZ_SCREENSHOTS=assets (how the
+# repository's were made), so a test run leaves the checkout as it was
+ASSETS = Path(os.environ.get("SLMVIZ_SCREENSHOTS") or tempfile.gettempdir()).resolve()
 QUOTES = 'He said "yes", she said "no", and they said "'  # the lens predicts `␣"` in many cells
 RUN_REST = [False, 1, "all", ["pre", "mid", "post"], False, False, True]  # /run after the prompt: chat .. first token
 PAGE_HEIGHT = 1100

@@ -2,13 +2,15 @@
 from $SLMVIZ_SET_RECIPE: one bar for the whole build that never runs backwards, names its phase (training, then the
 scan) and says the time left from the measured rate, in the status line beside the buttons (no overlay over the
 picker); Build disabled and Cancel enabled while it runs. One server for the module; the screenshot of the bar goes
-to assets/build-progress.png (looked at by hand).
+to $SLMVIZ_SCREENSHOTS/build-progress.png (assets/ for the repository's; looked at by hand).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +21,9 @@ from gradio_client import Client
 
 pytestmark = pytest.mark.app
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+# The screenshots, looked at by hand: into the temporary folder, or assets/ with SLMVIZ_SCREENSHOTS=assets (how the
+# repository's were made), so a test run leaves the checkout as it was
+ASSETS = Path(os.environ.get("SLMVIZ_SCREENSHOTS") or tempfile.gettempdir()).resolve()
 CORPUS = [" ".join(f"w{(i * 7 + j * 3) % 120}" for j in range(20 + i % 13)) for i in range(60)]
 # 2 layers x 16,000 tokens in 128-token steps: a few hundred reports over tens of seconds on a loaded 2-core machine
 RECIPE = dict(d_sae=48, k=4, tokens=16_000, batch_tokens=128, window=16, forward_tokens=128, buffer_tokens=512,
