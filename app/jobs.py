@@ -28,8 +28,12 @@ share the cores.
   - a watch not renewed for ABANDONED_S lapses (a closed tab).
   So one visitor's Cancel never stops the scan another visitor still waits for. A stopped or failed shared
   job is forgotten, and the next visitor to ask starts it again.
-- Progress: the work calls `report(fraction, desc)`, or `report(fraction, desc, partial)` to publish what it
-  has so far (a sweep's partial heatmap); nothing is lost when a session waits again or a job fails.
+- Progress: slmviz.progress's contract. The work is handed its job's `JobProgress` (a slmviz.progress.Progress): it
+  reports there, or hands it (or a part of it) to the library call it makes, so a job is one bar that never runs
+  backwards, names its phase and says the time left; `job.update` is its latest ProgressUpdate. `publish(partial)`
+  keeps what it has so far (a sweep's partial heatmap); nothing is lost when a session waits again or a job fails.
+  Calling it as `report(fraction, desc[, partial])` is the older form, still taken (a phase named `desc` at
+  `fraction` of the job).
 
 `wait` is a generator for Gradio handlers: it renews the watch and reports progress every POLL_S and yields,
 so a cancelled request (which Gradio stops iterating, then closes) stops renewing its watch.
@@ -44,24 +48,48 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
+from slmviz.progress import Progress, ProgressUpdate, _Root
+
 POLL_S = 0.5
 ABANDONED_S = 15.0
 WORKERS = 1  # long jobs at once: two cores; short requests run beside them
-Report = Callable[..., None]  # report(fraction done, what is happening[, partial result])
+Report = Callable[..., None]  # a JobProgress: report(fraction done, what is happening[, partial result]) or its parts
 
 
 class JobCancelled(Exception):
     """Raised inside a job's work by its progress report once no visitor watches it any more."""
 
 
-class Job:
-    """One piece of work, `work(report)`, run by a Jobs runner's worker (or in a thread of its own by `start`).
+class JobProgress(Progress):
+    """A job's progress (slmviz.progress.Progress) whose every report renews nothing but checks the job is still
+    watched: once no visitor waits, the report raises JobCancelled and the work stops there."""
 
-    `report(fraction, desc, partial=None)` is its progress; `partial` (if given) is kept as `self.partial`."""
+    def __init__(self, job: Job):
+        super().__init__(_Root(str(job.kind or "job"), job._sink))
+        self._job = job
+
+    def publish(self, partial: Any) -> None:
+        """Keep `partial` as what the job has so far (a sweep's partial heatmap); stops the work if unwatched."""
+        self._job.partial = partial
+        self._job._check()
+
+    def __call__(self, fraction: float, desc: str, partial: Any = None) -> None:
+        """The older report: a phase named `desc` at `fraction` (0..1) of the job, and what it has so far."""
+        if partial is not None:
+            self._job.partial = partial
+        self._root.emit(desc, 0, None, "", "", fraction)
+
+
+class Job:
+    """One piece of work, `work(progress)`, run by a Jobs runner's worker (or in a thread of its own by `start`).
+
+    `progress` is the job's JobProgress; its latest ProgressUpdate is `self.update`, and `fraction` and `desc` read
+    from it (`desc`: where the job waits in the queue until it starts)."""
 
     def __init__(self, key: Hashable, work: Callable[[Report], Any], kind: str = ""):
         self.key, self.kind = key, kind
-        self.fraction, self.desc = 0.0, "starting"
+        self.update: ProgressUpdate | None = None
+        self._place = "starting"
         self.partial: Any = None
         self.result: Any = None
         self.error: BaseException | None = None
@@ -80,16 +108,31 @@ class Job:
         try:
             if not self.watched():  # every visitor left while it was queued: never start it
                 raise JobCancelled(f"{self.key}: cancelled before it started, no visitor is waiting for it")
-            self.result = self._work(self._report)
+            self.result = self._work(JobProgress(self))
         except BaseException as e:  # noqa: BLE001 - handed to every waiter, who shows it
             self.error = e
         finally:
             self.done.set()
 
-    def _report(self, fraction: float, desc: str, partial: Any = None) -> None:
-        self.fraction, self.desc = fraction, desc
-        if partial is not None:
-            self.partial = partial
+    @property
+    def fraction(self) -> float:
+        return self.update.fraction if self.update is not None else 0.0
+
+    @property
+    def desc(self) -> str:
+        """The line a person reads: the latest update's text ("scan 2/4 120 / 200 doc · 1m 05s left"), or the
+        job's place in the queue before it reports."""
+        return self.update.text() if self.update is not None else self._place
+
+    @desc.setter
+    def desc(self, text: str) -> None:
+        self._place = text
+
+    def _sink(self, update: ProgressUpdate) -> None:
+        self.update = update
+        self._check()
+
+    def _check(self) -> None:
         if not self.watched():
             raise JobCancelled(f"{self.key}: cancelled, no visitor is waiting for it")
 

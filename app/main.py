@@ -70,9 +70,12 @@ THEME = gr.themes.Default(
     font=[gr.themes.Font("system-ui"), gr.themes.Font("ui-sans-serif"), "sans-serif"],
     font_mono=[gr.themes.Font("ui-monospace"), gr.themes.Font("Consolas"), "monospace"],
 )
+# A failed request's outputs keep what they showed: Gradio would cover each with a white "Error" panel, but the toast
+# already says what went wrong (a user's mistake is a warning: app/shared.py's readable_errors).
 CSS = """
 #status { min-height: 1.5em; }
 .field-row { gap: 6px; }
+[data-testid="status-tracker"]:has(.error) { display: none !important; }
 """
 
 INTRO = """# slmviz: look inside a small language model, then break it

@@ -24,6 +24,7 @@ from slmviz import Scan
 from slmviz import scan as scan_corpus
 from slmviz.corpora.verses import bundled_corpus
 from slmviz.loading.bundled import cache_dir
+from slmviz.progress import Progress
 from slmviz.scans.scan import FORMAT_VERSION
 
 from .jobs import RUNNER, Job, Jobs
@@ -44,6 +45,22 @@ def scan_hooks(model: Any) -> list[str]:
     n = model.cfg.n_layers
     layers = sorted({n // 4, n // 2})
     return [f"blocks.{layer}.{kind}" for layer in layers for kind in HOOK_KINDS]
+
+
+def all_hooks(model: Any) -> list[str]:
+    """Every layer's MLP, z and pattern hook, as the Corpus tab offers them (the tab scan's layers first)."""
+    first = scan_hooks(model)
+    every = [f"blocks.{layer}.{kind}" for layer in range(model.cfg.n_layers) for kind in HOOK_KINDS]
+    return first + [h for h in every if h not in first]
+
+
+def hooks_for(model: Any, hook: str) -> list[str]:
+    """The hooks scanned together with `hook`: the tab scan's when it is one of them, else its layer's three (a
+    scan on demand: the forward stops after that layer)."""
+    if hook in scan_hooks(model):
+        return scan_hooks(model)
+    layer = int(hook.split(".")[1])
+    return [f"blocks.{layer}.{kind}" for kind in HOOK_KINDS]
 
 
 def corpus_docs(n: int) -> list[str]:
@@ -83,15 +100,14 @@ class CorpusScans:
         n = corpus_size()
         folder = scan_folder(model, n, hooks, top_k, saes_key)
 
-        def work(report: Callable[[float, str], None]) -> tuple[Scan, list[str]]:
+        def work(progress: Progress) -> tuple[Scan, list[str]]:
             docs = corpus_docs(n)
             if _on_disk(folder):
-                report(0.5, "reading the cached scan")
+                progress.say("reading the cached scan")
                 return Scan.load(folder), docs
-            what = f"Scanning {len(docs)} verses with {model.name} ({_layers(hooks)})"
-            report(0.0, what)
-            s = scan_corpus(docs, hooks=hooks, top_k=top_k, model=model, saes=list(saes) or None,
-                     progress=lambda done, total: report(done / max(total or n, 1), what))
+            scanned = progress.part(f"Scanning {len(docs)} verses with {model.name} ({_layers(hooks)})", 1.0)
+            scanned.say("")
+            s = scan_corpus(docs, hooks=hooks, top_k=top_k, model=model, saes=list(saes) or None, progress=scanned)
             _save_atomically(s, folder)
             return s, docs
 
@@ -109,6 +125,10 @@ class CorpusScans:
 
     def tab_scan(self, model: Any, who: str) -> Job:
         return self.join(model, scan_hooks(model), who)
+
+    def hook_scan(self, model: Any, hook: str, who: str) -> Job:
+        """The scan that holds `hook` (hooks_for): the tab scan, or its layer's, started on demand."""
+        return self.join(model, hooks_for(model, hook), who)
 
     def means(self, model: Any, hooks: list[str], who: str) -> Job:
         """A job whose Scan has the value mean of every hook in `hooks` (the tab's scan, if it has them)."""

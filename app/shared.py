@@ -26,6 +26,7 @@ import slmviz
 from slmviz import plots
 from slmviz.corpora.generated import chat_corpus, quick_corpus
 from slmviz.corpora.named import MODEL_WRITTEN
+from slmviz.progress import Progress, ProgressUpdate
 
 from .jobs import Job, JobCancelled, wait
 
@@ -64,13 +65,21 @@ def readable_message(e: BaseException) -> str:
 
 
 def readable_errors(fn: Callable) -> Callable:
-    """Turn every exception into a gr.Error with a one-line message (never a traceback in the page)."""
+    """Turn every exception into a gr.Error with a one-line message (never a traceback in the page).
+
+    A user's mistake (READABLE_ERRORS, or a gr.Error raised on purpose) shows in the page as a gr.Warning, not as an
+    error: the toast says what to change, and the error itself is raised unseen (visible=False) so that an API
+    client still gets it and the request stops. The server log gets one line for it; a real fault (anything else)
+    keeps its traceback there."""
 
     def convert(e: Exception) -> gr.Error:
-        if isinstance(e, gr.Error):
-            return e
-        if isinstance(e, READABLE_ERRORS):
-            return gr.Error(readable_message(e), print_exception=False)
+        if isinstance(e, (gr.Error, *READABLE_ERRORS)):
+            message = e.message if isinstance(e, gr.Error) else readable_message(e)
+            if isinstance(e, gr.Error) and not e.visible:
+                return e
+            log.warning("user mistake in %s: %s", fn.__name__, message)
+            gr.Warning(message)
+            return gr.Error(message, print_exception=False, visible=False)
         log.exception("unexpected error in %s", fn.__name__)
         return gr.Error(f"Something went wrong ({type(e).__name__}: {e}). The app is still running; "
                         "try another input.", print_exception=False)
@@ -93,6 +102,48 @@ def readable_errors(fn: Callable) -> Callable:
             raise convert(e) from None
 
     return wrapper
+
+
+def guard_number(box: gr.Number, what: str, lo: float | None = None, hi: float | None = None, whole: bool = False,
+                 empty: str | None = None, above: bool = False) -> None:
+    """The app's own range check of a number box, where it is typed: leaving the box (or Enter) with a value out of
+    range warns in the app's words, naming the range, and puts back the box's last valid value. `above`: lo itself
+    is out of range; `empty`: what an empty box means (None: it must hold a number). The box itself has no
+    minimum / maximum (Gradio's check would refuse first, in its generic words, and keep the bad value)."""
+    last = gr.State(box.value)
+    lo_word = ("above " if above else "at least ") + f"{lo:g}" if lo is not None else ""
+    if lo is not None and hi is not None and not above:
+        range_words = f"between {lo:g} and {hi:g}"
+    else:
+        range_words = " and ".join(w for w in (lo_word, f"at most {hi:g}" if hi is not None else "") if w)
+    kind = "a whole number" if whole else "a number"
+    rule = f"{what} must be {kind}{' ' + range_words if range_words else ''}" + (
+        f", or empty for {empty}" if empty else "")
+
+    def check(value: Any, previous: Any) -> tuple:
+        if value is None or value == "":
+            if empty is not None:
+                return gr.skip(), None
+        else:
+            x = float(value)
+            if (not whole or x.is_integer()) and (lo is None or (x > lo if above else x >= lo)) and (
+                    hi is None or x <= hi):
+                return gr.skip(), value
+        back = "empty" if previous in (None, "") else f"{previous:g}"
+        log.warning("user mistake in %s: %s, got %s", what, rule, value)
+        gr.Warning(f"{rule}; got {value if value not in (None, '') else 'nothing'}. It is back to {back}.")
+        return previous, previous
+
+    box.blur(check, [box, last], [box, last], api_visibility="private")  # queued: a warning travels on the queue
+
+
+def busy_while(button: gr.Button, job: Any, cancel: gr.Button) -> None:
+    """`button` disabled from its press until the event `job` it started ends (done, failed or cancelled), so a
+    long job is not asked for twice; Cancel stays enabled throughout."""
+    off, on = (lambda: gr.update(interactive=False)), (lambda: gr.update(interactive=True))
+    button.click(off, None, button, api_visibility="private", queue=False)
+    job.then(on, None, button, api_visibility="private", queue=False)
+    cancel.click(on, None, button, api_visibility="private", queue=False)
 
 
 # --- figures and tables --------------------------------------------------------------------------
@@ -158,16 +209,26 @@ def wait_or_say(job: Job, who: str, progress: Any, cancelled: str) -> Iterator[N
         raise gr.Error(cancelled, print_exception=False) from None
 
 
-def write_model_corpus(model: Any, corpus: str, report: Callable[..., None], share: float = 0.0) -> None:
+def write_model_corpus(model: Any, corpus: str, progress: Progress, share: float | None = None) -> None:
     """In a long job, first write the model's own chat and prose when `corpus` is made of it
-    (corpora.MODEL_WRITTEN; once per model, kept on disk): `report(fraction, line)` after each batch of seed
-    prompts, up to `share` of the job. A Cancel stops it between batches and keeps what is written."""
+    (corpora.MODEL_WRITTEN; once per model, kept on disk), reported to `progress` (a part of the job: "chat corpus
+    3 / 9 seed"; given a `share`, the next `share` of the job's progress) after each batch of seed prompts. A Cancel
+    stops it between batches and keeps what is written."""
+    if share is not None:
+        progress = progress.part("chat corpus", share)
     if corpus not in MODEL_WRITTEN:
         return
     write = quick_corpus if corpus == "quick" else chat_corpus  # the quick set's: a few of the chat corpus's seeds
-    write(model, progress=lambda done, total: report(
-        share * done / max(total, 1), f"Writing the model's own chat and prose: {done} of {total} seed prompts "
-        "(once per model; Cancel keeps what is written)"))
+    write(model, progress=progress)
+
+
+def progress_line(update: ProgressUpdate | None, doing: str, cells: int = 24) -> str:
+    """A job's one bar as the status line shows it (Markdown): `████░░░░` 42 % · the update's phase, count, detail
+    and time left (measured from the job's own rate, not Gradio's timer). Never an overlay over the controls."""
+    if update is None:
+        return f"{doing}: starting"
+    filled = round(update.fraction * cells)
+    return f"{doing}: `{'█' * filled}{'░' * (cells - filled)}` **{update.fraction:.1%}** · {update.text()}"
 
 
 # --- files handed to the page --------------------------------------------------------------------

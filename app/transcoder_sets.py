@@ -42,13 +42,14 @@ import gradio as gr
 import slmviz
 from slmviz.features.prepared_scans import load_set_scan
 from slmviz.formats.checkpoint import trained_tokens
+from slmviz.progress import Progress
 from slmviz.replacement.prepared import prepared_dir, prepared_ready
-from slmviz.training.prepare import CORPUS, REQUIRED, prepare_transcoders, recipe
+from slmviz.training.prepare import CORPUS, REQUIRED, prepare_transcoders, recipe  # noqa: F401 - CORPUS: graph_scan's
 
 from .jobs import RUNNER
 from .models import AppContext
 from .saes import SAEStore, provide_feature_scan, unreadable_scan
-from .shared import readable_errors, session, wait_or_say, write_model_corpus
+from .shared import progress_line, readable_errors, session, wait_or_say
 
 KIND = "plt"  # the full per-layer set: built by the tab's first Build button, ticked first
 QUICK = "plt-quick"  # the quick per-layer set (minutes, not hours): built by the Graph tab's #graph-build-quick
@@ -250,16 +251,14 @@ class TranscoderSets:
         return gr.update(visible=shown), gr.update(visible=shown), text
 
     @readable_errors
-    def build(self, source: str | None, request: gr.Request,
-              progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+    def build(self, source: str | None, request: gr.Request) -> Iterator[tuple]:
         """Train (or resume) the model's full set as a shared long job; then offer it in the picker, alone."""
-        yield from self._build(KIND, source, request, progress)
+        yield from self._build(KIND, source, request)
 
     @readable_errors
-    def build_quick(self, source: str | None, request: gr.Request,
-                    progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+    def build_quick(self, source: str | None, request: gr.Request) -> Iterator[tuple]:
         """Train (or resume) the model's quick set as a shared long job; then offer it in the picker, alone."""
-        yield from self._build(QUICK, source, request, progress)
+        yield from self._build(QUICK, source, request)
 
     def _start(self, model: Any, kind: str, work: Callable[..., Any], who: str) -> Any:
         """Join (or start) the model's build of `kind`. One build per model at a time, whatever its kind: a build of
@@ -275,39 +274,35 @@ class TranscoderSets:
             self._building[self._key(model)] = (kind, job)
             return job
 
-    def _build(self, kind: str, source: str | None, request: gr.Request, progress: gr.Progress) -> Iterator[tuple]:
-        model = self.ctx.model(source, progress)
+    def _build(self, kind: str, source: str | None, request: gr.Request) -> Iterator[tuple]:
+        """The build's one bar is its status line (shared.progress_line: phase, count, time left from the measured
+        rate), not gr.Progress's overlay, which would cover the picker and restart its timer at every report. Build
+        is disabled while the job runs (given back on an error) and Cancel enabled."""
+        model = self.ctx.model(source)
         args = self.args(model, kind)
         who = session(request)
-        n_layers = model.cfg.n_layers
 
-        def work(report: Callable[..., None]) -> str:
-            write_model_corpus(model, args.get("corpus", CORPUS), report, share=0.1)
+        def work(progress: Progress) -> str:
             resumed = trained_tokens(prepared_dir(model, kind))  # where Build resumes a cancelled build
             since = f", resumed from its checkpoint at {resumed:,} tokens per layer" if resumed else ""
-            report(0.1, f"Training transcoders at all {n_layers} layers from one forward per batch{since}")
-
-            def trained(stats: dict[str, Any]) -> None:  # raises JobCancelled once no one waits: training stops
-                done, total = stats["tokens"] // n_layers, stats["total"] // n_layers
-                report(0.1 + 0.8 * stats["tokens"] / max(stats["total"], 1),
-                       f"trained {done:,} of {total:,} tokens per layer, mean explained variance "
-                       f"{stats['explained_variance']:.3f}, worst layer {stats['worst_explained_variance']:.3f}")
-
-            def scanned(done: int, total: int) -> None:
-                report(0.9 + 0.08 * done / max(total, 1), f"Scanning the set's features over {done:,} of {total:,} "
-                       "documents (their cards' top contexts, prepared once)")
-
-            prepare_transcoders(model, kind, progress=trained, scan_progress=scanned, **args)
-            report(0.98, "Loading the set")
-            ts, _ = self.load(model, kind)
+            ts = prepare_transcoders(model, kind, progress=progress.part("build", 0.98), **args)
+            progress.part("loading the set", 1.0).say(repr(ts))
+            self.load(model, kind)
             return repr(ts) + since
 
         job = self._start(model, kind, work, who)
+        busy = (gr.update(interactive=False), gr.update(interactive=True))
+        yield gr.skip(), progress_line(None, "Building"), *busy
         said = ""
-        for _ in wait_or_say(job, who, progress, "Cancelled; the checkpoint is kept: press Build to resume from it"):
-            if job.desc != said:
-                said = job.desc
-                yield gr.skip(), f"Building: {said}", gr.skip(), gr.skip()
+        try:
+            for _ in wait_or_say(job, who, None, "Cancelled; the checkpoint is kept: press Build to resume from it"):
+                line = progress_line(job.update, "Building") if job.update is not None else f"Building: {job.desc}"
+                if line != said:
+                    said = line
+                    yield gr.skip(), line, gr.skip(), gr.skip()
+        except Exception:
+            yield gr.skip(), gr.skip(), gr.update(interactive=True), gr.skip()  # Build again; the message says why
+            raise
         label = set_label(model, kind)
         yield (gr.CheckboxGroup(choices=self.offered(model), value=[label]),
                f"Built {job.result}: pick **{label}** and build the graph.", gr.update(visible=False),
@@ -316,3 +311,7 @@ class TranscoderSets:
     def cancel(self, request: gr.Request) -> str:
         RUNNER.leave(session(request), kind=BUILD_KIND)  # also for an API client, whose request Gradio cannot stop
         return "Cancelled; the checkpoint is kept: press Build to resume from it."
+
+    def cancel_and_offer(self, request: gr.Request) -> tuple:
+        """Cancel, and give Build back (the running build disabled it): for a Cancel wired to (status, Build)."""
+        return self.cancel(request), gr.update(interactive=True)

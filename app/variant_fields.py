@@ -7,6 +7,7 @@ field_applies and applicable_presets to show only what can change the model load
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import fields
 from typing import Any
@@ -27,6 +28,8 @@ from slmviz.variants import (
     VariantError,
     resolve,
 )
+
+from .shared import guard_number
 
 # Variant fields in the "Break it" tab: choices come from slmviz.variants, never retyped.
 FIELD_CHOICES: dict[str, tuple[str, ...]] = {
@@ -74,8 +77,14 @@ def field_value(name: str, value: Any) -> Any:
         return None if value in (None, "", OWN) else value
     if kind == "keep":
         return None if value in (True, None) else value
-    if kind == "number":
-        return None if value in (None, "", 0) else float(value)
+    if kind == "number":  # rope_theta: empty is the checkpoint's own base; 0 or below is refused, as Variant does
+        if value is None or value == "":
+            return None
+        x = float(value)
+        if not 1 < x < math.inf:
+            raise ValueError(f"{FIELD_LABELS[name]} must be a number above 1, or empty for the checkpoint's own base; "
+                             f"got {x:g}")
+        return x
     return value
 
 
@@ -187,7 +196,9 @@ def variant_widgets(model: Model) -> list[gr.components.Component]:
                 inputs.append(gr.Checkbox(value=value, **kw))
             else:  # rope_theta: a number, empty = the checkpoint's own base
                 kw["label"] += " (empty = the checkpoint's own)"
-                inputs.append(gr.Number(value=None, minimum=0, **kw))
+                box = gr.Number(value=None, **kw)  # its range is checked in the app's words (field_value too)
+                guard_number(box, FIELD_LABELS[name], lo=1, above=True, empty="the checkpoint's own base")
+                inputs.append(box)
     return inputs
 
 

@@ -224,16 +224,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"saved {t.save(args.save)}")
             return 0
         if args.command == "prepare":
-            code = prepare(args.model, args.force)
-            if args.transcoders:
+            if args.transcoders:  # only the models the sets are for (Gemma's minute of dequantizing is not SmolLM2's)
                 import slmviz
 
                 from .training.prepare import prepare_transcoders
 
-                for name in args.model or [slmviz.bundled_models()[0]]:
+                names = args.model or [slmviz.bundled_models()[0]]
+                code = prepare(names, args.force)
+                for name in names:
                     ts = prepare_transcoders(slmviz.load(name), args.transcoders)
                     print(f"{name}: {ts!r} ready (slmviz.load_transcoders({args.transcoders!r}, model=m))")
-            return code
+                return code
+            return prepare(args.model, args.force)
         if args.command == "app":
             launch = _app_launcher()
             launch(port=args.port, host=args.host, allow_local_models=args.allow_local_models, model=args.model,

@@ -21,6 +21,7 @@ bar "go backwards" (200/200, then 54/200) with no word of the passes.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ class ProgressUpdate:
     fraction: float  # of the whole job, in [0, 1]; never smaller than the previous update's
     elapsed_s: float
     eta_s: float | None  # time left at the job's measured rate; None until ETA_AFTER of it is done
+    stats: Any = None  # what the phase measured, whole, for a caller that reads more than `detail` (training's stats)
 
     def text(self) -> str:
         """The one line a person reads: "training 27,272 / 65,536 tok · EV 0.65 · 3m 10s left"."""
@@ -73,13 +75,14 @@ class _Root:
         self.fraction = 0.0
         self.lock = threading.Lock()
 
-    def emit(self, phase: str, done: float, total: float | None, unit: str, detail: str, fraction: float) -> None:
+    def emit(self, phase: str, done: float, total: float | None, unit: str, detail: str, fraction: float,
+             stats: Any = None) -> None:
         with self.lock:
             self.fraction = max(self.fraction, min(max(fraction, 0.0), 1.0))
             elapsed = time.perf_counter() - self.t0
             f = self.fraction
             eta = elapsed * (1 - f) / f if f >= ETA_AFTER else None
-            update = ProgressUpdate(self.job, phase, done, total, unit, detail, f, elapsed, eta)
+            update = ProgressUpdate(self.job, phase, done, total, unit, detail, f, elapsed, eta, stats)
         if self.sink is not None:
             self.sink(update)
 
@@ -104,10 +107,17 @@ class Progress:
         self._cursor = hi
         return Progress(self._root, label, lo, hi)
 
-    def update(self, done: float, total: float | None = None, unit: str = "", detail: str = "") -> None:
-        """`done` of `total` `unit` of this part (a total of None: a count with no known end, which moves no bar)."""
+    def update(self, done: float, total: float | None = None, unit: str = "", detail: str = "",
+               stats: Any = None) -> None:
+        """`done` of `total` `unit` of this part (a total of None: a count with no known end, which moves no bar);
+        `stats`: the phase's figures, whole, handed on in the update (training's stats dict)."""
         within = min(done / total, 1.0) if total else 0.0
-        self._root.emit(self.name, done, total, unit, detail, self.lo + within * (self.hi - self.lo))
+        self._root.emit(self.name, done, total, unit, detail, self.lo + within * (self.hi - self.lo), stats)
+
+    def at(self, fraction: float, detail: str = "") -> None:
+        """This part is `fraction` (0..1) done, with no count of its own ("loading the set", a step of a few)."""
+        within = min(max(fraction, 0.0), 1.0)
+        self._root.emit(self.name, 0, None, "", detail, self.lo + within * (self.hi - self.lo))
 
     def say(self, detail: str) -> None:
         """A word with no count ("loading the set"), at this part's start or wherever the job already is."""
@@ -122,7 +132,8 @@ class Progress:
 def as_progress(progress: ProgressLike, job: str) -> Progress:
     """The Progress a long job reports to, from what its caller passed:
     True -> one tqdm bar (tqdm.auto: a widget in notebooks); False or None -> nothing;
-    fn(ProgressUpdate) -> that function, called at every report; a Progress (a caller's part) -> itself."""
+    fn(ProgressUpdate) -> that function, called at every report; a Progress (a caller's part) -> itself.
+    A function of two required arguments is the older fn(done, total) shape, called with the phase's counts."""
     if isinstance(progress, Progress):
         return progress
     if progress is True:
@@ -130,9 +141,23 @@ def as_progress(progress: ProgressLike, job: str) -> Progress:
     if progress is None or progress is False:
         return Progress(_Root(job, None))
     if callable(progress):
-        return Progress(_Root(job, progress))
+        return Progress(_Root(job, _two_counts(progress) or progress))
     raise TypeError(f"progress must be True, False, None, a function of a ProgressUpdate or a Progress; got "
                     f"{type(progress).__name__}")
+
+
+def _two_counts(fn: Callable[..., Any]) -> Sink | None:
+    """The older callback shape fn(done, total), still taken while its last callers move to fn(ProgressUpdate): a
+    sink that calls it with the phase's counts. None for any other function."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin (list.append): the one-argument shape
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) != 2 or any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    return lambda u: fn(u.done, u.total)
 
 
 class TqdmSink:

@@ -6,6 +6,8 @@ None, prompts must be token ids, and ids display as "<17>".
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -90,8 +92,53 @@ def check_ids(ids: torch.Tensor, vocab_size: int, max_tokens: int, context_lengt
 
 
 def token_strings(tokenizer: Any, ids: torch.Tensor | Sequence[int]) -> list[str]:
-    """One display string per id (decoded one at a time, so each position has its own label)."""
-    return [decode(tokenizer, [int(i)]) for i in ids]
+    """One display string per id (decoded one at a time, so each position has its own label). A token that is part
+    of a character's UTF-8 bytes (an emoji's or a CJK character's first bytes) shows its bytes as `<0xF0><0x9F>`,
+    not as "�": decoded alone it is not text."""
+    return [_token_string(tokenizer, int(i)) for i in ids]
+
+
+def _token_string(tokenizer: Any, token_id: int) -> str:
+    text = decode(tokenizer, [token_id])
+    if "\ufffd" not in text:
+        return text
+    raw = _token_bytes(tokenizer, token_id)
+    if raw is None:
+        return text
+    return raw.decode("utf-8", errors="surrogateescape").translate(_BYTE_NAMES)
+
+
+def _token_bytes(tokenizer: Any, token_id: int) -> bytes | None:
+    """The bytes a token stands for: SentencePiece's byte pieces `<0xF0>`, or a byte-level BPE token's characters
+    mapped back to bytes (GPT-2's table); None when the tokenizer says neither (its "�" is then kept)."""
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    piece = convert(token_id) if convert is not None else None
+    if not isinstance(piece, str):
+        return None
+    if re.fullmatch(r"(<0x[0-9A-Fa-f]{2}>)+", piece):
+        return bytes(int(h, 16) for h in re.findall(r"<0x([0-9A-Fa-f]{2})>", piece))
+    table = _byte_decoder()
+    if piece and all(c in table for c in piece):
+        return bytes(table[c] for c in piece)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE table, character -> byte (the inverse of its bytes_to_unicode)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+# the bytes surrogateescape could not decode (U+DC80..U+DCFF) shown as <0xXX>
+_BYTE_NAMES = {0xDC00 + b: f"<0x{b:02X}>" for b in range(0x80, 0x100)}
 
 
 def id_string(token_id: int) -> str:

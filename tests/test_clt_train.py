@@ -77,7 +77,7 @@ def test_the_saved_clt_is_the_trainers_prediction_in_model_units(tiny, corpus, t
     out = tmp_path / "topk"
     seen = []
     clt = train_transcoders(tiny, kind="clt", corpus=corpus, tokens=1200, out=out, architecture="topk", skip=False,
-                            lr=1e-2, **{**SMALL, "progress": seen.append})
+                            lr=1e-2, **{**SMALL, "progress": lambda u: seen.append(u.stats)})
     assert seen[-1]["explained_variance"] > seen[0]["explained_variance"] + 0.1, [s["explained_variance"] for s in seen]
     assert seen[-1]["l0"] == 4 and seen[-1]["l0_total"] == 4 * tiny.cfg.n_layers
     assert clt.architecture == "topk" and clt.k == 4 and (out / "W_dec_0.safetensors").is_file()
@@ -108,7 +108,8 @@ def test_the_saved_clt_is_the_trainers_prediction_in_model_units(tiny, corpus, t
 def test_a_clt_run_killed_mid_block_resumes_to_the_same_weights(tiny, corpus, trained, tmp_path):
     calls = []
 
-    def stop(stats):
+    def stop(update):
+        stats = update.stats
         calls.append(stats["tokens"])
         if len(calls) == 5:  # inside block 1 (blocks of ~4 steps here): the checkpoint holds a block half done
             raise KeyboardInterrupt
@@ -138,7 +139,8 @@ def test_clt_checkpoints_wait_for_checkpoint_every_not_each_block_end(tiny, corp
     is 1.75 GB): stopped in its second block, a run with an hour's interval has written none."""
     calls = []
 
-    def stop(stats):
+    def stop(update):
+        stats = update.stats
         calls.append(stats["tokens"])
         if len(calls) == 6:  # inside block 1: past block 0's end
             raise KeyboardInterrupt

@@ -146,7 +146,8 @@ def test_a_clt_checkpoint_written_on_cuda_resumes_on_the_cpu(cpu, gpu, corpus, t
     BatchTopK threshold) holds no CUDA tensors that the CPU run cannot take."""
     calls = []
 
-    def stop(stats):
+    def stop(update):
+        stats = update.stats
         calls.append(stats["tokens"])
         if len(calls) == 5:
             raise KeyboardInterrupt

@@ -100,15 +100,15 @@ def test_a_progress_that_raises_stops_the_workers_and_keeps_the_parts(tiny, tmp_
     seeds = [(k, f"w{i} w{i + 1}") for i, k in enumerate(["news", "fact", "prose", "howto", "news", "fact"])]
     calls = []
 
-    def progress(done: int, total: int) -> None:
-        calls.append(done)
-        if done == 2:
+    def progress(update) -> None:
+        calls.append(update.done)
+        if update.done == 2:
             raise KeyboardInterrupt  # what the app's cancelled job raises from its report
 
     with pytest.raises(KeyboardInterrupt):
         gc.chat_corpus(tiny, folder=tmp_path, progress=progress, samples=2, new_tokens=40, seeds=seeds, workers=2)
     written = list((tmp_path / "parts").glob("*.jsonl"))
-    assert calls == [1, 2] and 2 <= len(written) < len(seeds) and not (tmp_path / "train.jsonl").exists()
+    assert calls == [0, 1, 2] and 2 <= len(written) < len(seeds) and not (tmp_path / "train.jsonl").exists()
     assert not list((tmp_path / "parts").glob("*.tmp"))
     resumed = gc.chat_corpus(tiny, folder=tmp_path, progress=False, samples=2, new_tokens=40, seeds=seeds, workers=1)
     fresh = gc.chat_corpus(tiny, folder=tmp_path / "fresh", progress=False, samples=2, new_tokens=40, seeds=seeds)

@@ -55,9 +55,12 @@ def test_a_bundled_recipe_takes_overrides_and_a_model_without_one_needs_d_sae_k_
 
 def test_a_set_for_a_model_without_a_recipe_is_prepared_with_its_scan_then_loaded(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
-    steps, scanned = [], []
-    ts = prepare_transcoders(tiny, "plt", progress=steps.append, scan_progress=lambda d, n: scanned.append((d, n)),
-                             corpus=CORPUS, **TINY)
+    seen = []
+    ts = prepare_transcoders(tiny, "plt", progress=seen.append, corpus=CORPUS, **TINY)
+    steps = [u for u in seen if u.phase == "training" and u.stats]
+    scanned = [(u.done, u.total) for u in seen if u.phase == "scan" and u.unit == "doc"]
+    fractions = [u.fraction for u in seen]  # one job, one bar: never backwards, to its end
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0 and seen[-1].job == "prepare plt (tiny)"
     folder = prepared_dir(tiny, "plt")
     assert folder == tmp_path / "transcoders" / "tiny" / "plt" and (folder / SET_FILE).is_file()
     assert ts.layers == [0, 1] and ts.d_sae == 32 and steps and scanned[-1] == (len(CORPUS), len(CORPUS))
@@ -72,8 +75,9 @@ def test_a_set_for_a_model_without_a_recipe_is_prepared_with_its_scan_then_loade
         assert torch.equal(s.stats[hook].top_key, reference.stats[hook].top_key), hook
         assert torch.allclose(s.max(hook), reference.max(hook)), hook
     # a second call loads the finished set (no step reported) and reads the scan back
-    again = prepare_transcoders(tiny, "plt", progress=lambda stats: pytest.fail("trained again"), corpus=CORPUS,
-                                **TINY)
+    again_seen = []
+    again = prepare_transcoders(tiny, "plt", progress=again_seen.append, corpus=CORPUS, **TINY)
+    assert not [u for u in again_seen if u.stats], "trained again"
     for layer in ts.layers:
         assert torch.equal(again.coder(layer).W_enc, ts.coder(layer).W_enc)
     assert load_set_scan(tiny, "plt")[1] == docs
@@ -108,7 +112,7 @@ def test_a_prepared_name_beside_the_trainers_kinds_trains_the_kind_it_names(tiny
     that is neither refuses, and a recipe cannot choose the trainer itself."""
     monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
     monkeypatch.setitem(RECIPES, ("tiny", "plt-quick"), dict(corpus=CORPUS, **TINY))
-    ts = prepare_transcoders(tiny, "plt-quick", progress=False, scan_progress=False)
+    ts = prepare_transcoders(tiny, "plt-quick", progress=False)
     assert (prepared_dir(tiny, "plt-quick") / SET_FILE).is_file() and not prepared_dir(tiny, "plt").exists()
     assert ts.name == "tiny-plt-quick" and ts.layers == [0, 1]
     loaded = slmviz.load_transcoders("plt-quick", model=tiny)
@@ -133,11 +137,11 @@ def test_a_second_build_of_a_models_sets_is_refused_while_one_runs_and_loses_not
     prepared_dir(tiny, "plt").parent.mkdir(parents=True)
     with other:  # a file lock held by another holder: the same call from another process is refused alike
         with pytest.raises(PrepareBusyError, match="another build of tiny's prepared transcoders is running"):
-            prepare_transcoders(tiny, "plt-quick", progress=False, scan_progress=False)
+            prepare_transcoders(tiny, "plt-quick", progress=False)
         assert not prepared_dir(tiny, "plt-quick").exists()
-    ts = prepare_transcoders(tiny, "plt-quick", progress=False, scan_progress=False)
+    ts = prepare_transcoders(tiny, "plt-quick", progress=False)
     assert (prepared_dir(tiny, "plt-quick") / SET_FILE).is_file() and ts.layers == [0, 1]
-    prepare_transcoders(tiny, "plt-quick", progress=False, scan_progress=False)  # the lock was released
+    prepare_transcoders(tiny, "plt-quick", progress=False)  # the lock was released
 
 
 class Stopped(Exception):
@@ -165,7 +169,7 @@ def test_a_damaged_set_scan_is_written_again_whole_and_a_stopped_rebuild_leaves_
         load_set_scan(tiny, "plt")
     damaged = folder_bytes(folder)
 
-    def stop(done: int, total: int) -> None:
+    def stop(update) -> None:
         raise Stopped
 
     with pytest.raises(Stopped):

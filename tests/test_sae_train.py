@@ -143,7 +143,8 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny, corpus, tmp_path):
     whole = train_sae(tiny, HOOK, corpus, tokens=2000, out=tmp_path / "whole", **SMALL)
     steps = read_checkpoint(tmp_path / "whole").coders["sae"]["cursor"]["steps"]
 
-    def stop(stats):
+    def stop(update):
+        stats = update.stats
         if stats["step"] == steps // 2:
             raise KeyboardInterrupt  # after the step, before its checkpoint: the previous one is on disk
 
@@ -160,7 +161,8 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny, corpus, tmp_path):
 def test_a_run_is_extended_before_its_decay_to_what_a_longer_run_gives(tiny, corpus, tmp_path):
     """tokens may change on resume while the run is still at its constant learning rate: the result equals a run
     started with the new total. After the decay began, a change is refused."""
-    def stop(stats):
+    def stop(update):
+        stats = update.stats
         if stats["tokens"] >= 600:
             raise KeyboardInterrupt
 
@@ -269,7 +271,8 @@ def test_a_skip_transcoder_saves_loads_and_resumes_exactly(tiny, corpus, tmp_pat
     assert torch.equal(loaded.W_skip, whole.W_skip) and torch.equal(loaded.threshold, whole.threshold)
     steps = read_checkpoint(tmp_path / "whole").coders["sae"]["cursor"]["steps"]
 
-    def stop(stats):
+    def stop(update):
+        stats = update.stats
         if stats["step"] == steps // 2:
             raise KeyboardInterrupt
 

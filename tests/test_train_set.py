@@ -81,7 +81,8 @@ def stop_at_layer_1_in_block_1():
     last: dict[int, int] = {}
     stepped: list[int] = []
 
-    def stop(stats):
+    def stop(update):
+        stats = update.stats
         layer = next(L for L, f in stats["layers"].items() if f["tokens"] != last.get(L))
         last.update({L: f["tokens"] for L, f in stats["layers"].items()})
         if not stepped or stepped[-1] != layer:
@@ -150,7 +151,7 @@ def test_a_run_killed_after_its_last_block_resumes_to_the_same_weights(tiny, cor
 def test_progress_reports_every_layer(tiny, corpus, tmp_path):
     seen = []
     train_transcoders(tiny, layers=[1], corpus=corpus, tokens=300, out=tmp_path / "one", **{**SMALL,
-                      "progress": seen.append})
+                      "progress": lambda u: seen.append(u.stats)})
     assert seen and set(seen[-1]["layers"]) == {1}
     last = seen[-1]["layers"][1]
     assert {"explained_variance", "l0", "dead_fraction", "tokens"} <= set(last)

@@ -102,12 +102,13 @@ def test_a_build_reports_progress_cancel_keeps_its_checkpoint_and_build_again_re
     with pytest.raises(AppError, match=f"tiny has no {LABEL} yet: press 'Build the full transcoder set'"):
         alice.predict(PROMPT, [LABEL], 0.95, 0.98, api_name="/circuit_attribution")
     job = alice.submit(api_name="/circuit_set_build")
-    while not any("trained" in str(out[1]) for out in job.outputs()):  # its first steps are done
+    while not any("training " in str(out[1]) for out in job.outputs()):  # its first steps are done
         assert not job.done(), job.exception()
         time.sleep(0.1)
-    said = next(str(out[1]) for out in job.outputs() if "trained" in str(out[1]))
-    done, total = (int(x.replace(",", "")) for x in re.search(r"trained ([\d,]+) of ([\d,]+) tokens", said).groups())
-    assert 0 <= done < total == RECIPE["tokens"] and "mean explained variance" in said
+    said = next(str(out[1]) for out in job.outputs() if "training " in str(out[1]))
+    # one bar for the whole build (slmviz.progress): its phase, tokens trained over the layers, their EV, time left
+    done, total = (int(x.replace(",", "")) for x in re.search(r"training ([\d,]+) / ([\d,]+) tok", said).groups())
+    assert 0 <= done < total == RECIPE["tokens"] * 2 and "EV " in said and "%" in said
     # another session's Run is served beside the build (which runs in the worker, not in a queue Run waits in)
     tokens, *_ = Client(server, verbose=False).predict(PROMPT, False, 1, "all", ["pre", "mid", "post"], False, False,
                                                         True, api_name="/run")

@@ -2,5 +2,5 @@
 
 A tab imports the app's shared modules (app/models.py, app/shared.py, app/jobs.py, ...) and slmviz, never another
 tab; app/main.py builds the tabs in order and wires the few events whose outputs span tabs (switching the model,
-loading an SAE). The Graph section (app/tabs/graph*.py) is shown inside the Circuits tab for now.
+loading an SAE). The attribution graph has a tab of its own (app/tabs/graph.py and its graph_*.py companions).
 """

@@ -2,12 +2,12 @@
 
 Layout and handlers of one tab, built inside the page's gr.Tabs by `build_circuits_tab`. Like the rest of app/, it
 turns widget values into slmviz calls (`slmviz.circuit`, `Circuit.faithfulness`, `slmviz.patch_edges`, the task
-generators of slmviz.circuits.tasks) and returns figures; no torch code beyond building edge masks. Element ids for
-tests outside the repo: #circuit-clean, #circuit-corrupted, #circuit-run, #circuit-graph (the graph's plot),
-#circuit-faithfulness (plus #circuit-answer, #circuit-wrong, #circuit-task, #circuit-task-pair, #circuit-task-fill,
-#circuit-method, #circuit-steps, #circuit-cancel, #circuit-status, #circuit-top, #circuit-edges, #circuit-edge,
-#circuit-edge-run, #circuit-edge-text, #circuit-edge-table). The attribution graph over transcoder features has a
-tab of its own (app/tabs/graph.py).
+generators of slmviz.circuits.tasks) and returns figures; no torch code beyond building edge masks. Element ids (the
+browser tests and page scripts find them): #circuit-clean, #circuit-corrupted, #circuit-run, #circuit-graph (the
+graph's plot), #circuit-faithfulness (plus #circuit-answer, #circuit-wrong, #circuit-task, #circuit-task-pair,
+#circuit-task-fill, #circuit-method, #circuit-steps, #circuit-cancel, #circuit-status, #circuit-top, #circuit-edges,
+#circuit-edge, #circuit-edge-run, #circuit-edge-text, #circuit-edge-table). The attribution graph over transcoder
+features has a tab of its own (app/tabs/graph.py).
 
 Clicking an edge: plotly's click is not a Gradio event, and an edge is a line (plotly reports clicks on its two end
 points only), so the top edges are also a gr.Dataframe: selecting a row runs that edge's exact patch, alone and as the
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import gradio as gr
@@ -33,6 +33,7 @@ import slmviz
 from slmviz.circuits import tasks
 from slmviz.circuits.graph import ComponentGraph
 from slmviz.interventions.patching import suggest_answers
+from slmviz.progress import Progress
 
 from ..jobs import RUNNER
 from ..models import AppContext
@@ -40,7 +41,9 @@ from ..shared import (
     EXAMPLE_ANSWER,
     EXAMPLE_WRONG,
     Queues,
+    busy_while,
     display_frame,
+    guard_number,
     prompt_pair,
     readable_errors,
     session,
@@ -53,9 +56,8 @@ METHOD_CHOICES = [("EAP (one forward and one backward)", "eap"),
                   ("exact (one patched run per edge; small graphs only)", "exact")]
 TASK_CHOICES = [("IOI: indirect object identification", "ioi"), ("induction: a repeated random sequence", "induction"),
                 ("greater-than: years, digit by digit", "greater-than")]
-# `exact` patches one edge per run: Gemma 3 270M's 5,644 edges took 293 s and 383 s (two runs) for one IOI pair on
-# this 2-core machine while other work loaded it (load average ~10); SmolLM2 has 12x as many edges (70,651).
-# Above this the tab says so and offers EAP / EAP-IG.
+# `exact` patches one edge per run, so its time grows with the edges: offered up to Gemma 3 270M's 5,644, not
+# SmolLM2's 70,651 (docs/app.md has the measured minutes). Above this the tab says so and offers EAP / EAP-IG.
 EXACT_MAX_EDGES = 6000
 MAX_STEPS = 50
 DEFAULT_TOP, MAX_TOP = 30, 300
@@ -194,18 +196,17 @@ class CircuitHandlers:
         inputs = self._inputs(model, clean, corrupted, answer, wrong, bound)
         what = {"eap": "EAP", "eap-ig": f"EAP-IG ({n_steps} steps)", "exact": "exact patching"}[method]
 
-        def work(report: Callable[..., None]) -> dict[str, Any]:
+        def work(progress: Progress) -> dict[str, Any]:
             started = time.perf_counter()
-            report(0.02, f"{what}: scoring {graph_edges:,} edges")
+            scoring = progress.part(f"{what}: scoring {graph_edges:,} edges", 0.62)
+            scoring.say("")
             c = slmviz.circuit(inputs["clean"], inputs["corrupted"], answer=inputs["answer"], wrong=inputs["wrong"],
                                metric=inputs["metric"], model=model, method=method, steps=max(n_steps, 1),
-                               progress=lambda done, total: report(0.02 + 0.6 * done / max(total, 1),
-                                                                   f"{what}: {done}/{total}"))
+                               progress=scoring)
             scored_s = time.perf_counter() - started
-            report(0.65, "The faithfulness curve: every edge outside the top n patched, all sizes in one batch")
-            curve = c.faithfulness(progress=lambda done, total: report(
-                0.65 + 0.2 * done / max(total, 1), f"The faithfulness curve: {done}/{total} sizes"))
-            report(0.88, "The smallest circuit recovering 80 %")
+            curve_part = progress.part("the faithfulness curve (every edge outside the top n patched)", 0.3)
+            curve = c.faithfulness(progress=curve_part)
+            progress.part("the smallest circuit recovering 80 %", 1.0).say("")
             smallest = c.smallest(0.8, count=REFINE_SIZES, curve=curve)
             return {"circuit": c, "curve": curve, "smallest": smallest, "model": model, "inputs": inputs,
                     "scored_s": scored_s, "total_s": time.perf_counter() - started}
@@ -314,9 +315,10 @@ def build_circuits_tab(ctx: AppContext, source: gr.State, queues: Queues) -> Non
             answer = gr.Textbox(label="answer (one token; empty = suggested)", value=EXAMPLE_ANSWER,
                                 elem_id="circuit-answer")
             wrong = gr.Textbox(label="wrong (one token)", value=EXAMPLE_WRONG, elem_id="circuit-wrong")
-            task = gr.Dropdown(TASK_CHOICES, value="ioi", label="built-in task", elem_id="circuit-task")
-            pair = gr.Number(value=0, precision=0, minimum=0, label="pair number", elem_id="circuit-task-pair",
-                             min_width=100)
+            task = gr.Dropdown(TASK_CHOICES, value="ioi", label="built-in task", elem_id="circuit-task",
+                               min_width=360)  # wide enough for "induction: a repeated random sequence"
+            pair = gr.Number(value=0, precision=0, label="pair number", elem_id="circuit-task-pair", min_width=100)
+            guard_number(pair, "The pair number", lo=0, whole=True)
             fill_btn = gr.Button("Fill from the task", elem_id="circuit-task-fill")
         with gr.Row():
             method = gr.Radio(METHOD_CHOICES, value="eap", label="method", elem_id="circuit-method", scale=3,
@@ -331,11 +333,8 @@ def build_circuits_tab(ctx: AppContext, source: gr.State, queues: Queues) -> Non
         found = gr.State(None, time_to_live=3600)  # the last run: Circuit, curve, smallest, inputs
         top_n = gr.Slider(1, MAX_TOP, value=DEFAULT_TOP, step=1, label="top n edges (graph, table, circuit)",
                           elem_id="circuit-top")
-        with gr.Row():
-            with gr.Column(scale=3):
-                graph_plot = gr.Plot(show_label=False, elem_id="circuit-graph")
-            with gr.Column(scale=2):
-                curve_plot = gr.Plot(show_label=False, elem_id="circuit-faithfulness")
+        graph_plot = gr.Plot(show_label=False, elem_id="circuit-graph")  # full width: a column per layer
+        curve_plot = gr.Plot(show_label=False, elem_id="circuit-faithfulness")
         gr.Markdown("**Select an edge** (a row) to run its exact patch, alone and as the circuit without it; or type "
                     "one as `source->target`.")
         with gr.Row():
@@ -365,6 +364,7 @@ def build_circuits_tab(ctx: AppContext, source: gr.State, queues: Queues) -> Non
         return "Cancelled."
 
     cancel_btn.click(cancel, None, status, cancels=[ran], api_name="circuit_cancel", **queues.light)
+    busy_while(run_btn, ran, cancel_btn)
     top_n.release(ch.redraw, [found, top_n], [graph_plot, curve_plot, edges], api_name="circuit_top", **queues.light)
     edges.select(ch.select_edge, [found, top_n], [edge_box, edge_text, edge_table], api_visibility="private",
                  **queues.model)

@@ -22,8 +22,8 @@ from slmviz.plots.scan import STRIP_CLASS, examples_html, histogram
 
 from ..fast_mode import SCAN_COST, dtype_for, fast_checkbox
 from ..models import AppContext
-from ..scans import SCANS, corpus_docs, corpus_size, scan_hooks, wait_for_scan
-from ..shared import Queues, html_click_js, readable_errors, session
+from ..scans import SCANS, all_hooks, corpus_docs, corpus_size, hooks_for, scan_hooks, wait_for_scan
+from ..shared import Queues, guard_number, html_click_js, readable_errors, session
 
 CLICK_JS = html_click_js(STRIP_CLASS, "rank", "doc")  # a strip's click: its rank and verse
 
@@ -37,16 +37,19 @@ def build_corpus_tab(ctx: AppContext, prompt: gr.Textbox, source: gr.State, queu
     `source` the session's model. Waiting for a scan runs in its own queue (`queues.jobs`): the scan itself is a
     background job, so neither holds up other visitors' model requests."""
     model = ctx.store.get()
-    hooks = scan_hooks(model)
+    hooks = all_hooks(model)
     with gr.Tab("Corpus", id="tab-corpus") as tab:
         gr.Markdown(
             f"Top activating contexts of one feature across {corpus_size()} verses of the King James Bible "
             "(every k-th verse), scanned once per model and cached; the first visit computes it. A feature is "
             "an MLP neuron, a head's ‖z‖, or a head's strongest attention to an earlier token (not the first). "
+            f"Every layer can be picked: layers {' and '.join(sorted({h.split('.')[1] for h in scan_hooks(model)}))} "
+            "are scanned first, any other layer when you pick it (with its progress). "
             "Click a strip to load its verse as the prompt.")
         with gr.Row():
             hook = gr.Dropdown(hooks, value=hooks[0], label="hook", elem_id="corpus-hook", scale=3)
-            feature = gr.Number(value=0, precision=0, minimum=0, label="feature", elem_id="corpus-feature", scale=1)
+            feature = gr.Number(value=0, precision=0, label="feature", elem_id="corpus-feature", scale=1)
+            guard_number(feature, "The feature", lo=0, whole=True)
             show_btn = gr.Button("Show", elem_id="corpus-show", scale=1)
             load_btn = gr.Button("Load the scan", elem_id="corpus-load", scale=1)
             cancel_btn = gr.Button("Cancel", elem_id="corpus-cancel", scale=1)
@@ -62,18 +65,20 @@ def build_corpus_tab(ctx: AppContext, prompt: gr.Textbox, source: gr.State, queu
     def load(hook_name: str, source_name: str | None, fast_scan: bool | None, request: gr.Request,
              progress=gr.Progress()):  # noqa: B008 - gradio reads this default
         m = ctx.model(source_name, dtype=dtype_for(fast_scan))
-        running = ("Scanning the corpus (its first visit computes the scan; everyone else's requests go on). "
-                   "**Cancel** stops waiting.", gr.skip(), gr.skip(), gr.skip(), gr.skip())
-        s, docs = yield from wait_for_scan(lambda who: SCANS.tab_scan(m, who), session(request), progress, 5, running)
-        names = scan_hooks(m)
+        names = all_hooks(m)
         hook_name = hook_name if hook_name in names else names[0]
+        layer = hook_name.split(".")[1]
+        running = (f"Scanning the corpus at layer {layer} (once per model and layer; everyone else's requests go "
+                   "on). **Cancel** stops waiting.", gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        s, docs = yield from wait_for_scan(lambda who: SCANS.hook_scan(m, hook_name, who), session(request),
+                                           progress, 5, running)
         best = strongest(s, hook_name)
         yield (_status(s, hook_name, best, fast_scan), gr.Dropdown(choices=names, value=hook_name), best[0],
                examples_html(s, hook_name, best[0], docs), histogram(s, hook_name, best[0]))
 
     @readable_errors
     def show(hook_name: str, index: float | None, source_name: str | None, fast_scan: bool | None):
-        s, docs = _tab_scan(ctx.model(source_name, dtype=dtype_for(fast_scan)))
+        s, docs = _hook_scan(ctx.model(source_name, dtype=dtype_for(fast_scan)), hook_name)
         i = _index(s, hook_name, index)
         return _status(s, hook_name, strongest(s, hook_name), fast_scan), examples_html(s, hook_name, i, docs), \
             histogram(s, hook_name, i)
@@ -92,7 +97,7 @@ def build_corpus_tab(ctx: AppContext, prompt: gr.Textbox, source: gr.State, queu
                "start again."
 
     def model_changed(source_name: str | None):
-        names = scan_hooks(ctx.model(source_name))
+        names = all_hooks(ctx.model(source_name))
         return (gr.Dropdown(choices=names, value=names[0]), "Model changed: press **Load the scan** to see its "
                 "corpus scan (the first visit computes it).", "", None)
 
@@ -109,10 +114,12 @@ def build_corpus_tab(ctx: AppContext, prompt: gr.Textbox, source: gr.State, queu
     strips.click(pick, source, prompt, api_name="corpus_pick", **queues.light)
 
 
-def _tab_scan(model: Any) -> tuple[Scan, list[str]]:
-    found = SCANS.finished(model, scan_hooks(model))
+def _hook_scan(model: Any, hook: str) -> tuple[Scan, list[str]]:
+    if hook not in all_hooks(model):
+        raise gr.Error(f"{hook!r} is not one of {model.name}'s hooks here: pick one from the list")
+    found = SCANS.finished(model, hooks_for(model, hook))
     if found is None:
-        raise gr.Error(f"The corpus scan of {model.name} is not loaded yet: press Load the scan")
+        raise gr.Error(f"The corpus scan of {model.name} at {hook} is not loaded yet: press Load the scan")
     return found
 
 

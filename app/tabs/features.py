@@ -27,19 +27,23 @@ import gradio as gr
 import slmviz
 from slmviz.errors import check_feature
 from slmviz.features.dashboard import acts_hook, feature_card, search_features, top_features
-from slmviz.plots.features import FEATURE_LINK, feature_list_html
+from slmviz.plots.features import FEATURE_LINK, feature_card_html, feature_list_html
 from slmviz.plots.trace import show_token
 
 from ..models import AppContext
 from ..saes import NO_SAE, Entry, SAEStore, finished_feature_scan, join_feature_scan
 from ..scans import SCANS, corpus_size
-from ..shared import Queues, html_click_js, readable_errors, session, skips, wait_or_say
+from ..shared import Queues, guard_number, html_click_js, readable_errors, session, skips, wait_or_say
 from .features_training import build_training_panel
 
 EFFECTS_K = 10  # tokens per side of the logit effects, and nearest features
 PER_TOKEN = 8  # features listed per prompt token
 TOKEN_CHIP = "slmviz-feature-token"
 STEER_TOKENS = 24
+# The steering strength's default: this many times the feature's largest activation over the scanned corpus (the
+# strength multiplies W_dec[f], so 1 adds what the feature writes when it fires hardest; 40 flat, the old default,
+# drowned the prompt of a feature whose activations are a few units: the continuation was just ".").
+STEER_SCALE = 2.0
 FEATURE_CLICK_JS = html_click_js(FEATURE_LINK, "feature")  # a feature link's click: its number
 TOKEN_CLICK_JS = html_click_js(TOKEN_CHIP, "pos")  # a token chip's click: its position
 
@@ -68,9 +72,33 @@ class FeatureHandlers:
         return job.result
 
     def _card(self, model: Any, entry: Entry, feature: int, found: Any = None, note: str = "") -> str:
+        """The feature's card, headed by its label (SAE.label: an edited one, else "[auto] ..." from its scan's
+        contexts and the tokens it promotes)."""
         scan, docs = found if found is not None else (None, None)
-        return feature_card(entry.sae, feature, scan=scan, model=model, docs=docs, name=entry.name, k=EFFECTS_K,
-                            note=note).html()
+        card = feature_card(entry.sae, feature, scan=scan, model=model, docs=docs, name=entry.name, k=EFFECTS_K,
+                            note=note)
+        return feature_card_html(card, label=entry.sae.label(feature, scan=scan, model=model))
+
+    @readable_errors
+    def steer_scale(self, name: str | None, feature: float | None, source: str | None) -> tuple:
+        """The steering strength's default from the feature's own activation scale: STEER_SCALE times its largest
+        activation over the scanned corpus (once its scan is there), with a note saying so."""
+        model = self.ctx.model(source)
+        if not name:
+            return gr.skip(), ""
+        entry = self.saes.get(model, name)
+        f = check_feature(entry.sae, _whole(feature))
+        found = finished_feature_scan(model, entry)
+        if found is None:
+            return gr.skip(), ("Strength: press **Show** for this feature first; the default is then set from its "
+                               "activations (its scan).")
+        top = float(found[0].max(acts_hook(entry.sae))[f])
+        if not top > 0:
+            return gr.skip(), f"Feature {f} never fired in the scanned corpus: no activation scale to set it from."
+        strength = round(STEER_SCALE * top, 1)
+        return (gr.update(value=strength), f"Strength set to {strength:g}: {STEER_SCALE:g} × feature {f}'s largest "
+                f"activation over the scanned corpus ({top:.3g}). Larger values push harder, and past a few times it "
+                "the text degrades.")
 
     @readable_errors
     def show(self, name: str | None, feature: float | None, source: str | None, request: gr.Request,
@@ -236,7 +264,8 @@ def build_features_tab(fh: FeatureHandlers, prompt: gr.Textbox, chat: gr.Checkbo
         with gr.Row():
             picker = gr.Dropdown(names, value=names[0] if names else None, label="SAE", elem_id="feature-sae",
                                  scale=3, allow_custom_value=False)
-            feature = gr.Number(value=0, precision=0, minimum=0, label="feature", elem_id="feature-id", scale=1)
+            feature = gr.Number(value=0, precision=0, label="feature", elem_id="feature-id", scale=1)
+            guard_number(feature, "The feature", lo=0, whole=True)
             show_btn = gr.Button("Show", variant="primary", elem_id="feature-show", scale=1)
             cancel_btn = gr.Button("Cancel", elem_id="feature-cancel", scale=1)
         status = gr.Markdown("" if names else NO_SAE, elem_id="feature-status")
@@ -259,11 +288,13 @@ def build_features_tab(fh: FeatureHandlers, prompt: gr.Textbox, chat: gr.Checkbo
             results = gr.HTML(elem_id="feature-search-results", js_on_load=FEATURE_CLICK_JS)
         with gr.Accordion("Steering: add the feature's decoder direction at every position", open=True):
             with gr.Row():
-                steer_feature = gr.Number(value=0, precision=0, minimum=0, label="feature", elem_id="steer-feature")
-                strength = gr.Slider(-200, 200, value=40, step=1, label="strength", elem_id="steer-strength")
+                steer_feature = gr.Number(value=0, precision=0, label="feature", elem_id="steer-feature")
+                guard_number(steer_feature, "The feature", lo=0, whole=True)
+                strength = gr.Slider(-200, 200, value=40, step=0.1, label="strength", elem_id="steer-strength")
                 steer_new = gr.Slider(1, 64, value=STEER_TOKENS, step=1, label="new tokens", elem_id="steer-tokens")
                 temperature = gr.Slider(0, 2, value=0.5, step=0.05, label="temperature", elem_id="steer-temperature")
                 seed = gr.Number(value=0, precision=0, label="seed", elem_id="steer-seed")
+            steer_note = gr.Markdown(elem_id="steer-note")
             steer_btn = gr.Button("Steer", variant="primary", elem_id="steer-run")
             with gr.Row():
                 default_text = gr.Textbox(label="default", lines=5, interactive=False, elem_id="steer-default")
@@ -282,6 +313,11 @@ def build_features_tab(fh: FeatureHandlers, prompt: gr.Textbox, chat: gr.Checkbo
                                           **shown, **queues.jobs))
     cancel_btn.click(fh.cancel, None, status, cancels=show_events, api_name="feature_cancel", **queues.light)
     feature.change(lambda f: f, feature, steer_feature, api_visibility="private", **queues.light)
+    for shown_event in show_events[:2]:  # the feature's scan is there once its page shows: scale the strength by it
+        shown_event.success(fh.steer_scale, [picker, feature, source], [strength, steer_note],
+                            api_name="steer_scale_after_show", api_visibility="private", **queues.light)
+    steer_feature.submit(fh.steer_scale, [picker, steer_feature, source], [strength, steer_note],
+                         api_name="steer_scale", **queues.light)
     prompt_btn.click(fh.prompt_features, [prompt, chat, picker, source], [tokens, token_features, found],
                      api_name="feature_prompt", **queues.model)
     tokens.click(fh.token, found, token_features, api_visibility="private", **queues.light)

@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 import slmviz
+from slmviz.corpora.named import MODEL_WRITTEN
+from slmviz.progress import ProgressUpdate
 
-from ..jobs import RUNNER
+from ..jobs import RUNNER, JobProgress
 from ..models import AppContext
 from ..saes import SAEStore
-from ..shared import Queues, readable_errors, session, wait_or_say, write_model_corpus
+from ..shared import Queues, guard_number, progress_line, readable_errors, session, wait_or_say, write_model_corpus
 
 MAX_TRAIN_TOKENS = 500_000  # what the app trains on: minutes on 2 cores (the bundled SAEs took CPU-hours)
 MAX_TRAIN_WIDTH = 16_384
@@ -53,6 +55,12 @@ def train_line(stats: dict[str, Any]) -> str:
             f"{stats['tokens_per_s']:,.0f} tokens/s")
 
 
+def train_detail(stats: dict[str, Any]) -> str:
+    """A step's figures beside the progress bar's count of tokens (slmviz.progress's detail)."""
+    return (f"loss {stats['loss']:.4g}, explained variance {stats['explained_variance']:.3f}, L0 {stats['l0']:.1f}, "
+            f"dead {100 * stats['dead_fraction']:.1f} %, {stats['tokens_per_s']:,.0f} tokens/s")
+
+
 def count(value: Any, what: str, most: int) -> int:
     """A whole number from 1 to `most`, or a message naming `what`."""
     if value is None or value == "" or not float(value).is_integer() or not 1 <= int(value) <= most:
@@ -69,10 +77,10 @@ class TrainHandlers:
 
     @readable_errors
     def train(self, hook: str, hook_out: str, width: float | None, k: float | None, tokens: float | None,
-              corpus: str, source: str | None, request: gr.Request,
-              progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
+              corpus: str, source: str | None, request: gr.Request) -> Iterator[tuple]:
         """Train an SAE (a transcoder when hook_out is given) as a long job in the RUNNER worker; the status line
-        and gr.Progress show loss, explained variance, L0 and dead fraction after every step. When done, the
+        is its one progress bar (the tokens trained, the time left) with loss, explained variance, L0 and dead
+        fraction after every step. When done, the
         SAE is offered in this session's picker (#feature-sae) and picked."""
         model = self.ctx.model(source)
         who = session(request)
@@ -89,22 +97,31 @@ class TrainHandlers:
         kw = dict(hook_out=out_hook, architecture="batchtopk" if out_hook else "topk", lr=2e-3, batch_tokens=batch,
                   buffer_tokens=min(65_536, max(batch, n)), dead_window=max(batch, min(100_000, n // 4)))
 
-        def work(report: Callable[..., None]) -> slmviz.SAE:
+        def work(progress: JobProgress) -> slmviz.SAE:
             out = Path(tempfile.mkdtemp(prefix="slmviz-train-"))
+            written = corpus in MODEL_WRITTEN
             try:
-                write_model_corpus(model, corpus, report)
-                report(0.0, f"Reading {TRAIN_CORPORA[corpus]}")
+                write_model_corpus(model, corpus, progress.part("chat corpus", 0.3 if written else 0.0))
+                training = progress.part("training", 1.0)
+                training.say(f"reading {TRAIN_CORPORA[corpus]}")
+
+                def trained(u: ProgressUpdate) -> None:  # the stats kept beside the line: the page's chart reads them
+                    progress.publish(u.stats)
+                    training.update(u.done, u.total, u.unit, train_detail(u.stats), u.stats)
+
                 return slmviz.train_sae(model, hook=hook, corpus=train_corpus(corpus, model), d_sae=d_sae, k=k,
-                                        tokens=n, out=out, checkpoint_every=float("inf"), **kw,
-                                        progress=lambda st: report(st["tokens"] / st["total"], train_line(st), st))
+                                        tokens=n, out=out, checkpoint_every=float("inf"), **kw, progress=trained)
             finally:
                 shutil.rmtree(out, ignore_errors=True)  # the SAE is kept in memory for this session
 
         job = RUNNER.submit(work, who, kind=JOB_KIND)
         yield "Queued: training starts when the long job ahead of it (if any) is done.", gr.skip()
-        for _ in wait_or_say(job, who, progress, "Training was cancelled; press Train to start again"):
-            if job.partial is not None:
-                yield f"Training: {train_line(job.partial)}", gr.skip()
+        said = ""
+        for _ in wait_or_say(job, who, None, "Training was cancelled; press Train to start again"):
+            line = progress_line(job.update, "Training") if job.update is not None else f"Queued: {job.desc}"
+            if line != said:  # one bar for the job (its phase, count, EV and time left), in the status line
+                said = line
+                yield line, gr.skip()
         entry = self.saes.add_trained(model, who, job.result)
         line = train_line(job.partial) if job.partial is not None else ""
         yield (f"Trained **{entry.name}** on {n:,} tokens ({line}). It is picked in the SAE list above, for this "
@@ -128,17 +145,23 @@ def build_training_panel(ctx: AppContext, saes: SAEStore, source: gr.State, pick
             hook_out = gr.Textbox(value="", label="hook it predicts (a transcoder; empty: an SAE)",
                                   placeholder=f"blocks.{layer}.hook_mlp_out", elem_id="sae-train-hook-out", scale=3)
         with gr.Row():
-            width = gr.Number(value=2048, precision=0, minimum=1, label="width (features)", elem_id="sae-train-width")
-            k = gr.Number(value=32, precision=0, minimum=1, label="k (active per token)", elem_id="sae-train-k")
-            tokens = gr.Number(value=100_000, precision=0, minimum=1, maximum=MAX_TRAIN_TOKENS, label="tokens",
-                               elem_id="sae-train-tokens")
+            width = gr.Number(value=2048, precision=0, label="width (features)", elem_id="sae-train-width")
+            k = gr.Number(value=32, precision=0, label="k (active per token)", elem_id="sae-train-k")
+            tokens = gr.Number(value=100_000, precision=0, label="tokens", elem_id="sae-train-tokens")
             corpus = gr.Radio([(v, c) for c, v in TRAIN_CORPORA.items()], value="bible", label="corpus",
                               elem_id="sae-train-corpus")
         with gr.Row():
             train_btn = gr.Button("Train", variant="primary", elem_id="sae-train-run")
             cancel_btn = gr.Button("Cancel", elem_id="sae-train-cancel")
         status = gr.Markdown(elem_id="sae-train-status")
+        guard_number(width, "The width", lo=1, whole=True)
+        guard_number(k, "k", lo=1, whole=True)
+        guard_number(tokens, "The tokens", lo=1, hi=MAX_TRAIN_TOKENS, whole=True)
 
     trained = train_btn.click(th.train, [hook, hook_out, width, k, tokens, corpus, source], [status, picker],
-                              api_name="sae_train", show_progress_on=status, **queues.jobs)
+                              api_name="sae_train", show_progress="hidden", **queues.jobs)
+    # Train is disabled while its job runs (the status line is its progress); done, failed or cancelled, it is back
+    train_btn.click(lambda: gr.update(interactive=False), None, train_btn, api_visibility="private", queue=False)
+    trained.then(lambda: gr.update(interactive=True), None, train_btn, api_visibility="private", queue=False)
     cancel_btn.click(th.cancel, None, status, cancels=[trained], api_name="sae_train_cancel", **queues.light)
+    cancel_btn.click(lambda: gr.update(interactive=True), None, train_btn, api_visibility="private", queue=False)

@@ -2,7 +2,7 @@
 
 Layout and handlers of one tab, built inside the page's gr.Tabs by `build_patch_tab`. Like the rest of app/,
 it turns widget values into slmviz calls (`patch_steps`, `Trace.logit_attribution`, `ablation`) and returns
-figures; no torch code. Element ids for tests outside the repo: #patch-clean, #patch-corrupted, #patch-run,
+figures; no torch code. Element ids (the browser tests find them): #patch-clean, #patch-corrupted, #patch-run,
 #patch-plot (plus #patch-cell, #patch-cell-show, #patch-cell-top, #patch-heads-plot, #patch-dla-plot,
 #patch-dla-heads-plot, #patch-cancel, #patch-status, #patch-ablate, ...).
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import gradio as gr
@@ -28,7 +28,7 @@ from slmviz.interventions.sites import SITES
 from slmviz.plots.patch import logit_attribution_bars
 
 from ..fast_mode import SWEEP_COST, dtype_for, fast_checkbox
-from ..jobs import RUNNER
+from ..jobs import RUNNER, JobProgress
 from ..models import AppContext
 from ..scans import SCANS, wait_for_scan
 from ..shared import (
@@ -36,6 +36,7 @@ from ..shared import (
     EXAMPLE_WRONG,
     PICK_CELL,
     Queues,
+    busy_while,
     display_frame,
     plot_click_js,
     prompt_pair,
@@ -48,6 +49,7 @@ from ..shared import (
 SITE_CHOICES = [(f"{name}: {site.description}", name) for name, site in SITES.items()]
 METHOD_CHOICES = [("exact (one patched run per cell, batched)", "exact"),
                   ("attribution (gradient estimate, one forward + one backward)", "attribution")]
+NOT_ABLATED = "Not ablated: the message above says why; the tables below are the last ablation's."
 REDRAW_EVERY_S = 0.75  # a sweep in progress redraws its partial heatmap at most this often
 ABLATION_TOKENS = 20
 
@@ -88,25 +90,26 @@ class PatchHandlers:
         (app/fast_mode.py)."""
         model, clean, corrupted = self._prompts(clean, corrupted, source, progress, fast)
 
-        def work(report: Callable[..., None]) -> tuple[slmviz.PatchResult, str, str, str]:
+        def work(progress: JobProgress) -> tuple[slmviz.PatchResult, str, str, str]:
             ans, wro = (answer, wrong) if (answer or "").strip() else suggest_answers(model, clean, corrupted)
             started = time.perf_counter()
             kw = dict(answer=ans, wrong=wro or None, site=site, model=model, direction=direction)
             if method == "attribution":
-                report(0.3, "Attribution patching: one forward and one backward pass")
+                progress.part("attribution patching (one forward, one backward)", 0.1).say("")
                 result = slmviz.patch(clean, corrupted, method="attribution", **kw)
                 estimate_s = time.perf_counter() - started
-                report(0.6, "The exact sweep, to measure how good the estimate is")
-                exact = slmviz.patch(clean, corrupted, **kw, progress=lambda done, total: report(
-                    0.6 + 0.4 * done / max(total, 1), f"The exact sweep: {done}/{total} cells"))
+                sweep = progress.part("the exact sweep, to measure the estimate", 1.0)
+                exact = slmviz.patch(clean, corrupted, **kw,
+                                     progress=lambda done, total: sweep.update(done, total, unit="cell"))
                 note = (f"Attribution estimate in {estimate_s:.1f} s; its correlation with the exact sweep "
                         f"(computed too, {time.perf_counter() - started - estimate_s:.1f} s) is "
                         f"r = {exact_correlation(result, exact):.2f}.")
                 return result, note, ans, wro
             result = None
+            sweep = progress.part(f"patching {site}", 1.0)
             for result in patch_steps(clean, corrupted, method="exact", **kw):
-                report(result.done / max(result.total, 1), f"Patching {site}: {result.done}/{result.total} cells",
-                       result)
+                progress.publish(result)
+                sweep.update(result.done, result.total, unit="cell")
             assert result is not None
             return result, f"Done in {time.perf_counter() - started:.1f} s.", ans, wro
 
@@ -155,13 +158,14 @@ class PatchHandlers:
         """Every head's z patched at all positions, then direct logit attribution: a long job, like `sweep`."""
         model, clean, corrupted = self._prompts(clean, corrupted, source, progress, fast)
 
-        def work(report: Callable[..., None]) -> tuple:
+        def work(progress: JobProgress) -> tuple:
             ans, wro = (answer, wrong) if (answer or "").strip() else suggest_answers(model, clean, corrupted)
-            report(0.1, "Patching every head's z at all positions")
+            patched = progress.part("patching every head's z at all positions", 0.8)
+            patched.say("")
             heads = slmviz.patch(clean, corrupted, answer=ans, wrong=wro or None, site="heads", model=model,
-                          direction=direction, progress=lambda done, total: report(
-                              0.1 + 0.6 * done / max(total, 1), f"Patching every head's z: {done}/{total} heads"))
-            report(0.7, "Direct logit attribution on the clean prompt")
+                                 direction=direction,
+                                 progress=lambda done, total: patched.update(done, total, unit="head"))
+            progress.part("direct logit attribution on the clean prompt", 1.0).say("")
             trace = model.trace(clean)
             by_layer = trace.logit_attribution(ans, wro or None, by="layer")
             by_head = trace.logit_attribution(ans, wro or None, by="head")
@@ -297,11 +301,14 @@ def build_patch_tab(ctx: AppContext, source: gr.State, queues: Queues) -> None:
         return "Cancelled."
 
     cancel_btn.click(cancel, None, status, cancels=[swept], api_name="patch_cancel", **queues.light)
+    busy_while(run_btn, swept, cancel_btn)
     patch_plot.change(None, None, None, js=CLICK_JS)
     gr.on([cell_btn.click, cell.submit], ph.cell, [result, cell], [cell_top, cell_text], api_name="patch_cell",
           **queues.model)
     means = ablate_btn.click(ph.ablation_means, [ablate_heads, ablate_neurons, kind, source], ablate_status,
                              api_name="patch_ablate_means", **queues.jobs)
-    means.success(ph.ablate, [clean, ablate_heads, ablate_neurons, kind, source],
-                  [before_top, after_top, before_text, after_text, ablate_status], api_name="patch_ablate",
-                  **queues.model)
+    ablated = means.success(ph.ablate, [clean, ablate_heads, ablate_neurons, kind, source],
+                            [before_top, after_top, before_text, after_text, ablate_status], api_name="patch_ablate",
+                            **queues.model)
+    for step in (means, ablated):  # a refused ablation leaves no stale "Ablating...": the toast says why
+        step.failure(lambda: NOT_ABLATED, None, ablate_status, api_visibility="private", **queues.light)

@@ -77,7 +77,8 @@ class RunHandlers:
         residual = plots.residual_norms(trace, tuple(stages or ()), per_position, log_y, include_first)
         table = display_frame(plots.next_token_table(trace, 10))
         status = (f"Traced {len(trace.tokens)} tokens through **{model.name}**"
-                  f"{' (chat template)' if chat else ''}. Hover any plot for values; the camera icon saves a PNG.")
+                  f"{' (chat template)' if chat else ''}; {bos_note(model, trace, bool(chat))}. Hover any plot for "
+                  "values; the camera icon saves a PNG.")
         return plots.tokens_html(trace), to_plot(attention), to_plot(residual), table, status, trace
 
     @readable_errors
@@ -176,6 +177,21 @@ def build_run_tabs(ctx: AppContext, examples: list[Example], bar: PromptBar, sou
           **queues.light)
     save_btn.click(rh.save_trace, [trace], trace_file, api_name="save_trace", **queues.light)
     return layer, head
+
+
+def bos_note(model: Model, trace: Trace, chat: bool) -> str:
+    """How the traced ids begin, said where they show: the tokenizer's own beginning-of-sequence token when it adds
+    one (Gemma's <bos>), the chat template's first token, or none added (SmolLM2's tokenizer adds none to plain
+    text: position 0 is the prompt's first token). The Run tab adds nothing of its own."""
+    tok = model.tokenizer
+    first = trace.tokens[0] if trace.tokens else ""
+    if chat:
+        return f"position 0 is the chat template's first token `{first}` (the template's own start, nothing added)"
+    bos_id = getattr(tok, "bos_token_id", None)
+    adds = bos_id is not None and int(trace.input_ids[0]) == int(bos_id) and tok("x")["input_ids"][:1] == [bos_id]
+    if adds:
+        return f"position 0 is the tokenizer's beginning-of-sequence token `{first}`, which it adds to every prompt"
+    return "no beginning-of-sequence token is added (this tokenizer adds none): position 0 is the prompt's first token"
 
 
 def model_switch(model: Model) -> tuple[Any, Any]:

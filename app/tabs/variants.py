@@ -17,10 +17,11 @@ from gradio.context import Context
 
 from slmviz import PRESETS, Model, plots
 from slmviz import compare as compare_variants
+from slmviz.analysis.diff import divergence
 from slmviz.plots.trace import NEXT_TOKEN_COLUMNS
 
 from ..models import MAX_NEW_TOKENS, AppContext, app_hooks, first_layer, head_choices, head_value, layer_value
-from ..shared import Queues, display_frame, readable_errors, to_plot
+from ..shared import Queues, display_frame, guard_number, readable_errors, to_plot
 from ..variant_fields import (
     VARIANT_FIELDS,
     applicable_presets,
@@ -73,14 +74,14 @@ class VariantHandlers:
                 plots.attention(faithful, layer_i, head_i),
                 plots.attention(broken, layer_i, head_i)]
         progress(0.6, desc="Greedy continuation, faithful")
-        cont_faithful = model.generate(faithful.input_ids, n_new)
+        cont_faithful = continuation(model, faithful.input_ids, n_new)
         progress(0.8, desc="Greedy continuation, variant")
-        cont_broken = model.generate(faithful.input_ids, n_new, variant=variant)
+        cont_broken = continuation(model, faithful.input_ids, n_new, variant=variant)
         bad = broken.first_nonfinite()
         note = f"\n\n⚠ Values stopped being finite at `{bad}` (fp32 overflow)." if bad else ""
         if variant.changes() == {"kv_position_bug": True}:
             note += "\n\nThis bug only affects cached decoding: the prefill is identical; compare the continuations."
-        return (describe_variant(variant) + note,
+        return (verdict_text(divergence(faithful, broken)) + "\n\n" + describe_variant(variant) + note,
                 display_frame(plots.next_token_table(faithful, 10)), display_frame(plots.next_token_table(broken, 10)),
                 *[to_plot(f) for f in figs], cont_faithful, cont_broken)
 
@@ -114,6 +115,7 @@ class VariantHandlers:
         kwargs = dict(temperature=float(temperature), top_k=k, seed=seed_i)
         streams = [model.stream(ids, n_new, **kwargs), model.stream(ids, n_new, variant=variant, **kwargs)]
         texts = ["", ""]
+        steps = [0, 0]
         live = [True, True]
         while any(live):
             for i, stream in enumerate(streams):
@@ -121,12 +123,44 @@ class VariantHandlers:
                     continue
                 try:
                     texts[i] = next(stream).text
+                    steps[i] += 1
                 except StopIteration:
                     live[i] = False
+                    texts[i] += stopped_note(model, steps[i], n_new)
                 except FloatingPointError as e:  # a variant whose logits overflow cannot be sampled
                     texts[i] += f"\n[stopped: {e}]"
                     live[i] = False
             yield texts[0], texts[1]
+
+
+def stopped_note(model: Model, steps: int, n_new: int) -> str:
+    """What a continuation that ended before `n_new` tokens says: it stopped at end-of-text (the stream's only
+    early stop), and after how many tokens; "" when it ran its length."""
+    if steps >= n_new:
+        return ""
+    eos = getattr(model.tokenizer, "eos_token", None) or "end-of-text"
+    return f"{'' if steps == 0 else chr(10)}[stopped at end-of-text: the next token was {eos} after {steps} tokens]"
+
+
+def continuation(model: Model, ids: Any, n_new: int, **kwargs: Any) -> str:
+    """The greedy continuation as text, saying so when it stopped at end-of-text (an empty box says nothing)."""
+    text, steps = "", 0
+    for step in model.stream(ids, n_new, **kwargs):
+        text, steps = step.text, steps + 1
+    return text + stopped_note(model, steps, n_new)
+
+
+def verdict_text(d: dict) -> str:
+    """The Break-it verdict in numbers (analysis.diff.divergence): KL, top-1 agreement, the first layer whose
+    residual stream moves by more than the stated threshold."""
+    kl = lambda x: "∞" if x == float("inf") else f"{x:.3g}"  # noqa: E731
+    layer = (f"the residual stream first differs by more than {d['threshold']:.0%} (relative L2, after a block) "
+             f"at **layer {d['first_layer']}**" if d["first_layer"] is not None else
+             f"no layer's residual stream differs by more than {d['threshold']:.0%} (relative L2)")
+    same = d["kl_mean"] == 0 and d["top1_agree"] == d["positions"] and d["first_layer"] is None
+    return (f"**Verdict{': nothing changed' if same else ''}.** KL(faithful ‖ variant) **{kl(d['kl_last'])} nats** "
+            f"at the last position (mean {kl(d['kl_mean'])} over {d['positions']} positions); top-1 agreement "
+            f"**{d['top1_agree']}/{d['positions']}** positions ({d['top1_agree'] / d['positions']:.0%}); {layer}.")
 
 
 @dataclass(frozen=True)
@@ -195,7 +229,8 @@ def build_variant_tabs(ctx: AppContext, prompt: gr.Textbox, chat: gr.Checkbox, s
         with gr.Row():
             gen_new = gr.Slider(1, MAX_NEW_TOKENS, value=48, step=1, label="max new tokens")
             temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature")
-            top_k = gr.Number(value=0, precision=0, label="top-k (0 = off)")
+            top_k = gr.Number(value=0, precision=0, label="top-k (0 = off)", elem_id="generate-top-k")
+            guard_number(top_k, "top-k", lo=0, whole=True)
             seed = gr.Number(value=0, precision=0, label="seed")
         gen_btn = gr.Button("Generate", variant="primary", elem_id="generate")
         with gr.Row():

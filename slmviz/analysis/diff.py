@@ -49,6 +49,19 @@ def first_divergent_layer(reference: Traced, other: Traced, threshold: float = D
     return None
 
 
+def divergence(reference: Traced, other: Traced, threshold: float = DIVERGENCE_THRESHOLD) -> dict:
+    """The numbers of a verdict on `other` against `reference` (same prompt): kl_mean and kl_last (nats,
+    KL(reference ‖ other) per next-token prediction), top1_agree (positions whose top token agrees, of `positions`)
+    and first_layer (the first layer whose resid_post moves by more than `threshold` relative L2, None if none),
+    with the threshold itself. Non-finite logits give KL inf and count as disagreement."""
+    kl = kl_per_position(reference.logits, other.logits)
+    finite = torch.isfinite(other.logits).all(-1)
+    agree = (other.logits.argmax(-1) == reference.logits.argmax(-1)) & finite
+    return {"kl_mean": float(kl.mean()), "kl_last": float(kl[-1]), "top1_agree": int(agree.sum()),
+            "positions": int(agree.numel()), "first_layer": first_divergent_layer(reference, other, threshold),
+            "threshold": threshold}
+
+
 def first_divergent_hook(reference: Traced, other: Traced, rtol: float = 1e-5) -> str | None:
     """First hook (execution order) whose values differ beyond rtol relative to their size."""
     for name in hook_names(reference.config):

@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 
 from ..metrics import check_same_length
+from ..progress import ProgressLike
 from .engine import (
     PairRun,
     capture,
@@ -189,13 +190,14 @@ def patch_edges(clean: Any, corrupted: Any = None, edges: Any = (), answer: Any 
 
 def circuit(clean: Any, corrupted: Any = None, answer: Any = None, wrong: Any = None, model: Any = None,
             method: str = "eap", steps: int = 5, metric: Metric_ | None = None, chat: bool = False,
-            progress: Callable[[int, int], None] | None = None) -> Circuit:
+            progress: ProgressLike = None) -> Circuit:
     """Score every edge of the model's component graph for making the clean run differ from the corrupted one.
 
     method: "eap" | "eap-ig" (with `steps`) | "exact" (see the module docstring). answer / wrong: single tokens (the
     metric is logit(answer) - logit(wrong) at the last position), or metric=fn(logits [pos, vocab]) -> number (a
     tensor, for the gradient methods). Lists of prompts (and of answers) score a dataset. A Task
-    (slmviz.circuits.tasks) may stand for all of them: `circuit(ioi_task(m), model=m)`.
+    (slmviz.circuits.tasks) may stand for all of them: `circuit(ioi_task(m), model=m)`. progress: slmviz.progress's
+    contract (True: a tqdm bar; a Progress part of a caller's job), counted in runs.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -289,7 +291,7 @@ class Circuit:
         return [0, *sizes.tolist()]
 
     def faithfulness(self, sizes: Sequence[int] | None = None,
-                     progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+                     progress: ProgressLike = None) -> pd.DataFrame:
         """DataFrame n_edges, metric, normalized: for each circuit size n, the clean run with every edge *outside* the
         top n patched from the corrupted run; normalized = (metric - corrupted) / (clean - corrupted).
 

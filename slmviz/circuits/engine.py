@@ -33,6 +33,7 @@ import torch
 from ..hooks import build_context
 from ..metrics import Metric, as_float
 from ..model.block import norm_slots
+from ..progress import ProgressLike, as_progress
 from ..variants import resolve_variant
 from .graph import ComponentGraph
 
@@ -266,7 +267,7 @@ def start_layer(graph: ComponentGraph, mask: torch.Tensor) -> int:
 
 
 def patched_metrics(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], masks: Sequence[torch.Tensor],
-                    shortcuts: bool = True, progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+                    shortcuts: bool = True, progress: ProgressLike = None) -> torch.Tensor:
     """The metric of every pair with every edge set patched: float64 [n_sets, n_pairs].
 
     masks: Bool [n_src, n_dst] each, True at the edges that carry the corrupted run's value. Rows (set, pair) of
@@ -274,7 +275,9 @@ def patched_metrics(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], 
     every row is the clean run, read from the clean run's resid_pre) and, with the built-in metric, at the first
     position where the two runs differ (PairRun.shared). `shortcuts`: a set with no edge is the clean metric and one
     with every edge the corrupted metric, exactly, without a run (tests turn this off to check the runs).
+    progress: slmviz.progress's contract, counted in patched runs ("run" rows of (set, pair)).
     """
+    bar = as_progress(progress, "patched runs")
     real = graph.real()
     out = torch.full((len(masks), len(runs)), float("nan"), dtype=torch.float64)
     todo: list[tuple[int, int, int]] = []  # (start layer, set, pair)
@@ -305,8 +308,7 @@ def patched_metrics(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], 
             for (_, s, p), v in zip(part, values, strict=True):
                 out[s, p] = v
             done += len(part)
-            if progress is not None:
-                progress(done, total)
+            bar.update(done, total, unit="run")
     return out
 
 
@@ -472,14 +474,15 @@ def row_metrics(pairs: Sequence[PairRun], logits: torch.Tensor) -> torch.Tensor:
 
 # --- gradients ------------------------------------------------------------------------------------------
 def gradient_scores(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], alphas: Sequence[float],
-                    progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+                    progress: ProgressLike = None) -> torch.Tensor:
     """sum over pairs and alphas of (a_u^corrupted - a_u^clean) . d metric / d (input of v), float64 [n_src, n_dst].
 
     Each alpha is one run of the pair whose input embeddings are e_corrupted + alpha (e_clean - e_corrupted):
     alpha 1 is the clean run (EAP), alphas k / steps for k = 0 .. steps - 1 are EAP-IG's (hannamw/EAP-IG's
     get_scores_eap_ig: the corrupted end included, the clean end not). Sums over d_model and positions; the caller
-    divides by the number of pairs and of alphas.
+    divides by the number of pairs and of alphas. progress: slmviz.progress's contract, counted in backward runs.
     """
+    bar = as_progress(progress, "edge gradients")
     scores = torch.zeros(graph.n_src, graph.n_dst, dtype=torch.float64)
     rows = [(p, a) for p in range(len(runs)) for a in alphas]
     by_length: dict[int, list[tuple[int, float]]] = {}
@@ -492,8 +495,7 @@ def gradient_scores(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], 
             part = group[i:i + chunk]
             _gradient_batch(model, graph, runs, part, scores)
             done += len(part)
-            if progress is not None:
-                progress(done, len(rows))
+            bar.update(done, len(rows), unit="run")
     return scores
 
 

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from ..progress import ProgressLike, as_progress
+
 SAMPLES_PER_SEED = 24  # rows of one batched generation
 NEW_TOKENS = 128
 TEMPERATURE = 0.9
@@ -109,7 +111,7 @@ def generation_jobs(rounds: int = ROUNDS, seeds: list[tuple[str, str]] | None = 
     return [(r, i, kind, text) for r in range(rounds) for i, (kind, text) in enumerate(seeds)]
 
 
-def chat_corpus(model: Any, folder: str | Path | None = None, progress: bool | Callable[[int, int], None] = True,
+def chat_corpus(model: Any, folder: str | Path | None = None, progress: ProgressLike = True,
                 rounds: int = ROUNDS, samples: int = SAMPLES_PER_SEED, new_tokens: int = NEW_TOKENS,
                 seeds: list[tuple[str, str]] | None = None, workers: int | None = None) -> tuple[Path, Path]:
     """(train.jsonl, heldout.jsonl) of the model's own text (module docstring), generated once and reused. Each
@@ -129,7 +131,7 @@ def chat_corpus(model: Any, folder: str | Path | None = None, progress: bool | C
     return train, heldout
 
 
-def chat_heldout(model: Any, progress: bool | Callable[[int, int], None] = True) -> Path:
+def chat_heldout(model: Any, progress: ProgressLike = True) -> Path:
     """The chat corpus's held-out split alone, the same file chat_corpus writes: only its held-out seeds' parts are
     generated (a tenth of the jobs, minutes rather than the whole corpus's half hour), so evaluating a set on chat
     text does not first write the training text it was not trained on."""
@@ -148,29 +150,23 @@ def _joined(parts: Iterable[Path]) -> str:
 
 
 def generate_parts(model: Any, parts: Path, jobs: list[tuple[int, int, str, str]],
-                   progress: bool | Callable[[int, int], None] = True, samples: int = SAMPLES_PER_SEED,
+                   progress: ProgressLike = True, samples: int = SAMPLES_PER_SEED,
                    new_tokens: int = NEW_TOKENS, workers: int | None = None, desc: str = "chat corpus"
                    ) -> list[Path]:
     """Each job's part file (one JSON line a document), generating those not yet written into `parts` (one file per
-    (round, seed), written when its batch is done: a restart skips them). `progress`: True for a bar, or fn(done,
-    total)."""
+    (round, seed), written when its batch is done: a restart skips them). `progress`: slmviz.progress's contract
+    (True: a tqdm bar), counted in seed prompts written ("chat corpus 3 / 9 seed"); one that raises stops the
+    workers and keeps the parts written."""
     parts.mkdir(parents=True, exist_ok=True)
     todo = [j for j in jobs if not _part(parts, j).is_file()]
-    bar = None
-    if progress is True:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), unit="seed", desc=desc)
+    bar = as_progress(progress, desc)
 
     def finished(n: int) -> None:
-        if bar is not None:
-            bar.update(1)
-        elif callable(progress):
-            progress(len(jobs) - len(todo) + n, len(jobs))
+        bar.update(len(jobs) - len(todo) + n, len(jobs), unit="seed")
 
+    if todo:
+        finished(0)
     _write_parts(model, parts, todo, samples, new_tokens, workers or generation_workers(model), finished)
-    if bar is not None:
-        bar.close()
     return [_part(parts, job) for job in jobs]
 
 
@@ -242,13 +238,13 @@ def _part(parts: Path, job: tuple[int, int, str, str]) -> Path:
     return parts / f"{job[0]}_{job[1]}.jsonl"
 
 
-def mixed_corpus(model: Any) -> tuple[Path, Path]:
+def mixed_corpus(model: Any, progress: ProgressLike = True) -> tuple[Path, Path]:
     """The broad corpus and the chat corpus interleaved line by line (train and held-out splits apart): what the
     prepared full sets train on, so the coders see code, prose and chat in every block."""
-    return _mix(model, "mixed", _interleave)
+    return _mix(model, "mixed", _interleave, progress)
 
 
-def balanced_corpus(model: Any) -> tuple[Path, Path]:
+def balanced_corpus(model: Any, progress: ProgressLike = True) -> tuple[Path, Path]:
     """Half broad, half chat by characters (train and held-out splits apart): the broad corpus thinned evenly
     (every n-th document, so code, pydoc, licences and the Bible all stay in) to the chat corpus's length, then the two
     interleaved line by line.
@@ -258,10 +254,11 @@ def balanced_corpus(model: Any) -> tuple[Path, Path]:
     hand-written modern prose trained on chat alone, 0.401 on mixed; docs/features.md, "Bundled SAEs"). The bundled
     SAEs, one layer each, can afford the chat-heavy mix; the prepared full sets keep "mixed" (their recorded figures
     and cached scans name its fingerprint)."""
-    return _mix(model, "balanced", lambda broad, chat: _interleave(_thin(broad, sum(map(len, chat))), chat))
+    return _mix(model, "balanced", lambda broad, chat: _interleave(_thin(broad, sum(map(len, chat))), chat), progress)
 
 
-def _mix(model: Any, kind: str, merge: Callable[[list[str], list[str]], list[str]]) -> tuple[Path, Path]:
+def _mix(model: Any, kind: str, merge: Callable[[list[str], list[str]], list[str]], progress: ProgressLike = True
+         ) -> tuple[Path, Path]:
     """corpus_dir(model, kind)/{train,heldout}.jsonl: merge(broad lines, chat lines) of each split, written once."""
     from .broad import broad_corpus
 
@@ -269,7 +266,7 @@ def _mix(model: Any, kind: str, merge: Callable[[list[str], list[str]], list[str
     train, heldout = folder / "train.jsonl", folder / "heldout.jsonl"
     if train.is_file() and heldout.is_file():
         return train, heldout
-    chat = chat_corpus(model)
+    chat = chat_corpus(model, progress=progress)
     broad = broad_corpus()
     for out, a, b in ((train, broad[0], chat[0]), (heldout, broad[1], chat[1])):
         _write_lines(out, merge(a.read_text(encoding="utf-8").splitlines(), b.read_text(encoding="utf-8").splitlines()))
@@ -310,7 +307,7 @@ def slice_jobs(n: int, rounds: int = ROUNDS, seeds: list[tuple[str, str]] | None
     return sorted(jobs, key=lambda j: (j[0], place[j[1]], kinds.index(j[2])))[:n]
 
 
-def quick_corpus(model: Any, n: int = QUICK_JOBS, progress: bool | Callable[[int, int], None] = True
+def quick_corpus(model: Any, n: int = QUICK_JOBS, progress: ProgressLike = True
                  ) -> tuple[Path, Path]:
     """The quick replacement model's corpus ("quick"): "mixed" at a fraction of its length and its cost.
 

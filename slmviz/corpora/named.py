@@ -20,8 +20,9 @@ NAMES = ("broad", "chat", "mixed", "balanced", "quick")
 MODEL_WRITTEN = ("chat", "mixed", "balanced", "quick")  # need the model's chat text (corpora.generated) first
 
 
-def resolve_corpus(corpus: Any, model: Any = None, split: str = "train") -> Any:
-    """A corpus name -> the path of its `split` ("train" | "heldout"); anything else unchanged."""
+def resolve_corpus(corpus: Any, model: Any = None, split: str = "train", progress: Any = True) -> Any:
+    """A corpus name -> the path of its `split` ("train" | "heldout"); anything else unchanged. `progress`
+    (slmviz.progress's contract) reports the writing of a corpus the model writes itself, the first time."""
     if not isinstance(corpus, str) or corpus not in NAMES:
         return corpus
     if split not in ("train", "heldout"):
@@ -37,7 +38,7 @@ def resolve_corpus(corpus: Any, model: Any = None, split: str = "train") -> Any:
         raise ValueError(f"corpus={corpus!r} is text a model writes: pass the model (it is generated once per model "
                          "and cached)")
     if corpus == "chat" and split == "heldout":
-        return chat_heldout(model)  # without writing the training text first
+        return chat_heldout(model, progress=progress)  # without writing the training text first
     make = {"chat": chat_corpus, "mixed": mixed_corpus, "balanced": balanced_corpus, "quick": quick_corpus}
-    paths = make[corpus](model)
+    paths = make[corpus](model, progress=progress)
     return paths[0] if split == "train" else paths[1]

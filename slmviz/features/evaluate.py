@@ -22,19 +22,20 @@ resid_pre (Decoder.forward_from), since the layers before it are the clean run's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from ..corpora.reading import CorpusError, iter_documents
 from ..hooks import build_context, layer_hook_name, layer_of
+from ..progress import ProgressLike, as_progress
 from ..scans.batches import iter_windows, plan_batches
 from ..variants import resolve_variant
 from .activations import batch_ids, sae_rows
 
 DENSE_FRACTION = 0.1  # SAEBench: a feature active on more than 10 % of tokens is dense
-Progress = bool | Callable[[int, int], None]
+Progress = ProgressLike  # slmviz.progress's contract: True (a tqdm bar), False/None, fn(ProgressUpdate), a Progress
 
 
 class Totals:
@@ -162,23 +163,12 @@ def evaluate_batch(sae: Any, model: Any, ids: torch.Tensor, real: torch.Tensor, 
 def evaluation_batches(model: Any, corpus: Any, tokens: int | None, window: int, batch_tokens: int,
                        progress: Progress, desc: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(ids [b, T], real [b, T]) of the corpus's windows, batch by batch, until `tokens` real tokens (None: all);
-    progress shown as a tqdm bar named `desc` (progress=True) or passed to fn(tokens seen, tokens)."""
-    bar = None
-    if progress is True:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=tokens, unit="tok", unit_scale=True, desc=desc)
+    progress: slmviz.progress's contract, a job named `desc` counted in tokens (True: a tqdm bar)."""
+    bar = as_progress(progress, desc)
     seen = 0
-    try:
-        for batch in plan_batches(iter_windows(model.tokenizer, iter_documents(corpus), window), batch_tokens):
-            yield batch_ids(batch)
-            seen += batch.n_tokens
-            if bar is not None:
-                bar.update(batch.n_tokens)
-            elif callable(progress):
-                progress(seen, tokens)
-            if tokens is not None and seen >= tokens:
-                break
-    finally:
-        if bar is not None:
-            bar.close()
+    for batch in plan_batches(iter_windows(model.tokenizer, iter_documents(corpus), window), batch_tokens):
+        yield batch_ids(batch)
+        seen += batch.n_tokens
+        bar.update(min(seen, tokens) if tokens is not None else seen, tokens, unit="tok")
+        if tokens is not None and seen >= tokens:
+            break

@@ -6,7 +6,7 @@ has; there `linear` splits one-row products into one row block per thread, which
 the machine's read bandwidth. On others MKL's own matrix-vector product is faster, and `linear` uses it:
 which one wins is measured once per process (`row_split_wins`). Prompts (many rows) go through the same GEMM as
 transformers. q/k/v and gate/up are fused into one matrix each, so a decoding step makes 4 matmuls per
-layer instead of 7. Only slmviz/weights.py knows how HF names map onto these fields.
+layer instead of 7. Only slmviz/loading/weights.py knows how HF names map onto these fields.
 """
 
 from __future__ import annotations

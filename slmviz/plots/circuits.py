@@ -1,7 +1,8 @@
 """Plotly figures of circuits: the component graph's top edges drawn layer by layer, and the faithfulness curve.
 
 A Circuit (slmviz.circuits) in, a Figure out; nothing here runs the model (Circuit.plot calls us), so the flow stays
-one-way. Columns left to right: the input, then each layer's heads (one row per head) and its MLP, then the logits.
+one-way. Columns left to right: the input, then each layer's heads (one row per head) and its MLP (on a row of its
+own, below head 0), then the logits. The nodes that an edge touches carry their names.
 An edge runs from its source to the head (or MLP, or logits) that reads it: solid into a query, dashed into a key,
 dotted into a value (a key or value edge ends at the first head of its KV group). Width is |score|, colour the sign.
 Each edge carries customdata [source, target, score], which an app reads on click.
@@ -16,6 +17,7 @@ import plotly.graph_objects as go
 
 NEGATIVE, POSITIVE = "#c0392b", "#2471a3"  # red: the corrupted value moves the metric down; blue: up
 DASH = {"q": "solid", "k": "dash", "v": "dot", "": "solid"}
+MLP_ROW = -1.5  # the MLPs' row: below head 0, apart from every head's
 
 
 def node_position(name: str, n_layers: int, n_heads: int, n_kv_heads: int) -> tuple[float, float, str]:
@@ -31,7 +33,7 @@ def node_position(name: str, n_layers: int, n_heads: int, n_kv_heads: int) -> tu
     layer, _, rest = name[1:].partition(".")
     x = 1.0 + 2 * int(layer)
     if name.startswith("m"):
-        return x + 1, middle, kind
+        return x + 1, MLP_ROW, kind
     index = int(rest[1:])
     head = index * (n_heads // n_kv_heads) if rest.startswith("g") else index  # a KV group: its first query head
     return x, float(head), kind
@@ -66,14 +68,19 @@ def circuit_graph(circuit: Any, n: int = 50, title: str | None = None) -> go.Fig
         colours.append("#222" if name in used else "#ccc")
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", marker={"size": 7, "color": colours}, text=labels,
                              hovertemplate="%{text}<extra></extra>", showlegend=False))
+    shown = [i for i, name in enumerate(labels) if name in used]  # the nodes of the drawn edges, named
+    fig.add_trace(go.Scatter(x=[xs[i] for i in shown], y=[ys[i] for i in shown], mode="text",
+                             text=[labels[i] for i in shown], textposition="top center", textfont={"size": 10},
+                             hoverinfo="skip", showlegend=False))
     ticks = [0.0, *[1.0 + 2 * layer for layer in range(L)], 2.0 * L + 1]
     tick_text = ["input", *[f"L{layer}" for layer in range(L)], "logits"]
     steps = f", {circuit.steps} steps" if getattr(circuit, "steps", None) else ""
     fig.update_layout(
         title=title or f"Top {len(top)} of {graph.n_edges} edges ({circuit.method}{steps}): {circuit.metric_name}",
         xaxis={"tickvals": ticks, "ticktext": tick_text, "title": "layer (heads, then MLP)", "showgrid": False},
-        yaxis={"title": "head", "tickvals": list(range(h)), "showgrid": False},
-        template="plotly_white", height=320 + 18 * h,
+        yaxis={"title": "head", "tickvals": [MLP_ROW, *range(h)], "ticktext": ["MLP", *map(str, range(h))],
+               "showgrid": False, "range": [MLP_ROW - 1, h]},
+        template="plotly_white", height=360 + 22 * h, margin={"t": 60, "l": 60, "r": 20, "b": 50},
     )
     return fig
 

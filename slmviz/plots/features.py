@@ -3,7 +3,7 @@ shows (#feature-card), and clickable feature lists.
 
 Plain markup with inline styles and no script, so the same HTML shows in a notebook, in the app's gr.HTML and in
 a saved page. Clickable items carry class FEATURE_LINK and `data-feature`: the app's page JavaScript turns a click
-into a Gradio event (app/features_tab.py); elsewhere they are inert labels.
+into a Gradio event (app/tabs/features.py); elsewhere they are inert labels.
 """
 
 from __future__ import annotations
@@ -69,6 +69,13 @@ def density_html(stats: dict[str, Any]) -> str:
             height = 4 + 76 * math.log10(float(row.count) + 1) / peak
             bars += (f'<div title="({row.left:.3g}, {row.right:.3g}]: {int(row.count)} tokens" style="flex:1;'
                      f'min-width:3px;height:{height:.0f}px;background:#ff8c00;margin-right:1px"></div>')
+    # the axes: tokens per bin (log height: the tallest bin's count at the top, 1 at the foot), and the activation at
+    # the first bin's left edge, the middle bin's and the last bin's right edge
+    y_ticks = x_ticks = ""
+    if not bins.empty:
+        y_ticks = f"<span>{int(bins['count'].max()):,}</span><span>tokens</span><span>1</span>"
+        mid = bins.iloc[len(bins) // 2]
+        x_ticks = "".join(f"<span>{x:.3g}</span>" for x in (bins["left"].iloc[0], mid.left, bins["right"].iloc[-1]))
     firing = max(stats["firing"], 1)
     bands = stats["bands"]
     band_rows = "".join(
@@ -79,8 +86,13 @@ def density_html(stats: dict[str, Any]) -> str:
         '<div style="display:flex;gap:18px;flex-wrap:wrap;align-items:flex-start">'
         '<div style="min-width:260px;flex:1"><div style="font-size:12px;color:#667">Activation density: tokens '
         'per bin of activation > 0 (log-spaced bins, log height)</div>'
-        f'<div class="slmviz-feature-density" style="display:flex;align-items:flex-end;height:84px;'
-        f'border-bottom:1px solid #999">{bars or "<i>never fires</i>"}</div></div>'
+        '<div style="display:flex;gap:4px"><div style="display:flex;flex-direction:column;'
+        f'justify-content:space-between;font-size:10px;color:#667;text-align:right;height:84px">{y_ticks}</div>'
+        f'<div style="flex:1"><div class="slmviz-feature-density" style="display:flex;align-items:flex-end;'
+        f'height:84px;border-bottom:1px solid #999;border-left:1px solid #999">{bars or "<i>never fires</i>"}</div>'
+        f'<div class="slmviz-feature-density-x" style="display:flex;justify-content:space-between;font-size:10px;'
+        f'color:#667">{x_ticks}</div><div style="font-size:10px;color:#667;text-align:center">activation '
+        f'(log-spaced bins)</div></div></div></div>'
         f'<table class="slmviz-feature-bands" style="{TABLE}"><tr><th style="{CELL}">quantile band</th>'
         f'<th style="{CELL}">tokens</th><th style="{CELL}">share of firing</th></tr>' + band_rows + "</table></div>"
     )
@@ -101,14 +113,18 @@ def effects_html(effects: pd.DataFrame | None, reason: str = "") -> str:
     return '<div style="display:flex;gap:24px">' + "".join(cols) + "</div>"
 
 
-def feature_card_html(card: Any) -> str:
-    """A FeatureCard as HTML: header and statistics, density histogram and quantile bands, top activating contexts
-    (these three only with a scan), logit effects (W_dec[f] · W_U) and nearest features by decoder cosine."""
+def feature_card_html(card: Any, label: str | None = None) -> str:
+    """A FeatureCard as HTML: header (with the feature's `label`, given one: SAE.label's) and statistics, density
+    histogram and quantile bands, top activating contexts (these three only with a scan), logit effects
+    (W_dec[f] · W_U) and nearest features by decoder cosine."""
     title = f"Feature {card.feature}" + (f" of {html.escape(card.name)}" if card.name else "")
     section = '<h4 style="margin:10px 0 4px">{}</h4>'
     parts = [f'<div class="slmviz-feature-card" data-feature="{card.feature}" style="line-height:1.35">',
-             f'<h3 style="margin:0 0 2px">{title}</h3>',
-             f'<div style="font-size:12px;color:#555">{html.escape(repr(card.sae))}</div>']
+             f'<h3 style="margin:0 0 2px">{title}</h3>']
+    if label:
+        parts.append(f'<div class="slmviz-feature-label" style="font-size:15px;margin:2px 0 4px">'
+                     f'<b>Label:</b> {html.escape(label)}</div>')
+    parts.append(f'<div style="font-size:12px;color:#555">{html.escape(repr(card.sae))}</div>')
     if card.note:
         parts.append(f'<p style="color:#8a5a00">{html.escape(card.note)}</p>')
     if card.stats is not None:

@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .trace import show_token
+from .trace import show_token, title_layout
 
 DIVERGING = "RdBu"  # red = pushes towards the corrupted answer, blue = restores the clean one
 ATTRIBUTION_CAVEAT = ("A first-order (gradient) estimate, not a patched run: good for small activations such as "
@@ -97,10 +97,10 @@ def patch_heatmap(result: Any, normalized: bool = True, head: int | None = None)
         subtitle += f" Computing: {result.done}/{result.total} cells."
     panel_rows = 1 if len(fig.data) == 1 else math.ceil(len(fig.data) / 3)
     height = 200 + panel_rows * max(140, 14 * n_layers)
+    layout, top = title_layout(title, subtitle)
     fig.update_layout(
-        title={"text": title, "subtitle": {"text": subtitle}, "x": 0.0, "xanchor": "left"},
-        template="plotly_white", height=int(min(1600, max(420, height))),
-        margin={"t": 120, "l": 70, "r": 30, "b": 110}, font={"size": 12},
+        title=layout, template="plotly_white", height=int(min(1600, max(420, height))) + max(0, top - 120),
+        margin={"t": max(120, top), "l": 70, "r": 30, "b": 110}, font={"size": 12},
     )
     fig.update_xaxes(tickangle=-60)
     if x_title:
@@ -157,9 +157,10 @@ def logit_attribution_bars(frame: pd.DataFrame, top: int = 20) -> go.Figure:
     subtitle = (f"Each component's write into the residual stream, read through the final norm (scale frozen) "
                 f"and the unembedding: its share of {metric}"
                 + (f" = {total:.3f} (all rows sum to it)." if total is not None else "."))
+    layout, top = title_layout("Direct logit attribution", subtitle)
     fig.update_layout(
-        title={"text": "Direct logit attribution", "subtitle": {"text": subtitle}, "x": 0.0, "xanchor": "left"},
-        template="plotly_white", height=420, barmode="group", margin={"t": 110, "l": 70, "r": 30, "b": 90},
+        title=layout, template="plotly_white", height=420 + max(0, top - 110), barmode="group",
+        margin={"t": max(110, top), "l": 70, "r": 30, "b": 90},
         xaxis_title=x_title, yaxis_title="logit difference contributed", font={"size": 12},
     )
     fig.update_xaxes(tickangle=-60)
@@ -197,10 +198,10 @@ def feature_patch_bars(result: Any, n: int = 20) -> go.Figure:
     subtitle = (f"{len(result.cells)} cells (every feature active in either run, at every position); the {len(top)} "
                 f"largest by |attribution|. Each sets one feature at one position to the other run's value ({into}), "
                 f"error terms on.")
+    layout, margin_top = title_layout("Feature patching: " + result.metric_name, subtitle)
     fig.update_layout(
-        title={"text": "Feature patching: " + result.metric_name, "subtitle": {"text": subtitle}, "x": 0.0,
-               "xanchor": "left"},
-        template="plotly_white", height=max(320, 26 * len(top) + 140), margin={"t": 110, "l": 260, "r": 30, "b": 60},
+        title=layout, template="plotly_white", height=max(320, 26 * len(top) + 140) + max(0, margin_top - 110),
+        margin={"t": max(110, margin_top), "l": 260, "r": 30, "b": 60},
         xaxis_title=unit, yaxis={"autorange": "reversed"}, font={"size": 12},
         legend={"orientation": "h", "y": -0.12},
     )

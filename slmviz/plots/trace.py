@@ -14,7 +14,7 @@ Conventions every figure follows:
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -52,6 +52,12 @@ def show_token(token: str) -> str:
     return token.translate(_VISIBLE) or "∅"
 
 
+def plotly_text(text: str) -> str:
+    """Text for plotly's label markup, escaped once: & < > as entities, which plotly reads back; quotes left as they
+    are (plotly shows &quot; and &#x27; literally, so a token `␣"` read `␣&quot;` in the logit lens)."""
+    return html.escape(text, quote=False)
+
+
 def token_labels(tokens: list[str]) -> list[str]:
     """'position: token' labels, unique even when a token repeats (plotly merges equal categories)."""
     return [f"{i}: {show_token(t)}" for i, t in enumerate(tokens)]
@@ -68,11 +74,43 @@ def _finite(values: torch.Tensor | np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(a), a, np.nan)
 
 
+TITLE_CHARS, SUBTITLE_CHARS = 60, 80  # a line's characters that fit a half-width plot (a Row of two in the app)
+
+
+def wrap_line(text: str, chars: int) -> tuple[str, int]:
+    """`text` broken into lines of at most `chars` characters at spaces (plotly does not wrap a title: a long one
+    is clipped at the figure's edge), joined by <br>; and how many lines. An existing <br> starts a line."""
+    lines: list[str] = []
+    for part in text.split("<br>"):
+        line = ""
+        for word in part.split(" "):
+            if line and len(line) + 1 + len(word) > chars:
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(line)
+    return "<br>".join(lines), len(lines)
+
+
+def title_layout(title: str, subtitle: str = "", title_chars: int = TITLE_CHARS,
+                 subtitle_chars: int = SUBTITLE_CHARS) -> tuple[dict[str, Any], int]:
+    """(plotly's title layout, the top margin it needs): the title and subtitle wrapped to fit a half-width plot, so
+    neither is ever clipped; the margin grows with their lines."""
+    text, n_title = wrap_line(title, title_chars)
+    sub_text, n_sub = wrap_line(subtitle, subtitle_chars) if subtitle else ("", 0)
+    layout = {"text": text, "x": 0.0, "xanchor": "left"}
+    if subtitle:
+        layout["subtitle"] = {"text": sub_text}
+    return layout, 40 + 24 * n_title + 17 * n_sub
+
+
 def _style(fig: go.Figure, title: str, subtitle: str, x_title: str | None, y_title: str | None,
            height: int) -> go.Figure:
+    layout, top = title_layout(title, subtitle)
     fig.update_layout(
-        title={"text": title, "subtitle": {"text": subtitle}, "x": 0.0, "xanchor": "left"},
-        template="plotly_white", height=height, margin={"t": 110, "l": 80, "r": 30, "b": 70},
+        title=layout, template="plotly_white", height=height + max(0, top - 110),
+        margin={"t": max(110, top), "l": 80, "r": 30, "b": 70},
         hoverlabel={"align": "left"}, font={"size": 12},
     )
     if x_title is not None:
@@ -271,7 +309,7 @@ def _norm_line(frame: pd.DataFrame, name: str, color: str, dash: str, symbol: st
     return go.Scatter(
         x=frame["layer"].to_numpy(), y=_finite(frame["norm"].to_numpy()), mode="lines+markers", name=name,
         line={"color": color, "dash": dash, "width": 2}, marker={"symbol": symbol, "size": 5},
-        hovertemplate=f"{html.escape(hover)}<br>layer %{{x}}<br>norm %{{y:.4g}}<extra>{html.escape(name)}</extra>",
+        hovertemplate=f"{plotly_text(hover)}<br>layer %{{x}}<br>norm %{{y:.4g}}<extra>{plotly_text(name)}</extra>",
     )
 
 
@@ -299,7 +337,7 @@ def logit_lens(trace: Trace, k: int = 5, max_positions: int = 32) -> go.Figure:
     # logit_lens rows are ordered (layer, position, rank): reshape instead of grouping row by row.
     shape = (len(layers), len(positions), k)
     probs = lens["prob"].to_numpy().reshape(shape)
-    preds = np.array([html.escape(show_token(p)) for p in lens["pred"]], dtype=object).reshape(shape)
+    preds = np.array([plotly_text(show_token(p)) for p in lens["pred"]], dtype=object).reshape(shape)
     finite = lens["finite"].to_numpy().reshape(shape)[..., 0]
     prob = np.where(finite, probs[..., 0], np.nan)
     text = np.where(finite, preds[..., 0], "")

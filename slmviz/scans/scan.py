@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ import torch
 
 from ..corpora.reading import Corpus, count_documents, iter_documents, shard_sources
 from ..hooks import checked_saes
+from ..progress import ProgressLike, as_progress
 from ..variants import VariantLike, resolve_variant
 from .batches import ScanSpec, row_rules
 from .reduce import EDGES, EMPTY_KEY, POSITION_BITS, DamageTotals, HookPartial, key_doc, key_position
@@ -44,7 +45,7 @@ DEFAULT_BATCH_TOKENS = 1024  # padded tokens per forward: this CPU's peak tokens
 # x 4 bytes = 0.2 GB on SmolLM2, where 2048 tokens would need 0.8 GB.
 DAMAGE_BATCH_TOKENS = 512
 FORMAT_VERSION = 1
-Progress = bool | Callable[[int, int | None], None]
+Progress = ProgressLike  # True (a tqdm bar), False/None, fn(ProgressUpdate), or a caller's Progress part
 
 
 class ScanFormatError(ValueError):
@@ -72,7 +73,8 @@ def scan(
     top-1 agreement) is measured per document. window: documents longer than this many tokens are cut
     into windows. batch_tokens: padded tokens per forward (default DEFAULT_BATCH_TOKENS, or
     DAMAGE_BATCH_TOKENS with variants: their logits are big). limit: read at most this many documents.
-    workers: Ray actors (engine="ray"). progress: a tqdm bar (True), none (False), or fn(docs_done, total).
+    workers: Ray actors (engine="ray"). progress: slmviz.progress's contract, counted in documents: a tqdm bar
+    (True), none (False/None), fn(ProgressUpdate), or a Progress part of a caller's job (a pass of several: "scan 2/4").
     context: tokens kept before and after each top example.
     saes: SAEs spliced into every forward (slmviz.load_sae); scan their features with
     hooks=[f"{sae.hook_name_out}.hook_sae_acts_post"]. Those features are 0 on the rows the SAE's `shown_rows`
@@ -111,26 +113,30 @@ def scan(
     tally = {"documents": 0, "windows": 0, "tokens": 0, "batches": 0}
 
     start = time.perf_counter()
-    with _progress_bar(progress, total, engine) as report:
-        def absorb(result: ShardResult) -> None:
-            """Merge one shard's result (called in shard order by both engines)."""
-            for h, part in result.hooks.items():
-                acc[h] = acc[h].merge(part)
-            if result.damage is not None:
-                damage.add(result.damage)
-            for k, v in (("documents", result.n_docs), ("windows", result.windows), ("tokens", result.tokens),
-                         ("batches", result.batches)):
-                tally[k] += v
-            report(tally["documents"])
+    bar = as_progress(progress, f"scan ({engine})")
 
-        if engine == "local":
-            for shard in iter_shards(iter_documents(corpus, limit), SHARD_DOCS):
-                def batch_done(fraction: float, shard: Shard = shard) -> None:  # progress within a shard
-                    report(shard.first_doc + int(fraction * len(shard.texts)))
+    def report(n: int) -> None:
+        bar.update(n, total, unit="doc")
 
-                absorb(run_shard(model, shard, spec, features, batch_done))
-        else:
-            run_on_ray(model, shard_sources(corpus, limit, SHARD_DOCS), spec, absorb, workers)
+    def absorb(result: ShardResult) -> None:
+        """Merge one shard's result (called in shard order by both engines)."""
+        for h, part in result.hooks.items():
+            acc[h] = acc[h].merge(part)
+        if result.damage is not None:
+            damage.add(result.damage)
+        for k, v in (("documents", result.n_docs), ("windows", result.windows), ("tokens", result.tokens),
+                     ("batches", result.batches)):
+            tally[k] += v
+        report(tally["documents"])
+
+    if engine == "local":
+        for shard in iter_shards(iter_documents(corpus, limit), SHARD_DOCS):
+            def batch_done(fraction: float, shard: Shard = shard) -> None:  # progress within a shard
+                report(shard.first_doc + int(fraction * len(shard.texts)))
+
+            absorb(run_shard(model, shard, spec, features, batch_done))
+    else:
+        run_on_ray(model, shard_sources(corpus, limit, SHARD_DOCS), spec, absorb, workers)
     seconds = time.perf_counter() - start
 
     used = torch.unique(torch.cat([p.top_ids.flatten() for p in acc.values()]))
@@ -346,28 +352,3 @@ def _variants(variants: Sequence[VariantLike] | str | None) -> tuple[tuple[str, 
     resolved = tuple(resolve_variant(v) for v in items)
     names = tuple(v if isinstance(v, str) else r.label() for v, r in zip(items, resolved, strict=True))
     return names, resolved
-
-
-class _progress_bar:
-    """A tqdm bar over documents (tqdm.auto: a widget in notebooks), a user callback, or nothing."""
-
-    def __init__(self, progress: Progress, total: int | None, engine: str):
-        self.progress, self.total, self.engine, self.bar = progress, total, engine, None
-
-    def __enter__(self) -> Callable[[int], None]:
-        if callable(self.progress):
-            return lambda n: self.progress(n, self.total)
-        if not self.progress:
-            return lambda n: None
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(total=self.total, unit="doc", desc=f"scan ({self.engine})")
-
-        def report(n: int) -> None:
-            self.bar.update(n - self.bar.n)
-
-        return report
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.close()

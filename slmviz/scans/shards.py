@@ -23,7 +23,7 @@ from .batches import ScanSpec, iter_windows, plan_batches, run_batch
 from .reduce import DamagePartial, HookPartial
 from .units import Feature
 
-SHARD_DOCS = 1024  # documents per shard: ~30 s of verses on 2 cores, enough to keep a Ray actor busy
+SHARD_DOCS = 1024  # documents per shard: enough to keep a Ray actor busy between its reads (docs/scans.md)
 
 
 @dataclass(frozen=True)

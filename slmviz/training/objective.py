@@ -1,5 +1,5 @@
-"""What differs between the coders the one training loop trains: an objective (STYLE.md §14; SAELens's training SAEs
-each supply their training forward and aux loss to one SAETrainer).
+"""What differs between the coders the one training loop trains: an objective (as SAELens's training SAEs each
+supply their training forward and aux loss to one SAETrainer).
 
 An objective owns a coder's weights, its BatchTopK thresholds and its input / output scales, and says how the coder
 starts (`initialise`), what it predicts and loses on a batch (`training_forward`), how its final thresholds are

@@ -22,9 +22,11 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from ..features.prepared_scans import CORPUS, prepare_deep_scan, prepare_sae_scans, prepare_set_scan
-from ..formats.checkpoint import CheckpointError
+from ..features.prepared_scans import CORPUS, prepare_deep_scan, prepare_sae_scans, prepare_set_scan, set_scan_dir
+from ..formats.checkpoint import CheckpointError, trained_tokens
 from ..loading.bundled import prepared_dir
+from ..progress import Progress, ProgressLike, as_progress
+from ..replacement.prepared import prepared_ready
 from .train import train_transcoders
 
 # One recipe per (model, prepared name). Chosen for a 2-core CPU; docs/features.md records what each costs and scores.
@@ -54,6 +56,9 @@ RECIPES: dict[tuple[str, str], dict[str, Any]] = {
 }
 REQUIRED = ("d_sae", "k", "tokens")  # what a recipe must fix; the rest defaults as in train_transcoders
 TRAINED_AS = {"plt-quick": "plt"}  # a prepared name that is not a trainer's kind -> the kind it trains
+# The parts of a build, weighted by what each took in the quick set's build from nothing (the chat corpus written, the
+# set trained, the scans: about 3.5, 4.5 and 3.7 minutes; issue 52): shares of prepare_transcoders' one bar.
+PHASE_WEIGHTS = {"corpus": 0.3, "training": 0.4, "scan": 0.3}
 LOCK_FILE = ".prepare.lock"  # in $SLMVIZ_CACHE/transcoders/{model}/: one build of a model's prepared sets at a time
 
 
@@ -80,19 +85,23 @@ def recipe(model: Any, kind: str, overrides: dict[str, Any] | None = None) -> di
                      "..., out=folder)")
 
 
-def prepare_transcoders(model: Any, kind: str = "plt", progress: Any = True, scan_progress: Any = None,
-                        deep_scan: bool = False, **overrides: Any) -> Any:
-    """Train (or resume, or load when finished) `model`'s prepared `kind` set into $SLMVIZ_CACHE, then prepare its
-    feature scan and the bundled SAEs' (features.prepared_scans: no card waits for one); returns the set.
+def prepare_transcoders(model: Any, kind: str = "plt", progress: ProgressLike = True, deep_scan: bool = False,
+                        **overrides: Any) -> Any:
+    """Write the model's own corpus when the recipe reads one (once per model), train (or resume, or load when
+    finished) `model`'s prepared `kind` set into $SLMVIZ_CACHE, then prepare its feature scan and the bundled SAEs'
+    (features.prepared_scans: no card waits for one); returns the set.
 
     `overrides`: train_transcoders arguments over the recipe (`corpus=` replaces CORPUS: a corpus name, a file or a
-    list of texts); they are what makes a set for a model without a recipe (recipe()). `scan_progress`: the scan's
-    fn(docs done, total) (default: a bar when `progress` is True, else none). `deep_scan`: then the set's deep scan
-    too (features.deep_scan: a million tokens, labels with scores), after the lock is released; `start_deep_scan`
-    runs it in the background instead, so that the first graph never waits for it."""
+    list of texts); they are what makes a set for a model without a recipe (recipe()). `progress`: slmviz.progress's
+    contract (True: one tqdm bar), one job whose parts are the corpus ("chat corpus"), the training ("training", its
+    detail the layers' explained variance) and the scans ("scan 1/3": the set's, then each bundled SAE's). A part
+    already done (a written corpus, a finished set, a scan there) takes no share of the bar, so the time left is
+    measured on the work that remains. `deep_scan`: then the set's deep scan too (features.deep_scan: a million
+    tokens, labels with scores), after the lock is released, as a job of its own; `start_deep_scan` runs it in the
+    background instead, so that the first graph never waits for it."""
     args = recipe(model, kind, overrides)
     with build_lock(model, kind):
-        ts = _prepare(model, kind, args, progress, scan_progress)
+        ts = _prepare(model, kind, args, as_progress(progress, f"prepare {kind} ({model.name})"))
     if deep_scan:
         prepare_deep_scan(model, ts, kind, progress=progress)
     return ts
@@ -132,18 +141,48 @@ def build_lock(model: Any, kind: str) -> Iterator[None]:
         lock.release()
 
 
-def _prepare(model: Any, kind: str, args: dict[str, Any], progress: Any, scan_progress: Any) -> Any:
-    """prepare_transcoders' work, under the model's build lock."""
+def _shares(model: Any, kind: str, args: dict[str, Any], corpus_name: Any) -> dict[str, float]:
+    """Each part's share of the bar: PHASE_WEIGHTS for the work left (none for a written corpus or a finished scan;
+    the training's weight times the tokens still to train), so the bar's rate, and the time left, are the work's."""
+    from ..corpora.generated import corpus_dir
+    from ..corpora.named import MODEL_WRITTEN
+
+    left = dict(PHASE_WEIGHTS)
+    if corpus_name not in MODEL_WRITTEN:
+        left["corpus"] = 0.0
+    else:
+        folder = corpus_dir(model) if corpus_name == "chat" else corpus_dir(model, corpus_name)
+        if (folder / "train.jsonl").is_file() and (folder / "heldout.jsonl").is_file():
+            left["corpus"] = 0.0
+    out = prepared_dir(model, kind)
+    if prepared_ready(model, kind):
+        left["training"] = 0.0
+    else:
+        left["training"] *= 1 - min((trained_tokens(out) or 0) / max(args["tokens"], 1), 1.0)
+    if set_scan_dir(model, kind).is_dir():
+        left["scan"] *= 0.2  # the set's scan is there (read, or written again if damaged); the bundled SAEs' may not be
+    total = sum(left.values()) or 1.0
+    return {k: v / total for k, v in left.items()}
+
+
+def _prepare(model: Any, kind: str, args: dict[str, Any], p: Progress) -> Any:
+    """prepare_transcoders' work, under the model's build lock: its parts laid end to end on one bar."""
     from ..corpora.named import resolve_corpus
+    from ..features.bundled import bundled_saes
+    from ..features.load import load_sae
 
     trains = TRAINED_AS.get(kind, kind)  # the prepared name says which trainer, whoever gave the recipe
     corpus_name = args.pop("corpus", CORPUS)
     out = prepared_dir(model, kind)
-    corpus = resolve_corpus(corpus_name, model)
+    share = _shares(model, kind, args, corpus_name)
+    written = p.part("chat corpus", share["corpus"])
+    corpus = resolve_corpus(corpus_name, model, progress=written)
+    written.finish()
     command = "slmviz prepare --transcoders " + shlex.join([kind, "--model", model.name])
     said = corpus_name if isinstance(corpus_name, str) else "custom"
     try:
-        ts = train_transcoders(model, layers="all", corpus=corpus, kind=trains, out=out, progress=progress,
+        ts = train_transcoders(model, layers="all", corpus=corpus, kind=trains, out=out,
+                               progress=p.part("training", share["training"]),
                                name=f"{model.name}-{kind}", metadata={"training_command": command,
                                                                      "corpus_name": said}, **args)
     except CheckpointError as e:  # a set prepared by an earlier recipe (or other overrides): say what to do here
@@ -151,7 +190,19 @@ def _prepare(model: Any, kind: str, args: dict[str, Any], progress: Any, scan_pr
                               f"slmviz's: {e}. It still loads (slmviz.load_transcoders({kind!r}, model=m)); to "
                               f"prepare the current recipe, delete that folder and run `{command}` again") from e
     scanned = corpus_name if isinstance(corpus_name, str) else list(corpus_name)
-    shown = scan_progress if scan_progress is not None else progress is True
-    prepare_set_scan(model, ts, kind, corpus=scanned, progress=shown)  # a CLT's too: one unit per layer, spliced
-    prepare_sae_scans(model, corpus=scanned, progress=shown)  # the bundled SAEs' cards read the same text
+    saes = {name: load_sae(name, model=model) for name in bundled_saes(model)}
+    passes = 1 + len(saes)  # the set's scan, then each bundled SAE's (their cards read the same text): one part each
+    scans = p.part("scan", share["scan"])
+
+    def scan_pass(i: int) -> Progress:
+        return scans.part("scan", 1 / passes, index=(i, passes) if passes > 1 else None)
+
+    first = scan_pass(1)
+    prepare_set_scan(model, ts, kind, corpus=scanned, progress=first)  # a CLT's too: one unit per layer, spliced
+    first.finish()
+    for i, (name, sae) in enumerate(saes.items(), start=2):
+        done = scan_pass(i)
+        prepare_sae_scans(model, {name: sae}, corpus=scanned, progress=done)
+        done.finish()
+    p.finish("ready")
     return ts

@@ -1,5 +1,7 @@
-"""The one progress report of a training run: a tqdm bar (progress=True), nothing (False), or fn(stats) after every
-step of every coder.
+"""The one progress report of a training run, on slmviz.progress's contract: after every step of every coder, one
+ProgressUpdate of the tokens trained (summed over coders) with the layers' mean explained variance as its detail
+("EV 0.65", the worst layer's beside it for a set) and the whole stats dict as its `stats`. `progress`: True (a tqdm
+bar), False/None, fn(ProgressUpdate), or a caller's Progress part (slmviz.training.prepare's "training").
 
 stats: tokens and total (summed over the run's coders: per layer times layers for a PLT set), step (steps taken),
 tokens_per_s, the latest loss terms summed over coders (loss, mse, aux, and pre_act for a CLT), and over every layer
@@ -11,13 +13,12 @@ tokens}.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
-Progress = bool | Callable[[dict[str, Any]], None]
+from ..progress import ProgressLike, as_progress
+
+Progress = ProgressLike
 SUMMARY = ("explained_variance", "worst_explained_variance", "l0", "l0_total", "dead_fraction")
-POSTFIX = {"loss": ("loss", ".3g"), "explained_variance": ("ev", ".3f"), "worst_explained_variance": ("worst", ".3f"),
-           "l0": ("l0", ".1f"), "dead_fraction": ("dead", ".3f")}  # stats key -> (tqdm postfix name, format)
 
 
 def summary(layers: dict[Any, dict[str, float]]) -> dict[str, float]:
@@ -32,29 +33,19 @@ class Report:
     """Collects each coder's latest step figures (loop.Trainer.step) into the run's stats and reports them."""
 
     def __init__(self, progress: Progress, trainers: dict[str, Any], desc: str):
-        self.progress, self.trainers = progress, trainers
+        self.progress, self.trainers = as_progress(progress, desc), trainers
         self.total = sum(t.cfg.tokens for t in trainers.values())
         self.latest: dict[str, dict[str, Any]] = {}
         self.start, self.t0 = self.done(), time.perf_counter()
-        self.bar = None
-        if progress is True:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=self.total, initial=self.start, unit="tok", unit_scale=True, desc=desc)
 
     def done(self) -> int:
         return sum(t.cursor.tokens for t in self.trainers.values())
 
     def step(self, coder: str, figures: dict[str, Any]) -> None:
-        """After one step of `coder`: the bar's position and postfix, or fn(stats)."""
+        """After one step of `coder`: one update of the tokens trained, "EV 0.65" (", worst 0.41") and L0 its detail."""
         self.latest[coder] = figures
         stats = self.stats()
-        if self.bar is not None:
-            fields = [f for f in POSTFIX if f != "worst_explained_variance" or len(stats["layers"]) > 1]
-            self.bar.update(stats["tokens"] - self.bar.n)
-            self.bar.set_postfix(refresh=False, **{POSTFIX[f][0]: format(stats[f], POSTFIX[f][1]) for f in fields})
-        elif callable(self.progress):
-            self.progress(stats)
+        self.progress.update(stats["tokens"], self.total, unit="tok", detail=detail(stats), stats=stats)
 
     def stats(self) -> dict[str, Any]:
         done = self.done()
@@ -66,5 +57,12 @@ class Report:
                 **{k: sum(f[k] for f in self.latest.values()) for k in terms}, **summary(layers), "layers": layers}
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        """Nothing to close: the job's sink (a tqdm bar of progress=True) closes at the job's end."""
+
+
+def detail(stats: dict[str, Any]) -> str:
+    """What a training update says beside its count: "EV 0.65, worst 0.41 · L0 32.0" (worst for several layers)."""
+    ev = f"EV {stats['explained_variance']:.2f}"
+    if len(stats["layers"]) > 1:
+        ev += f", worst {stats['worst_explained_variance']:.2f}"
+    return f"{ev} · L0 {stats['l0']:.1f}"
