@@ -10,6 +10,7 @@ of QK attribution and head loadings (tests/test_qk.py, tests/test_head_loadings.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -51,7 +52,7 @@ def graph(tiny, transcoders):
 
 def built(server) -> Client:
     client = Client(server, verbose=False)
-    client.predict(PROMPT, NAMES, 0.95, 0.98, api_name="/circuit_attribution")
+    client.predict(PROMPT, NAMES, 0.95, 0.98, api_name="/graph_attribution")
     return client
 
 
@@ -110,7 +111,8 @@ def test_the_figure_carries_the_pruned_graph_and_is_drawn_from_it(tiny_server, g
     assert fig["data"] == json.loads(json.dumps(draw(g, KEEP_DEFAULT, MIN_WEIGHT_DEFAULT)))
     # fewer nodes kept: the top ones by rank, and only edges among them at least the weight asked
     few = draw(g, 3, 0.5)
-    shown = {c[0] for t in few if t["mode"] == "markers" and t["name"] != "pinned" for c in t["customdata"]}
+    shown = {c[0] for t in few if t["mode"] == "markers" and t["name"] not in ("pinned", "focus")
+             for c in t["customdata"]}
     assert shown == {i for i in g["ids"] if ranks[i] < 3}
     lines = [t for t in few if t["name"] in ("edges +", "edges −")]
     assert sum(len(t["x"]) // 3 for t in lines) == sum(
@@ -130,12 +132,38 @@ def test_head_loadings_of_an_edge_and_the_qk_pairs_of_a_head(tiny_server, graph)
     index = node_index(graph)
     query = int(graph.nodes["position"].iat[index[target]])
     key = int(graph.nodes["position"].iat[index[source]])
-    pairs, heat, said = client.predict(layer, head, query, key, api_name="/graph_qk")
+    pairs, heat, said, *entry = client.predict(layer, head, query, key, "", api_name="/graph_qk")
     qk = graph.qk(layer, head, query, key)
     rows = qk.pairs.head(len(pairs["data"]))
     assert [r[2:4] for r in pairs["data"]] == rows[["query_node", "key_node"]].values.tolist()
     np.testing.assert_allclose([r[4] for r in pairs["data"]], rows["contribution"], atol=1e-4)
     assert f"{qk.score:.4g}" in said and json.loads(heat["plot"])["data"][0]["type"] == "heatmap"
+    assert entry == [layer, head, query, key]
+    title = json.loads(heat["plot"])["layout"]["title"]["text"]
+    lines = [re.sub(r"<[^>]+>", "", line) for line in title.split("<br>")]
+    assert len(lines) == 2 and max(map(len, lines)) < 90  # two short lines (the browser test measures them)
+
+
+def test_qk_pairs_without_a_head_take_the_strongest_head_of_the_edge_or_ask_for_one(tiny_server, graph):
+    """Issue 52: QK pairs pressed before a head is chosen scored layer 0 head 0 against position 0. Now, with the
+    head's boxes empty, it takes the strongest head of the typed edge (its head loadings' largest |weight|, the
+    target's position as query, the source's as key), says so, and shows the entry it scored; with no edge typed
+    either it asks for a head."""
+    client = built(tiny_server)
+    source, target = crossing_edge(graph)
+    loadings = graph.head_loadings(source, target)
+    best = loadings.iloc[int(loadings["weight"].abs().to_numpy().argmax())]
+    index = node_index(graph)
+    query = int(graph.nodes["position"].iat[index[target]])
+    key = int(graph.nodes["position"].iat[index[source]])
+    pairs, _, said, *entry = client.predict(None, None, -1, 0, f"{source} -> {target}", api_name="/graph_qk")
+    assert entry == [int(best["layer"]), int(best["head"]), query, key]
+    assert f"the strongest head of {source} -> {target}" in said
+    qk = graph.qk(*entry)
+    assert [r[2:4] for r in pairs["data"]] == qk.pairs.head(len(pairs["data"]))[["query_node", "key_node"]
+                                                                                 ].values.tolist()
+    with pytest.raises(AppError, match="Choose a head first"):
+        client.predict(None, None, -1, 0, "", api_name="/graph_qk")
 
 
 def test_bad_attention_input_is_a_readable_error_and_keeps_the_graph(tiny_server, graph, tiny):
@@ -147,7 +175,7 @@ def test_bad_attention_input_is_a_readable_error_and_keeps_the_graph(tiny_server
                           ((0, 0, 1, 3), "after query"),
                           ((0, 0, 99, 0), "out of range")]:
         with pytest.raises(AppError, match=message):
-            client.predict(*args, api_name="/graph_qk")
+            client.predict(*args, "", api_name="/graph_qk")
     for edge, message in [("no_such -> node", "not a node|no node"), (f"{second} -> {first}", "comes after|cannot"),
                           ("just one", "source -> target")]:
         with pytest.raises(AppError, match=message):
@@ -196,7 +224,7 @@ def test_the_quick_set_is_built_from_the_tab_then_ticked_and_used(tiny_folder, t
         names, status, *_ = client.predict(api_name="/graph_build_quick")
         label = f"quick set: {tiny.cfg.n_layers} per-layer transcoders"
         assert names["value"] == [label] and "Built" in status
-        _, _, _, status = client.predict(PROMPT, [label], 1.0, 1.0, api_name="/circuit_attribution")
+        _, _, _, status = client.predict(PROMPT, [label], 1.0, 1.0, api_name="/graph_attribution")
         assert "Replacement score" in status and label in status
 
 
@@ -246,7 +274,7 @@ def test_a_missing_or_damaged_set_scan_is_said_and_rebuilt_from_the_tab_keeping_
         client.predict([], api_name="/graph_rebuild_scan")  # no set ticked
     for label, kind, problem in [(SET_LABEL, KIND, "its prepared scan could not be read (SafetensorError"),
                                  (QUICK_LABEL, QUICK, "it has no prepared scan")]:
-        _, table, _, status = client.predict(PROMPT, [label], 1.0, 1.0, api_name="/circuit_attribution")
+        _, table, _, status = client.predict(PROMPT, [label], 1.0, 1.0, api_name="/graph_attribution")
         assert "Replacement score" in status and table["data"]  # the graph draws without the scan
         node = first_node(table)
         card, _ = client.predict(node, 1.0, 1.0, api_name="/workbench_card")

@@ -42,10 +42,10 @@ TIMEOUT_MS = 120_000
 
 def build(page) -> None:
     page.get_by_role("tab", name="Graph").click()
-    page.wait_for_selector("#circuit-attr-prompt textarea")
+    page.wait_for_selector("#graph-prompt textarea")
     assert "Uses tc_l0, tc_l1" in page.locator("#graph-set").inner_text()
-    page.fill("#circuit-attr-prompt textarea", PROMPT)
-    page.click("#circuit-attr-run")
+    page.fill("#graph-prompt textarea", PROMPT)
+    page.click("#graph-build")
     page.wait_for_function("document.querySelector('#graph-set').innerText.includes('replacement score')",
                            timeout=TIMEOUT_MS)
     page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=TIMEOUT_MS)
@@ -113,12 +113,24 @@ def test_head_loadings_for_an_edge_then_the_qk_table_for_its_head(browser, tiny_
         page.wait_for_selector("#graph-qk-result [data-testid=cell-0-0]", timeout=TIMEOUT_MS)
         page.wait_for_selector("#graph-qk-plot .js-plotly-plot", timeout=TIMEOUT_MS)
         assert "pattern" in page.locator("#graph-qk-status").inner_text()
-        # bad input: a readable message, the table kept
+        # the heat map's title inside its plot (issue 52: it was clipped at the right edge)
+        page.wait_for_selector("#graph-qk-plot .gtitle", timeout=30_000)
+        inside = page.evaluate("""() => {
+            const svg = document.querySelector('#graph-qk-plot .main-svg').getBoundingClientRect();
+            const t = document.querySelector('#graph-qk-plot .gtitle').getBoundingClientRect();
+            return [t.left >= svg.left - 1, t.right <= svg.right + 1, t.top >= svg.top - 1, t.width > 0];
+        }""")
+        assert inside == [True, True, True, True], inside
+        # bad input: a warning, the table and the heat map kept, and the status says what went wrong (issue 52)
         page.fill("#graph-qk-layer input", "99")
         page.click("#graph-qk")
-        page.wait_for_selector(".toast-body.error", timeout=30_000)
-        assert "out of range" in page.locator(".toast-body.error").first.inner_text()
+        page.wait_for_selector(".toast-body.warning", timeout=30_000)
+        assert "out of range" in page.locator(".toast-body.warning").first.inner_text()
+        page.wait_for_function("document.querySelector('#graph-qk-status').innerText.includes('Not done')",
+                               timeout=30_000)
         assert page.locator("#graph-qk-result [data-testid=cell-0-0]").count() == 1
+        assert page.locator("#graph-qk-plot .js-plotly-plot").count() == 1
+        assert page.locator(".toast-body.error").count() == 0
 
 
 REBUILD_SCREENSHOT = Path(tempfile.gettempdir()) / "slmviz-rebuild-scan.png"  # looked at by hand, not kept
@@ -132,13 +144,13 @@ def test_a_damaged_set_scan_shows_the_rebuild_button_beside_the_card_and_rebuild
     url, _ = damaged_scan_server
     with recording_page(browser, url, height=1400) as page:
         page.get_by_role("tab", name="Graph").click()
-        page.wait_for_selector("#circuit-attr-prompt textarea")
+        page.wait_for_selector("#graph-prompt textarea")
         expect(page.get_by_label(SET_LABEL)).to_be_checked(timeout=60_000)  # once the page load's refresh ran
         assert not page.locator("#graph-rebuild-scan").is_visible()  # the set is not loaded yet: nothing known
-        page.fill("#circuit-attr-prompt textarea", PROMPT)
-        for slider in ("circuit-attr-nodes-kept", "circuit-attr-edges-kept"):  # the random set's features: keep all
+        page.fill("#graph-prompt textarea", PROMPT)
+        for slider in ("graph-node-threshold", "graph-edge-threshold"):  # the random set's features: keep all
             move(page, slider, 1.0)
-        page.click("#circuit-attr-run")
+        page.click("#graph-build")
         page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=TIMEOUT_MS)
         page.wait_for_selector("#graph-rebuild-scan", state="visible", timeout=30_000)
         assert "could not be read" in page.locator("#graph-rebuild-scan-status").inner_text()
@@ -180,9 +192,9 @@ def test_the_graph_tab_on_smollm2_for_the_screenshots(browser, server):
     screenshot-graph-qk.png."""
     with recording_page(browser, server, height=1400) as page:
         page.get_by_role("tab", name="Graph").click()
-        page.wait_for_selector("#circuit-attr-prompt textarea")
-        page.fill("#circuit-attr-prompt textarea", SCREENSHOT_PROMPT)
-        page.click("#circuit-attr-run")
+        page.wait_for_selector("#graph-prompt textarea")
+        page.fill("#graph-prompt textarea", SCREENSHOT_PROMPT)
+        page.click("#graph-build")
         page.wait_for_function("document.querySelector('#graph-set').innerText.includes('replacement score')",
                                timeout=600_000)
         page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=TIMEOUT_MS)

@@ -39,10 +39,10 @@ def tiny_server(tmp_path_factory):
 
 def build_graph(page, prompt: str) -> None:
     page.get_by_role("tab", name="Graph").click()
-    page.wait_for_selector("#circuit-attr-prompt textarea")
-    page.fill("#circuit-attr-prompt textarea", prompt)
-    page.click("#circuit-attr-run")
-    page.wait_for_function("document.querySelector('#circuit-attr-status').innerText.includes('Pruned to')",
+    page.wait_for_selector("#graph-prompt textarea")
+    page.fill("#graph-prompt textarea", prompt)
+    page.click("#graph-build")
+    page.wait_for_function("document.querySelector('#graph-status').innerText.includes('Pruned to')",
                            timeout=PLOT_TIMEOUT_MS)
     page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=PLOT_TIMEOUT_MS)
     page.wait_for_selector("#graph-table [data-testid=cell-0-0]", timeout=PLOT_TIMEOUT_MS)
@@ -139,7 +139,7 @@ def test_the_workbench_on_smollm2_for_the_screenshot(browser, server):
     assets/screenshot-workbench.png shows the graph, the card, the subgraph and the intervention."""
     with recording_page(browser, server, height=PAGE_HEIGHT) as page:
         page.get_by_role("tab", name="Graph").click()
-        page.wait_for_selector("#circuit-attr-transcoders")
+        page.wait_for_selector("#graph-transcoders")
         tick_one_bundled_transcoder(page)
         build_graph(page, "The capital of France is")
         page.fill("#graph-pin-top-n input", "6")
