@@ -22,6 +22,7 @@ from .features.load import load_sae
 from .features.sae import SAE
 from .features.steer import steer
 from .graphs.attribution import AttributionGraph, AttributionGraphError, attribution_graph
+from .graphs.summary import GraphSummary, SummaryError
 from .hooks import HookError, HookNameError, hook_names
 from .interventions.ablation import ablation
 from .interventions.compare import compare
@@ -55,7 +56,7 @@ __all__ = [
     "TranscoderSet", "TranscoderSetError", "load_transcoders", "train_transcoders", "evaluate_transcoders",
     "CrossLayerTranscoder", "CLTError",
     "Circuit", "circuit", "graph_edges", "patch_edges",
-    "AttributionGraph", "AttributionGraphError", "attribution_graph",
+    "AttributionGraph", "AttributionGraphError", "attribution_graph", "GraphSummary", "SummaryError",
 ]
 
 

@@ -236,6 +236,29 @@ class AttributionGraph:
             wb.set_label(self, node_id, text)
         return wb.feature_labels(self, [node_id]).get(node_id, "")
 
+    @property
+    def label_scores(self) -> dict[str, float]:
+        """{node_id: score} of the kept feature nodes whose label has a measured score (features.labels' detection
+        balanced accuracy on held-out text, from the deep scan given by `use_labels`); empty without one."""
+        return wb.label_scores(self)
+
+    def use_labels(self, table: Any) -> AttributionGraph:
+        """The deep scan's labels with their scores (features.labels.LabelTable, or its frame): automatic labels
+        and label_scores read them from now on (edited labels still win)."""
+        wb.use_labels(self, table)
+        return self
+
+    def summarize(self, max_groups: int = 12, method: str | None = None, apply: bool = True,
+                  progress: Any = None) -> Any:
+        """A short story of this graph (graphs.summary.GraphSummary): its kept features in at most `max_groups`
+        supernodes plus the embedding, error and logit groups, the edges between groups (sums of the member
+        edges), and `check()` to turn each group off. `apply`: the groups become the workbench's supernodes (a
+        person's win). Prunes with the defaults first if this graph is not pruned."""
+        from .summary import DEFAULT_METHOD, summarize
+
+        return summarize(self, max_groups=max_groups, method=method or DEFAULT_METHOD, apply=apply,
+                         progress=progress)
+
     def use_scans(self, scans: dict[int, Any]) -> AttributionGraph:
         """Feature scans {layer: Scan of that transcoder's hook_sae_acts_post} for the automatic labels."""
         self.workbench.scans.update(scans)

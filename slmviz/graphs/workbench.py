@@ -31,12 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from ..features.labels import auto_labels, is_automatic
+from ..features.labels import AUTO, auto_labels, is_automatic
 from .derived import node_index, node_influence
 from .frozen import AttributionGraphError
 
 QK_FIELD = "qk_attributions"  # the graph JSON's extra field: circuit-tracer's viewer reads the fields it knows
 QK_ENTRY = ("layer", "head", "query", "key")  # what names a QK record's attention entry
+SUMMARY_FIELD = "slmviz_summary"  # the graph JSON's extra field: the automatic groups' names and the summary
 
 
 class WorkbenchError(AttributionGraphError):
@@ -59,6 +60,14 @@ class Workbench:
     user_labels: dict[str, str] = field(default_factory=dict)
     scans: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
     qk: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    # the supernodes a summary made (graphs.summary), by name, and the automatic ones a person removed: applying a
+    # summary again replaces the first and leaves the second out, so a person's edits win
+    auto: list[str] = field(default_factory=list)
+    dismissed: list[str] = field(default_factory=list)
+    summary: dict[str, Any] | None = field(default=None, repr=False)  # the last applied summary's to_dict()
+    # the deep scan's labels and their scores, {(layer, feature): (label, score)} (features.labels.LabelTable):
+    # where a feature has one, its automatic label is this one; not saved (a file of its own, like the scans)
+    deep_labels: dict[tuple[int, int], tuple[str, float]] = field(default_factory=dict, repr=False, compare=False)
     # automatic labels made so far, {(layer, feature, id(scan)): label}: they depend on the set and the scan only,
     # so a pruned copy, which shares this object, does not make them again
     _auto_labels: dict[tuple[int, int, int], str] = field(default_factory=dict, init=False, repr=False,
@@ -79,6 +88,7 @@ class Workbench:
         """No pins and no supernodes (labels stay)."""
         self.pinned.clear()
         self.supernodes.clear()
+        self.auto.clear()
 
     def group(self, name: str, ids: list[str]) -> list[str]:
         """Make the supernode [name, *ids]: the members are pinned and leave any other supernode."""
@@ -90,16 +100,46 @@ class Workbench:
 
     def ungroup(self, name: str) -> None:
         self.supernodes[:] = [s for s in self.supernodes if s[0] != name]
+        if name in self.auto:
+            self.auto.remove(name)
+            self.dismissed.append(name)
+
+    def apply_auto(self, groups: list[list[str]], summary: dict[str, Any] | None = None) -> None:
+        """Replace the automatic supernodes by `groups` ([name, *ids]) where a person has not spoken: a group a
+        person removed (`dismissed`) is left out, nodes in a person's supernode stay there, and a name a person's
+        supernode holds gets " (auto)" after it."""
+        self.supernodes[:] = [s for s in self.supernodes if s[0] not in self.auto]
+        mine = {m for s in self.supernodes for m in s[1:]}
+        names = {s[0] for s in self.supernodes}
+        self.auto[:] = []
+        for name, *ids in groups:
+            if name in self.dismissed:
+                continue
+            free = [m for m in ids if m not in mine]
+            if not free:
+                continue
+            if name in names:
+                name = f"{name} (auto)"
+            self.pin(free)
+            self.supernodes.append([name, *free])
+            self.auto.append(name)
+            names.add(name)
+        self.summary = summary
 
     def restore(self, pinned: list[str], supernodes: list[list[str]], user_labels: dict[str, str],
-                qk: list[dict[str, Any]] | None = None) -> None:
-        """Replace pins, supernodes, edited labels and QK records (a loaded JSON's); the members of a supernode are
-        pinned."""
+                qk: list[dict[str, Any]] | None = None, summary: dict[str, Any] | None = None) -> None:
+        """Replace pins, supernodes, edited labels, QK records and the automatic groups' record (a loaded JSON's);
+        the members of a supernode are pinned."""
         self.pinned[:] = list(dict.fromkeys(pinned + [m for s in supernodes for m in s[1:]]))
         self.supernodes[:] = [[str(s[0]), *map(str, s[1:])] for s in supernodes]
         self.user_labels.clear()
         self.user_labels.update(user_labels)
         self.qk[:] = list(qk or [])
+        summary = summary or {}
+        present = {s[0] for s in self.supernodes}
+        self.auto[:] = [n for n in summary.get("auto", []) if n in present]
+        self.dismissed[:] = list(summary.get("dismissed", []))
+        self.summary = summary.get("summary")
 
     def record_qk(self, record: dict[str, Any]) -> None:
         """Keep a QK attribution's record, in place of an earlier one of the same entry (layer, head, query, key)."""
@@ -205,8 +245,17 @@ def supernode(graph: Any, name: str, members: Any = None) -> list[str]:
     return wb.group(name, ids)
 
 
+def apply_groups(graph: Any, groups: list[list[str]], summary: dict[str, Any] | None = None) -> None:
+    """Make `groups` ([name, *node_ids], a summary's feature groups) the graph's automatic supernodes
+    (Workbench.apply_auto: a person's supernodes and removals win); the ids are checked first."""
+    for g in groups:
+        checked_ids(graph, g[1:])
+    graph.workbench.apply_auto([list(g) for g in groups], summary)
+
+
 def remove_supernode(graph: Any, name: str) -> None:
-    """Ungroup the supernode `name` (its members stay pinned)."""
+    """Ungroup the supernode `name` (its members stay pinned); an automatic one stays out when a summary is
+    applied again."""
     if not any(s[0] == name for s in graph.workbench.supernodes):
         raise WorkbenchError(f"No supernode is named {name!r}")
     graph.workbench.ungroup(name)
@@ -254,7 +303,33 @@ def feature_labels(graph: Any, node_ids: Any = None) -> dict[str, str]:
         sae = transcoders.get(layer)
         edited = wb.user_labels.get(f"{layer}_{feature}") or (sae.labels.get(feature) if sae is not None
                                                               and hasattr(sae, "labels") else None)
-        out[nid] = edited or cache.get((layer, feature, id(scans.get(layer))), "")
+        deep = wb.deep_labels.get((layer, feature))
+        out[nid] = edited or (AUTO + deep[0] if deep else cache.get((layer, feature, id(scans.get(layer))), ""))
+    return out
+
+
+def use_labels(graph: Any, table: Any) -> None:
+    """Read automatic labels and their scores from the deep scan's LabelTable (or its frame: layer, feature, label,
+    score)."""
+    frame = getattr(table, "frame", table)
+    graph.workbench.deep_labels.update({
+        (int(L), int(f)): (str(text), float(score))
+        for L, f, text, score in zip(frame["layer"], frame["feature"], frame["label"], frame["score"], strict=True)})
+
+
+def label_scores(graph: Any) -> dict[str, float]:
+    """{node_id: score} of the kept feature nodes with a deep-scan label (use_labels)."""
+    deep = graph.workbench.deep_labels
+    if not deep:
+        return {}
+    nodes = graph.nodes
+    rows = np.nonzero((nodes["kind"] == "feature").to_numpy() & graph.node_mask.numpy())[0]
+    out = {}
+    for nid, L, f in zip(nodes["node_id"].to_numpy()[rows], nodes["layer"].to_numpy()[rows],
+                         nodes["feature"].to_numpy()[rows], strict=True):
+        hit = deep.get((int(L), int(f)))
+        if hit is not None:
+            out[str(nid)] = hit[1]
     return out
 
 
@@ -275,6 +350,8 @@ def annotate_json(graph: Any, data: dict[str, Any]) -> dict[str, Any]:
                                 "transcoders": list(graph.transcoder_names)}
     if wb.qk:
         data[QK_FIELD] = [dict(r) for r in wb.qk]
+    if wb.auto or wb.dismissed or wb.summary is not None:
+        data[SUMMARY_FIELD] = {"auto": list(wb.auto), "dismissed": list(wb.dismissed), "summary": wb.summary}
     return data
 
 
@@ -331,10 +408,14 @@ def load_json(graph: Any, source: Any) -> Any:
     records = data.get(QK_FIELD) or []
     if not isinstance(records, list) or not all(isinstance(r, dict) and set(QK_ENTRY) <= set(r) for r in records):
         raise WorkbenchError(f"The JSON's {QK_FIELD} is a list of QK records, each naming its {', '.join(QK_ENTRY)}")
-    graph.workbench.restore(pins, groups, edited, records)  # every check passed: now replace the state
+    summary = data.get(SUMMARY_FIELD)
+    if summary is not None and not isinstance(summary, dict):
+        raise WorkbenchError(f"The JSON's {SUMMARY_FIELD} is a dict of auto, dismissed and summary")
+    graph.workbench.restore(pins, groups, edited, records, summary)  # every check passed: now replace the state
     return graph
 
 
-__all__ = ["QK_FIELD", "Workbench", "WorkbenchError", "annotate_json", "checked_ids", "clear", "coders", "feature_key",
-           "feature_labels", "load_json", "node_index", "pin", "pin_top", "read_json", "remove_supernode",
-           "set_label", "supernode", "top_features", "unpin"]
+__all__ = ["QK_FIELD", "SUMMARY_FIELD", "Workbench", "WorkbenchError", "annotate_json", "apply_groups",
+           "checked_ids", "clear", "coders", "feature_key", "feature_labels", "label_scores", "load_json",
+           "node_index", "pin", "pin_top", "read_json", "remove_supernode", "set_label", "supernode", "top_features",
+           "unpin", "use_labels"]

@@ -1,0 +1,431 @@
+"""A pruned attribution graph told as a short story: its kept features grouped into a few supernodes, the edges
+between the groups, and each group checked by turning it off.
+
+    s = g.summarize(max_groups=12)     # GraphSummary of a pruned graph (g.prune())
+    s.groups                           # name, label, members, kind, layers, positions, influence
+    s.edges                            # source, target, weight: group names; sums of the member edges, exactly
+    s.check()                          # name, predicted, measured, agree (+ measured_prob, negligible)
+    s.apply()                          # the groups become the workbench's supernodes (a person's edits win)
+
+**Groups.** The most influential kept features (those that together hold COVER of the kept features' influence,
+at most MAX_CLUSTERED) are clustered by average linkage into at most `max_groups` groups; the rest stay
+ungrouped and `coverage` says how much influence the groups hold. The distance between two features mixes
+(`METHODS`, weights in `distance_matrix`):
+- their influence-weighted edge profiles: what they feed, each target weighted by its own influence on the logits,
+  signed, and what feeds them (cosine);
+- their decoder directions (cosine): features that write the same thing mean the same thing;
+- where they sit: a different position, and layers far apart, cost extra, as a person groups by column.
+bench/studies/summary_grouping.py compares the methods on real prompts; the default is the one it chose.
+The embeddings (one group per position), the error nodes (one group) and the logits (one group per logit) are
+groups of their own kinds, so that the group edges carry every kept edge between grouped nodes.
+
+**Checks.** Each feature group is set to 0 in two runs (graphs.intervene's, with the frozen run made once):
+`predicted`, the constrained run (the graph's local replacement model: attention, norms and errors frozen), and
+`measured`, a free run of the model; each the change of the target token's logit. `agree`: the same sign.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..features.labels import AUTO
+from ..progress import ProgressLike, as_progress
+from .derived import kept_adjacency, node_influence
+from .frozen import AttributionGraphError, frozen_names
+from .intervene import _edit_fn
+from .workbench import coders
+
+KINDS = ("features", "embedding", "error", "logit")
+METHODS = ("profile", "decoder", "both", "both+place")
+DEFAULT_METHOD = "both+place"  # bench/studies/summary_grouping.py
+COVER = 0.95  # the share of the kept features' influence the clustered features hold
+MAX_CLUSTERED = 256  # features clustered at most: the linkage is cubic in them
+NEGLIGIBLE = 0.1  # |predicted logit change| below this: a group whose sign says little (the goals skip it)
+NAME_CHARS = 36  # a group's name: its label, cut here
+
+
+class SummaryError(AttributionGraphError):
+    """Bad input to a summary: max_groups below 1, a check target that is not one token of the vocabulary."""
+
+
+@dataclass
+class GraphSummary:
+    """A graph's story (see the module docstring): `groups` and `edges` (DataFrames), `coverage` (the share of the
+    kept features' influence the feature groups hold), `note` (why there is little to tell, when there is),
+    `checks` (the last `check`'s frame) and `seconds` (what each step took)."""
+
+    graph: Any = field(repr=False)
+    groups: pd.DataFrame
+    edges: pd.DataFrame
+    coverage: float
+    method: str
+    note: str = ""
+    checks: pd.DataFrame | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def feature_groups(self) -> pd.DataFrame:
+        return self.groups[self.groups["kind"] == "features"]
+
+    def check(self, target: int | str | None = None, progress: ProgressLike = None) -> pd.DataFrame:
+        """Turn each feature group off (its features set to 0) and compare the target logit's change in the graph's
+        linear model (`predicted`, a constrained intervention) with a free run (`measured`). `target`: a token id or
+        a token string (exactly one token); default the model's top token. Columns: name, predicted, measured,
+        agree, measured_prob (the target's probability change in the free run), negligible (|predicted| <
+        NEGLIGIBLE). attrs: target (id), target_token, logit and probability (the target's, unchanged run)."""
+        t0 = time.perf_counter()
+        self.checks = check_groups(self.graph, self.feature_groups, target, progress)
+        self.seconds["check"] = time.perf_counter() - t0
+        return self.checks
+
+    def apply(self) -> GraphSummary:
+        """Make the feature groups the workbench's supernodes (graphs.workbench.apply_groups): earlier automatic
+        ones are replaced; a person's supernodes, and the nodes in them, stay as they are."""
+        from .workbench import apply_groups
+
+        apply_groups(self.graph, [[r.name, *r.members] for r in self.feature_groups.itertuples()], self.to_dict())
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able: groups, edges, checks (None before `check`), coverage, method, note."""
+        def records(df: pd.DataFrame | None) -> list[dict[str, Any]] | None:
+            if df is None:
+                return None
+            return [{k: _plain(v) for k, v in row.items()} for row in df.to_dict("records")]
+
+        checks = None
+        if self.checks is not None:
+            checks = {"target": _plain(self.checks.attrs.get("target")),
+                      "target_token": self.checks.attrs.get("target_token"),
+                      "logit": _plain(self.checks.attrs.get("logit")),
+                      "probability": _plain(self.checks.attrs.get("probability")),
+                      "rows": records(self.checks)}
+        return {"groups": records(self.groups), "edges": records(self.edges), "checks": checks,
+                "coverage": self.coverage, "method": self.method, "note": self.note}
+
+    def __repr__(self) -> str:
+        n = len(self.feature_groups)
+        return f"GraphSummary({n} feature groups holding {100 * self.coverage:.0f} % of the features' influence)"
+
+
+def _plain(v: Any) -> Any:
+    """numpy scalars and arrays as Python values (json.dumps takes them)."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return [_plain(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+# --- grouping ---------------------------------------------------------------------------------------------------
+def summarize(graph: Any, max_groups: int = 12, method: str = DEFAULT_METHOD, apply: bool = True,
+              progress: ProgressLike = None) -> GraphSummary:
+    """The GraphSummary of `graph` (pruned with its defaults first if it is not pruned). `apply`: make the groups
+    the workbench's supernodes at once (GraphSummary.apply)."""
+    if isinstance(max_groups, bool) or not isinstance(max_groups, int) or max_groups < 1:
+        raise SummaryError(f"max_groups must be a whole number of at least 1, got {max_groups!r}")
+    if method not in METHODS:
+        raise SummaryError(f"method must be one of {METHODS}, got {method!r}")
+    p = as_progress(progress, "summarize")
+    t0 = time.perf_counter()
+    g = graph if graph.influence is not None else graph.prune()
+    nodes = g.nodes
+    kinds = nodes["kind"].to_numpy()
+    kept = g.node_mask.numpy()
+    influence = node_influence(g).double().numpy()
+    feats = np.nonzero((kinds == "feature") & kept)[0]
+    chosen = clustered_features(feats, influence)
+    p.update(0, 3, "step", "grouping features")
+    clusters = cluster(distance_matrix(g, chosen, method), max_groups) if len(chosen) else []
+    p.update(1, 3, "step", "labelling groups")
+    held = float(sum(influence[chosen[c]].sum() for c in clusters))
+    total = float(influence[feats].sum())
+    coverage = held / total if total > 0 else 0.0
+    note = ""
+    if len(feats) == 0:
+        covered = sorted(coders(g)) if g.transcoders is not None else []
+        note = ("This graph keeps no feature: " + (f"its transcoders cover layers {covered}, and none of their "
+                "features survived pruning; prune with a higher node_threshold" if covered else
+                "its transcoders cover no layer") + ". The story is tokens, errors and logits only.")
+    rows = _feature_group_rows(g, [chosen[c] for c in clusters], influence)
+    rows += _other_group_rows(g, kinds, kept, influence)
+    member_rows = [r.pop("rows") for r in rows]
+    groups = pd.DataFrame(rows, columns=["name", "label", "members", "kind", "layers", "positions", "influence"])
+    groups.attrs["rows"] = member_rows
+    p.update(2, 3, "step", "group edges")
+    edges = group_edges(g, groups, member_rows)
+    s = GraphSummary(g, groups, edges, coverage, method, note, seconds={"summarize": time.perf_counter() - t0})
+    if graph is not g:
+        s.graph = g
+    if apply:
+        s.apply()
+    p.finish()
+    return s
+
+
+def clustered_features(feats: np.ndarray, influence: np.ndarray, cover: float = COVER,
+                       cap: int = MAX_CLUSTERED) -> np.ndarray:
+    """The most influential of `feats` (node rows) that together hold `cover` of their influence, at most `cap`,
+    most influential first."""
+    if len(feats) == 0:
+        return feats
+    order = feats[np.argsort(-influence[feats], kind="stable")]
+    share = np.cumsum(influence[order]) / max(influence[order].sum(), 1e-30)
+    n = int(np.searchsorted(share, cover)) + 1
+    return order[:min(n, cap, len(order))]
+
+
+def decoder_directions(graph: Any, rows: np.ndarray) -> torch.Tensor | None:
+    """[n, d] each feature's decoder row (what it writes; a CLT's to its own layer), None where the graph holds no
+    transcoders."""
+    tcs = coders(graph)
+    if not tcs:
+        return None
+    nodes = graph.nodes
+    out = []
+    for L, f in zip(nodes["layer"].to_numpy()[rows], nodes["feature"].to_numpy()[rows], strict=True):
+        w = tcs[int(L)].W_dec.detach()
+        out.append((w[int(f)] if w.dim() == 2 else w[int(f)].reshape(-1)).float().cpu())
+    return torch.stack(out)
+
+
+def _unit_rows(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def distance_matrix(graph: Any, rows: np.ndarray, method: str = DEFAULT_METHOD) -> np.ndarray:
+    """[n, n] distances between the features at node rows `rows`, in [0, ~3]: 1 - cosine of their edge profiles
+    (method "profile"), of their decoder rows ("decoder"), their mean ("both"), plus a placement cost ("both+place":
+    0.25 at another position, and 0.25 x the layer gap over the graph's layers)."""
+    a = kept_adjacency(graph).double()
+    infl = node_influence(graph).double()
+    idx = torch.as_tensor(rows, dtype=torch.long)
+    # what each feature feeds, each target weighted by its influence, signed; and what feeds it
+    out = _unit_rows((a[:, idx] * infl[:, None]).T)
+    inp = _unit_rows(a[idx, :])
+    profile = (out @ out.T + 0.5 * (inp @ inp.T)) / 1.5
+    dist = 1 - profile
+    if method != "profile":
+        dec = decoder_directions(graph, rows)
+        dec_dist = 1 - (_unit_rows(dec.double()) @ _unit_rows(dec.double()).T) if dec is not None else dist
+        dist = dec_dist if method == "decoder" else (dist + dec_dist) / 2
+    if method == "both+place":
+        layer = torch.as_tensor(graph.nodes["layer"].to_numpy()[rows], dtype=torch.float64)
+        pos = torch.as_tensor(graph.nodes["position"].to_numpy()[rows], dtype=torch.float64)
+        dist = dist + 0.25 * (pos[:, None] != pos[None, :]) + 0.25 * (layer[:, None] - layer[None, :]).abs() / max(
+            graph.n_layers, 1)
+    d = dist.numpy().copy()
+    np.fill_diagonal(d, 0.0)
+    return d
+
+
+def cluster(dist: np.ndarray, n_clusters: int) -> list[np.ndarray]:
+    """Average-linkage agglomerative clusters of a distance matrix, merged down to at most `n_clusters`: lists of
+    indices into it, each ascending, the clusters in order of their first (most influential) member. The closest
+    pair merges first; ties go to the lowest indices, so the result is deterministic."""
+    n = len(dist)
+    members = [[i] for i in range(n)]
+    d = dist.astype(np.float64).copy()
+    np.fill_diagonal(d, np.inf)
+    alive = np.ones(n, dtype=bool)
+    count = n
+    while count > n_clusters:
+        flat = int(np.argmin(d))
+        i, j = divmod(flat, n)
+        i, j = min(i, j), max(i, j)
+        ni, nj = len(members[i]), len(members[j])
+        merged = (ni * d[i] + nj * d[j]) / (ni + nj)  # Lance-Williams for average linkage
+        d[i, :], d[:, i] = merged, merged
+        d[i, i] = np.inf
+        d[j, :], d[:, j] = np.inf, np.inf
+        members[i] += members[j]
+        members[j] = []
+        alive[j] = False
+        count -= 1
+    return [np.array(sorted(members[i])) for i in np.nonzero(alive)[0]]
+
+
+def _feature_group_rows(g: Any, clusters: list[np.ndarray], influence: np.ndarray) -> list[dict[str, Any]]:
+    nodes = g.nodes
+    ids = nodes["node_id"].to_numpy()
+    total = _influence_total(g, influence)
+    clusters = sorted(clusters, key=lambda rows: -float(influence[rows].sum()))
+    labels = g.labels if len(clusters) else {}
+    scores = label_scores_of(g)
+    rows, used = [], set(ids.tolist())
+    for rows_ in clusters:
+        member_ids = ids[rows_].tolist()
+        label = group_label(member_ids, labels, scores, influence[rows_])
+        name = _unique(label or f"group {len(rows) + 1}", used)
+        rows.append({"rows": rows_, "name": name, "label": label, "members": member_ids, "kind": "features",
+                     "layers": sorted({int(x) for x in nodes["layer"].to_numpy()[rows_]}),
+                     "positions": sorted({int(x) for x in nodes["position"].to_numpy()[rows_]}),
+                     "influence": float(influence[rows_].sum()) / total})
+    return rows
+
+
+def label_scores_of(g: Any) -> dict[str, float]:
+    try:
+        return dict(g.label_scores)
+    except Exception:  # noqa: BLE001 - a graph without a deep scan: labels rank by influence only
+        return {}
+
+
+def group_label(member_ids: list[str], labels: dict[str, str], scores: dict[str, float],
+                influence: np.ndarray) -> str:
+    """A group's label: its best-scored member's label (the most influential member's where no member has a
+    score), the AUTO mark dropped. Members with the same label count once."""
+    order = np.argsort(-np.asarray(influence), kind="stable")
+    ranked = [member_ids[i] for i in order]
+    scored = [m for m in ranked if m in scores and not math.isnan(scores[m])]
+    best = max(scored, key=lambda m: scores[m]) if scored else (ranked[0] if ranked else None)
+    text = labels.get(best, "") if best is not None else ""
+    return text[len(AUTO):] if text.startswith(AUTO) else text
+
+
+def _unique(text: str, used: set[str]) -> str:
+    base = " ".join(text.split())[:NAME_CHARS].strip() or "group"
+    name, k = base, 2
+    while name in used:
+        name, k = f"{base} #{k}", k + 1
+    used.add(name)
+    return name
+
+
+def _influence_total(g: Any, influence: np.ndarray) -> float:
+    kinds = g.nodes["kind"].to_numpy()
+    total = float(influence[(kinds != "logit") & g.node_mask.numpy()].sum())
+    return total if total > 0 else 1.0
+
+
+def _other_group_rows(g: Any, kinds: np.ndarray, kept: np.ndarray, influence: np.ndarray) -> list[dict[str, Any]]:
+    """One group per kept embedding (position), one for every kept error node, one per logit."""
+    nodes = g.nodes
+    ids, layers, positions = (nodes[c].to_numpy() for c in ("node_id", "layer", "position"))
+    tokens = nodes["token"].to_numpy()
+    total = _influence_total(g, influence)
+    out = []
+    for i in np.nonzero((kinds == "embedding") & kept)[0]:
+        out.append({"rows": np.array([i]), "name": f"tok {int(positions[i])} {tokens[i]!r}",
+                    "label": f"token {tokens[i]!r}",
+                    "members": [ids[i]], "kind": "embedding", "layers": [-1], "positions": [int(positions[i])],
+                    "influence": float(influence[i]) / total})
+    err = np.nonzero((kinds == "error") & kept)[0]
+    if len(err):
+        out.append({"rows": err, "name": "errors", "label": "what the transcoders miss", "members": ids[err].tolist(),
+                    "kind": "error", "layers": sorted({int(x) for x in layers[err]}),
+                    "positions": sorted({int(x) for x in positions[err]}),
+                    "influence": float(influence[err].sum()) / total})
+    probs = nodes["probability"].to_numpy()
+    for i in np.nonzero((kinds == "logit") & kept)[0]:
+        out.append({"rows": np.array([i]), "name": f"logit {tokens[i]!r}",
+                    "label": f"says {tokens[i]!r} (p={float(probs[i]):.3f})",
+                    "members": [ids[i]], "kind": "logit", "layers": [int(layers[i])],
+                    "positions": [int(positions[i])], "influence": float(probs[i])})
+    return out
+
+
+def group_edges(g: Any, groups: pd.DataFrame, rows: list[np.ndarray]) -> pd.DataFrame:
+    """source, target, weight between groups: the sum of the kept edges from any member of the source group to any
+    member of the target group (float64 sums of the pruned graph's kept adjacency; no self-loops), largest |weight|
+    first, zero sums left out. `rows`: each group's node rows. By row, not by id: circuit-tracer's ids collide
+    (derived.first_rows), and an error node whose id names a layer-0 feature still carries its own edges."""
+    n_groups, n_nodes = len(groups), len(g.nodes)
+    member = torch.zeros(n_groups, n_nodes, dtype=torch.float64)
+    for k, r in enumerate(rows):
+        member[k, torch.as_tensor(np.asarray(r), dtype=torch.long)] = 1.0
+    a = kept_adjacency(g).double()  # [target, source]
+    w = member @ a @ member.T  # [target group, source group]
+    w.fill_diagonal_(0.0)
+    t, s = torch.nonzero(w, as_tuple=True)
+    names = groups["name"].to_numpy()
+    weights = w[t, s].numpy()
+    df = pd.DataFrame({"source": names[s.numpy()], "target": names[t.numpy()], "weight": weights})
+    return df.iloc[np.argsort(-np.abs(weights), kind="stable")].reset_index(drop=True)
+
+
+# --- checks -----------------------------------------------------------------------------------------------------
+def target_token(model: Any, target: int | str | None, logits: torch.Tensor) -> int:
+    """The token id a check follows: the model's top token (None), an id of the vocabulary, or a string that is
+    exactly one token; SummaryError otherwise."""
+    vocab = int(logits.shape[-1])
+    if target is None:
+        return int(torch.argmax(logits))
+    if isinstance(target, str):
+        ids = model.encode(target)
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        if len(ids) != 1:
+            raise SummaryError(f"{target!r} is {len(ids)} tokens for this model; a check follows one token (mind "
+                               f"the leading space: ' Paris' and 'Paris' differ)")
+        return int(ids[0])
+    if isinstance(target, bool) or not isinstance(target, (int, np.integer)) or not 0 <= int(target) < vocab:
+        raise SummaryError(f"the check target must be a token id in [0, {vocab}) or a token string, got "
+                           f"{target!r}")
+    return int(target)
+
+
+def check_groups(graph: Any, groups: pd.DataFrame, target: int | str | None = None,
+                 progress: ProgressLike = None) -> pd.DataFrame:
+    """GraphSummary.check's frame (see there). Both runs are graphs.intervene's (constrained and free, every
+    transcoder spliced, error terms on), with the prompt's frozen values and logits computed once for all groups."""
+    model, tcs = graph.model, coders(graph)
+    if model is None or not tcs:
+        raise SummaryError("This graph does not hold its model and transcoders (slmviz.attribution_graph keeps "
+                           "them); build it again to check its summary")
+    p = as_progress(progress, "check summary")
+    ids = torch.tensor(graph.input_ids)
+    saes = list(tcs.values())
+    acts = {L: f"{sae.hook_name_out}.hook_sae_acts_post" for L, sae in tcs.items()}
+    errors = [f"{sae.hook_name_out}.hook_sae_error" for sae in saes]
+    outs = [f"blocks.{L}.hook_mlp_out" for L in range(model.cfg.n_layers) if L not in tcs]
+    frozen = [*frozen_names(model.hook_names), *errors, *outs]
+    nodes = graph.nodes
+    from .derived import node_index
+
+    index = node_index(graph)
+    rows = []
+    n = len(groups)
+    with torch.inference_mode():
+        p.update(0, n + 1, "run", "the prompt's own runs")
+        before = model.trace(ids, saes=saes, names=frozen)
+        keep = {name: before[name] for name in frozen}
+        constrained_base = before.logits[-1].double()
+        free_base = model.logits(ids)[-1].double()
+        t = target_token(model, target, free_base)
+        base_prob = torch.softmax(free_base, -1)[t]
+        p.update(1, n + 1, "run")
+        for k, r in enumerate(groups.itertuples()):
+            edits: dict[int, list[tuple[int, int, float]]] = {}
+            for m in r.members:
+                row = nodes.iloc[index[m]]
+                if row.kind == "feature":
+                    edits.setdefault(int(row.layer), []).append((int(row.position), int(row.feature), 0.0))
+            hooks: dict[str, Any] = {acts[L]: _edit_fn(e) for L, e in edits.items()}
+            free = model.trace(ids, saes=saes, names=[], hooks=dict(hooks)).logits[-1].double()
+            for name in frozen:
+                hooks.setdefault(name, lambda x, name: keep[name])
+            constrained = model.trace(ids, saes=saes, names=[], hooks=hooks).logits[-1].double()
+            predicted = float(constrained[t] - constrained_base[t])
+            measured = float(free[t] - free_base[t])
+            rows.append({"name": r.name, "predicted": predicted, "measured": measured,
+                         "agree": bool(np.sign(predicted) == np.sign(measured)),
+                         "measured_prob": float(torch.softmax(free, -1)[t] - base_prob),
+                         "negligible": abs(predicted) < NEGLIGIBLE})
+            p.update(k + 2, n + 1, "run", f"{r.name}")
+    df = pd.DataFrame(rows, columns=["name", "predicted", "measured", "agree", "measured_prob", "negligible"])
+    df.attrs.update({"target": t, "target_token": model.to_strings([t])[0], "logit": float(free_base[t]),
+                     "probability": float(base_prob)})
+    return df
+
+
+__all__ = ["COVER", "DEFAULT_METHOD", "KINDS", "METHODS", "NEGLIGIBLE", "GraphSummary", "SummaryError",
+           "check_groups", "cluster", "distance_matrix", "group_edges", "summarize"]
