@@ -9,6 +9,7 @@ of QK attribution and head loadings (tests/test_qk.py, tests/test_head_loadings.
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -323,3 +324,54 @@ def test_the_drawing_gives_each_marker_and_label_its_own_room(graph):
         end = x + CHAR_PX * len(text)
         assert end <= right
         assert not [m for m in rows[y] if x < m < end + g["slot"] / 2], (text, x, rows[y])
+
+
+def test_the_summary_is_the_librarys_with_each_group_checked(tiny_server, graph):
+    """Issue 51: #graph-summary draws the pruned graph's GraphSummary (its groups as boxes, the logits beyond the
+    three most probable left to the full graph), each feature group's box with its checked effect, measured in a
+    free run and predicted by the graph, as GraphSummary.check gives them."""
+    from app.tabs.graph_summary import drawn_groups, effect_line
+
+    client = built(tiny_server)
+    drawing, said = client.predict(0.95, 0.98, api_name="/graph_summary")
+    s = graph.prune(0.95, 0.98).summarize(max_groups=12)
+    checked = s.check()
+    target = repr(checked.attrs["target_token"])
+    shown = drawn_groups(s.groups)
+    assert drawing.count("class='graph-summary-box'") == len(shown)
+    for name in shown["name"]:
+        assert f"data-group='{html.escape(name, quote=True)}'" in drawing
+    for name in s.feature_groups["name"]:
+        line = effect_line(checked, name, target)
+        assert html.escape(line) in drawing or html.escape(effect_line(checked, name, "")) in drawing, line
+    assert f"{len(s.feature_groups)} feature groups" in said and f"{s.coverage:.0%}" in said and target in said
+
+
+def test_the_old_api_names_answer_for_one_release(tiny_server):
+    """Issue 51: the circuit_* names still answer beside the graph_* ones."""
+    client = Client(tiny_server, verbose=False)
+    names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
+    assert {"/graph_attribution", "/graph_prune", "/graph_feature", "/graph_summary", "/graph_attribution_cancel",
+            "/circuit_attribution", "/circuit_prune", "/circuit_feature", "/circuit_attribution_cancel"} <= names
+    *_, status = client.predict(PROMPT, NAMES, 0.95, 0.98, api_name="/circuit_attribution")
+    assert "Pruned to" in status
+    _, _, _, again = client.predict(0.9, 0.98, api_name="/circuit_prune")
+    assert "Pruned to 0.9" in again
+
+
+def test_the_gallery_is_the_measured_one_and_the_answer_line_says_when_there_is_no_answer(graph):
+    """The gallery's prompts and probabilities are bench/studies/graph_gallery.py's (app/graph_gallery.json), each
+    answered right; the answer line beside the graph names the top token and warns when it is a function word or
+    an unsure guess (the tiny model's top token has p ≈ 0.01)."""
+    from app.tabs.graph_attribution import GALLERY, answer_line, gallery_samples
+
+    data = json.loads(GALLERY.read_text(encoding="utf-8"))
+    assert len(data["SmolLM2-135M-Instruct"]) >= 5
+    samples, labels = gallery_samples(SimpleNamespace(name="SmolLM2-135M-Instruct"))
+    first = data["SmolLM2-135M-Instruct"][0]
+    assert samples[0] == [first["prompt"]] and f"(p {first['p']:.2f})" in labels[0]
+    assert gallery_samples(SimpleNamespace(name="no such model")) == ([], [])
+    line = answer_line(graph)
+    logits = graph.nodes[graph.nodes["kind"] == "logit"].sort_values("probability", ascending=False)
+    assert repr(str(logits["token"].iloc[0])) in line and "Note:" in line and "unsure" in line
+    assert f"starting with {graph.tokens[0]!r}" in line

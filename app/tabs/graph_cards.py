@@ -28,6 +28,14 @@ def split_ids(text: str | None) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+def label_score(graph: Any, node: str) -> float | None:
+    """The measured score of the node's label (graph.label_scores: detection balanced accuracy), or None."""
+    try:
+        score = (getattr(graph, "label_scores", None) or {}).get(node)
+    except Exception:  # noqa: BLE001 - a graph without a deep scan has no scores
+        return None
+    return None if score is None or score != score else float(score)
+
 
 def is_feature(graph: Any, node: str) -> bool:
     index = node_index(graph)
@@ -123,7 +131,11 @@ def node_card(found: Any, pruned: Any, node: str, coder: Callable[[int], tuple[A
         layer, feature = int(r.layer), int(r.feature)
         name = found.layers.get(layer, r.hook)
         head += f", activation <b>{float(r.activation):.4g}</b>; feature {feature} of <b>{esc(name)}</b></p>"
-        head += f"<p>Label: <b>{esc(graph.label(node))}</b></p>"
+        score = label_score(graph, node)
+        scored = (f" <small>(score {score:.2f}: how well the label's own tokens and contexts pick out where the "
+                  "feature fires, on held-out text; 0.5 is chance)</small>" if score is not None else
+                  " <small>(no score: scores come with the set's deep scan)</small>")
+        head += f"<p>Label: <b>{esc(graph.label(node))}</b>{scored}</p>"
         sae, scan, source = coder(layer)
         if scan is not None and sae is not None:
             contexts = top_contexts(scan, sae, feature).head(5)

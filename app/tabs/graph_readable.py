@@ -456,7 +456,9 @@ def highlight_js(plot_id: str) -> str:
         div._slmvizDimmed = null;
         div._slmvizShown = null;
       }}
-      if (!div.data.some((t) => HL.includes(t.name))) {{
+      // a redraw from outside (a slider, a new figure) drops the highlight's traces: put the kept one back. Not
+      // during the highlight's own restyle and addTraces (busy): that would start it again, and again
+      if (!busy() && !div.data.some((t) => HL.includes(t.name))) {{
         div._slmvizShown = null;
         div._slmvizDimmed = null;
         if (div._slmvizSticky && div._slmvizSticky.length) run(() => highlight(div._slmvizSticky));

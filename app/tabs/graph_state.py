@@ -38,8 +38,8 @@ class GraphState:
       workbench state too).
     error_norms: ([n_layers, pos] norm of what each layer's transcoder misses, [n_layers, pos] MLP output norm),
       from one traced run, for the error nodes' cards.
-    summary: the pruned graph's GraphSummary (slmviz.graphs.summary) once made, its check's table, and the
-      thresholds it was made at.
+    summary, checked, summary_at, seconds_summary: the pruned graph's GraphSummary (slmviz.graphs.summary) once
+      made, its check's table, the thresholds it was made at and how long making and checking it took.
     focus: node ids the full graph draws highlighted (a summary box clicked: its members).
     """
 
@@ -56,6 +56,7 @@ class GraphState:
     summary: Any = None
     checked: Any = None
     summary_at: tuple[float, float] | None = None
+    seconds_summary: float = 0.0
     focus: list[str] = field(default_factory=list)
 
     def prune(self, thresholds: tuple[float, float]) -> Any:

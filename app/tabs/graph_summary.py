@@ -16,11 +16,13 @@ Element ids: #graph-summary (the drawing), #graph-summary-status.
 from __future__ import annotations
 
 import html
-import math
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import gradio as gr
+
+from slmviz.progress import as_progress
 
 from ..jobs import RUNNER
 from ..shared import parse_thresholds, readable_errors, session, wait_or_say
@@ -28,7 +30,11 @@ from .graph_state import GraphState, built, keeps_work
 
 JOB_KIND = "summary"
 MAX_GROUPS = 12
-BOX_W, BOX_H, GAP = 190, 62, 14  # a box's size in the drawing's pixels, and the least room between two boxes
+BOX_W, BOX_H, GAP = 210, 62, 12  # a feature group's box in the drawing's pixels, and the least room between boxes
+SMALL_W, SMALL_H = 160, 40  # a token's, the errors' or a logit's box
+EFFECT_CHARS = 36  # a box's effect line: longer ones leave out the target token (the legend names it)
+MARGIN = 16
+LOGITS_DRAWN = 3  # the most probable logits get a box (the rest are in the full graph)
 ARROWS_DRAWN = 40  # the strongest group edges drawn
 LABEL_CHARS = 28
 POSITIVE, NEGATIVE = "#2471a3", "#c0392b"
@@ -70,6 +76,13 @@ def _span(values: Any) -> str:
     return str(vals[0]) if len(vals) == 1 else f"{vals[0]}–{vals[-1]}"
 
 
+def drawn_groups(groups: Any) -> Any:
+    """The groups that get a box: all but the logits beyond the LOGITS_DRAWN most probable (their influence)."""
+    groups = groups.reset_index(drop=True)
+    logits = groups[groups["kind"] == "logit"].sort_values("influence", ascending=False)
+    return groups.drop(index=logits.index[LOGITS_DRAWN:]).reset_index(drop=True)
+
+
 def effect_line(checked: Any, name: str, target: str) -> str:
     """ "off: ' Paris' −3.1 (predicted −3.4)" for the group `name` of the check's table, or ""."""
     if checked is None or not len(checked):
@@ -79,20 +92,30 @@ def effect_line(checked: Any, name: str, target: str) -> str:
         return ""
     r = row.iloc[0]
     sign = "" if bool(r["agree"]) else " ≠"
-    return (f"off: {target} {float(r['measured']):+.2f} (predicted {float(r['predicted']):+.2f}){sign}"
-            .replace("-", "−"))
+    numbers = f"{number(r['measured'])} (predicted {number(r['predicted'])}){sign}"
+    return f"off: {target} {numbers}" if target else f"off: {numbers}"
 
 
-def place(groups: Any, n_layers: int, width: int) -> tuple[dict[str, tuple[float, float]], int]:
-    """{group name: (x, y) of its box's top left}, and the drawing's height: x by the group's mean position (the
-    positions that have a group share the width), y by its mean layer (embeddings at the bottom, logits on top);
-    boxes of one column that would overlap are pushed apart upward, and a box that would cross another column's
-    box moves right of it."""
-    columns = sorted({round(_mean(p)) for p in groups["positions"]})
-    col_of = {c: i for i, c in enumerate(columns)}
-    col_w = max(BOX_W + GAP, (width - 20) / max(len(columns), 1))
-    row_h = BOX_H + GAP
+def number(x: Any) -> str:
+    """A signed logit change with the digits that matter: −0.07, −3.1, +15 (a true minus sign)."""
+    x = float(x)
+    digits = 2 if abs(x) < 1 else 1 if abs(x) < 100 else 0
+    return f"{x:+.{digits}f}".replace("-", "−")
+
+
+def box_size(kind: str) -> tuple[int, int]:
+    """(width, height) of a group's box: a feature group has three lines (label, where, checked effect); a token,
+    the errors and a logit one or two."""
+    return (BOX_W, BOX_H) if kind == "features" else (SMALL_W, SMALL_H)
+
+
+def place(groups: Any, n_tokens: int, n_layers: int, width: int) -> tuple[dict[str, tuple[float, float]], int]:
+    """{group name: (x, y) of its box's top left}, and the drawing's height. A box goes above its group's mean
+    position (the prompt's tokens share the width) at the height of its mean layer (embeddings at the bottom,
+    logits on top); one that would overlap a box already placed (lower layers first) tries a step to either side,
+    then moves up until it is free. So no two boxes overlap, and lower layers stay lower."""
     kinds = list(groups["kind"])
+    span = 300 + 26 * len(groups)  # the height the layers spread over, before boxes move up
 
     def level(i: int) -> float:
         if kinds[i] == "embedding":
@@ -101,35 +124,40 @@ def place(groups: Any, n_layers: int, width: int) -> tuple[dict[str, tuple[float
             return n_layers + 1.0
         return _mean(groups["layers"].iloc[i])
 
-    # each column's boxes, lowest layer first, one row apart at least
-    rows: dict[str, float] = {}
-    for c in columns:
-        members = sorted((i for i in range(len(groups)) if round(_mean(groups["positions"].iloc[i])) == c),
-                         key=level)
-        last = -math.inf
-        for i in members:
-            want = (level(i) + 1) / (n_layers + 2) * (len(groups) + 2)  # in rows, from the bottom
-            at = max(want, last + 1)
-            rows[groups["name"].iloc[i]] = at
-            last = at
-    top = max(rows.values(), default=0) + 1
-    height = int(top * row_h + 40)
-    places = {}
-    for i, name in enumerate(groups["name"]):
-        c = col_of[round(_mean(groups["positions"].iloc[i]))]
-        x = 10 + c * col_w + (col_w - BOX_W) / 2
-        places[name] = (x, height - 30 - (rows[name] + 1) * row_h + GAP)
-    return places, height
+    slot = (width - 2 * MARGIN) / max(n_tokens, 1)
+    placed: list[tuple[float, float, float, float]] = []  # x, y (upward, of the bottom edge), w, h
+    up: dict[str, tuple[float, float, float]] = {}
+
+    def free(x: float, y: float, w: float, h: float) -> bool:
+        return all(x + w + GAP <= px or px + pw + GAP <= x or y + h + GAP <= py or py + ph + GAP <= y
+                   for px, py, pw, ph in placed)
+
+    for i in sorted(range(len(groups)), key=lambda i: (level(i), -float(groups["influence"].iloc[i]))):
+        w, h = box_size(kinds[i])
+        centre = MARGIN + (_mean(groups["positions"].iloc[i]) + 0.5) * slot
+        x0 = min(max(MARGIN, centre - w / 2), width - MARGIN - w)
+        y = (level(i) + 1) / (n_layers + 2) * span
+        while True:
+            spots = [x0 + k * (w + GAP) for k in (0, -1, 1, -2, 2)]
+            spot = next((x for x in spots if MARGIN <= x <= width - MARGIN - w and free(x, y, w, h)), None)
+            if spot is not None:
+                break
+            y += (h + GAP) / 2
+        placed.append((spot, y, w, h))
+        up[groups["name"].iloc[i]] = (spot, y, h)
+    height = int(max((y + h for _, y, h in up.values()), default=0) + 2 * MARGIN)
+    return {name: (x, height - MARGIN - y - h) for name, (x, y, h) in up.items()}, height
 
 
 def summary_html(summary: Any, checked: Any, tokens: list[str], n_layers: int, target: str,
-                 width: int = 1300) -> str:
+                 width: int = 1240) -> str:
     """The SVG drawing of a GraphSummary: its groups as boxes (label, layers and positions, share of the influence,
     checked effect), its strongest edges as arrows."""
-    groups = summary.groups.reset_index(drop=True)
+    groups = drawn_groups(summary.groups)
     if not len(groups):
         return "<p><i>The pruned graph has no groups to show.</i></p>"
-    places, height = place(groups, n_layers, width)
+    places, height = place(groups, len(tokens), n_layers, width)
+    size = {r.name: box_size(r.kind) for r in groups.itertuples(index=False)}
     edges = summary.edges
     if len(edges):
         edges = edges.reindex(edges["weight"].abs().sort_values(ascending=False).index).head(ARROWS_DRAWN)
@@ -139,9 +167,11 @@ def summary_html(summary: Any, checked: Any, tokens: list[str], n_layers: int, t
         if e.source not in places or e.target not in places or e.source == e.target:
             continue
         (x1, y1), (x2, y2) = places[e.source], places[e.target]
-        sx, sy, tx, ty = x1 + BOX_W / 2, y1, x2 + BOX_W / 2, y2 + BOX_H
+        (w1, h1), (w2, h2) = size[e.source], size[e.target]
+        sx, sy, tx, ty = x1 + w1 / 2, y1, x2 + w2 / 2, y2 + h2
         if sy <= ty:  # the target is not above: join the sides
-            sy, ty = y1 + BOX_H / 2, y2 + BOX_H / 2
+            sy, ty = y1 + h1 / 2, y2 + h2 / 2
+            sx, tx = (x1 + w1, x2) if x1 < x2 else (x1, x2 + w2)
         w = float(e.weight)
         colour = POSITIVE if w > 0 else NEGATIVE
         arrows.append(f"<line class='graph-summary-edge' data-source='{esc(e.source)}' data-target='{esc(e.target)}' "
@@ -149,36 +179,55 @@ def summary_html(summary: Any, checked: Any, tokens: list[str], n_layers: int, t
                       f"stroke-width='{0.8 + 6 * abs(w) / wmax:.2f}' stroke-opacity='0.55' "
                       f"marker-end='url(#graph-summary-arrow-{'pos' if w > 0 else 'neg'})'>"
                       f"<title>{esc(e.source)} → {esc(e.target)}: {w:+.4g}</title></line>")
+    named = all(len(effect_line(checked, n, target)) <= EFFECT_CHARS for n in groups["name"])
     boxes = []
     for r in groups.itertuples(index=False):
         x, y = places[r.name]
-        where = f"L{_span(r.layers)} @ {_span(r.positions)}" if r.kind == "features" else r.kind
-        positions = sorted({int(p) for p in (r.positions if hasattr(r.positions, "__iter__") else [r.positions])})
-        tok = ", ".join(repr(tokens[p]) for p in positions[:2] if 0 <= p < len(tokens))
-        effect = effect_line(checked, r.name, target) if r.kind == "features" else ""
+        w, h = size[r.name]
+        positions = [int(p) for p in r.positions]
+        tok = ", ".join(repr(tokens[p]) for p in positions[:3] if 0 <= p < len(tokens))
         members = list(r.members)
-        title = (f"{r.name}: {r.label}\n{len(members)} nodes, {float(r.influence):.0%} of the influence; "
-                 f"{where} ({tok})" + (f"\n{effect}" if effect else "") + "\nclick: its nodes in the full graph")
+        if r.kind == "features":
+            where = f"L{_span(r.layers)} @ {_span(r.positions)} · {float(r.influence):.0%}"
+            effect = effect_line(checked, r.name, target if named else "")
+            lines = [(short(r.label or r.name), 12.5, "600", "#1c2833"), (short(where), 11, "400", "#566573"),
+                     (effect, 11, "400", "#1c2833")]
+        else:
+            effect = ""
+            first = r.label if r.kind != "error" else f"errors · {float(r.influence):.0%}"
+            lines = [(short(first, 24), 11.5, "600", "#1c2833")]
+            if r.kind == "error":
+                lines.append((short(f"{len(members)} nodes, L{_span(r.layers)}", 20), 10.5, "400", "#566573"))
+        title = (f"{r.name}: {r.label}\n{len(members)} nodes, {float(r.influence):.0%} of the influence; layers "
+                 f"{_span(r.layers)}, positions {_span(r.positions)} ({tok})" + (f"\n{effect}" if effect else "")
+                 + "\nclick: its nodes in the full graph")
+        text = "".join(f"<text x='8' y='{16 + 17 * k}' font-size='{size_}' font-weight='{weight}' fill='{fill}'>"
+                       f"{esc(t)}</text>" for k, (t, size_, weight, fill) in enumerate(lines))
         boxes.append(
             f"<g class='graph-summary-box' data-group='{esc(r.name)}' data-kind='{esc(r.kind)}' "
             f"transform='translate({x:.1f},{y:.1f})' style='cursor:pointer'><title>{esc(title)}</title>"
-            f"<rect width='{BOX_W}' height='{BOX_H}' rx='7' fill='{KIND_FILL.get(r.kind, '#fff')}' stroke='#7f8c8d'/>"
-            f"<text x='8' y='17' font-size='12.5' font-weight='600'>{esc(short(r.label or r.name))}</text>"
-            f"<text x='8' y='34' font-size='11' fill='#566573'>{esc(short(f'{where} · {float(r.influence):.0%}'))}"
-            f"</text><text x='8' y='51' font-size='11' fill='#1c2833'>{esc(short(effect, 32))}</text></g>")
-    defs = "".join(f"<marker id='graph-summary-arrow-{k}' viewBox='0 0 10 10' refX='9' refY='5' markerWidth='6' "
-                   f"markerHeight='6' orient='auto-start-reverse'><path d='M 0 0 L 10 5 L 0 10 z' fill='{c}'/></marker>"
+            f"<rect width='{w}' height='{h}' rx='7' fill='{KIND_FILL.get(r.kind, '#fff')}' stroke='#7f8c8d'/>"
+            f"{text}</g>")
+    defs = "".join(f"<marker id='graph-summary-arrow-{k}' viewBox='0 0 10 10' refX='9' refY='5' markerWidth='9' "
+                   f"markerHeight='9' markerUnits='userSpaceOnUse' orient='auto-start-reverse'>"
+                   f"<path d='M 0 0 L 10 5 L 0 10 z' fill='{c}'/></marker>"
                    for k, c in (("pos", POSITIVE), ("neg", NEGATIVE)))
-    return (f"<div class='graph-summary-drawing' style='overflow-x:auto'><svg width='{width}' height='{height}' "
-            f"viewBox='0 0 {width} {height}' font-family='sans-serif' xmlns='http://www.w3.org/2000/svg'>"
-            f"<defs>{defs}</defs>{''.join(arrows)}{''.join(boxes)}</svg></div>")
+    legend = (f"Each box: a group's label; its layers @ positions · its share of the influence; off: the change of "
+              f"the logit of {target} when its features are set to 0, in a free run (the graph's prediction in "
+              "brackets; ≠ where they disagree in sign). Arrows: the summed edges, blue excites, red inhibits.")
+    return (f"<div class='graph-summary-drawing' style='overflow-x:auto'><p class='graph-summary-legend' "
+            f"style='font-size:12px;color:#566573;margin:2px 0'>{esc(legend)}</p><svg viewBox='0 0 {width} {height}' "
+            f"style='width:100%;max-width:{width}px;height:auto' font-family='sans-serif' "
+            f"xmlns='http://www.w3.org/2000/svg'><defs>{defs}</defs>{''.join(arrows)}{''.join(boxes)}</svg></div>")
 
 
 def target_name(state: GraphState, checked: Any) -> str:
     """The check's target token, as the box lines show it (quoted)."""
-    target = getattr(checked, "attrs", {}).get("target") if checked is not None else None
-    if target is not None:
-        return repr(state.model.to_strings([int(target)])[0])
+    attrs = getattr(checked, "attrs", None) or {}
+    if attrs.get("target_token") is not None:
+        return repr(str(attrs["target_token"]))
+    if attrs.get("target") is not None:
+        return repr(state.model.to_strings([int(attrs["target"])])[0])
     logits = state.graph.nodes[state.graph.nodes["kind"] == "logit"]
     return repr(str(logits["token"].iloc[0])) if len(logits) else "the top logit"
 
@@ -199,19 +248,17 @@ class SummaryHandlers:
         if not hasattr(pruned, "summarize"):
             yield NO_SUMMARY, ""
             return
+        if state.summary is not None and state.summary_at == thresholds:  # made already (a build that kept it)
+            yield self.drawn(state, state.seconds_summary)
+            return
 
         def work(report: Callable[..., None]) -> tuple[Any, Any, float]:
-            import time
-
             started = time.perf_counter()
-
-            def sink(u: Any) -> None:  # slmviz.progress: one line a person reads, the bar never backwards
-                report(u.fraction, u.text())
-
-            report(0.0, "Grouping the kept features into supernodes")
-            summary = pruned.summarize(max_groups=MAX_GROUPS, progress=sink)
-            report(0.5, "Checking each group: its features set to 0, the graph's prediction and a free run")
-            checked = summary.check(progress=sink)
+            # slmviz.progress: one bar over both steps, never backwards, its line naming the step and the time left
+            p = as_progress(lambda u: report(u.fraction, u.text()), "summary")
+            summary = pruned.summarize(max_groups=MAX_GROUPS, progress=p.part("grouping the features", share=0.2))
+            checked = summary.check(progress=p.part("checking each group (set to 0: predicted, then a free run)",
+                                                    share=0.8))
             return summary, checked, time.perf_counter() - started
 
         job = RUNNER.submit(work, session(request), kind=JOB_KIND)
@@ -221,18 +268,24 @@ class SummaryHandlers:
                 said = job.desc
                 yield gr.skip(), f"Summarizing: {said}"
         summary, checked, seconds = job.result
-        state.summary, state.checked, state.summary_at = summary, checked, thresholds
-        target = target_name(state, checked)
-        yield (summary_html(summary, checked, list(state.graph.tokens), state.graph.n_layers, target),
-               summary_status(summary, checked, target, seconds))
+        state.summary, state.checked, state.summary_at, state.seconds_summary = summary, checked, thresholds, seconds
+        yield self.drawn(state, seconds)
+
+    @staticmethod
+    def drawn(state: GraphState, seconds: float) -> tuple[str, str]:
+        """(the drawing, its status line) of the state's summary."""
+        target = target_name(state, state.checked)
+        return (summary_html(state.summary, state.checked, list(state.graph.tokens), state.graph.n_layers, target),
+                summary_status(state.summary, state.checked, target, seconds, state.seconds))
 
     @readable_errors
     @keeps_work(2, said=1)
-    def open_group(self, evt: gr.EventData, state: GraphState | None) -> tuple[list[str], str]:
+    def open_group(self, evt: gr.EventData, state: GraphState | None) -> tuple[str, str]:
         """A clicked box: its members become the full graph's focus (drawn, ringed, their edges picked out)."""
         state = built(state, "click a box of its summary")
         name = getattr(evt, "group", None) or (getattr(evt, "_data", None) or {}).get("group")
-        return self.focus(state, name)
+        members, said = self.focus(state, name)
+        return ", ".join(members), said
 
     @staticmethod
     def focus(state: GraphState, name: str | None) -> tuple[list[str], str]:
@@ -250,13 +303,14 @@ class SummaryHandlers:
                          "graph below, their edges picked out. Click another box, or a node, to move on.")
 
 
-def summary_status(summary: Any, checked: Any, target: str, seconds: float) -> str:
+def summary_status(summary: Any, checked: Any, target: str, seconds: float, graph_seconds: float) -> str:
     groups = summary.groups
     features = groups[groups["kind"] == "features"]
     agree = int(checked["agree"].sum()) if checked is not None and len(checked) else 0
     checked_n = len(checked) if checked is not None else 0
-    return (f"**Summary:** {len(features)} feature groups holding {float(features['influence'].sum()):.0%} of the "
+    return (f"**Summary:** {len(features)} feature groups holding {summary.coverage:.0%} of the kept features' "
             f"influence, plus the embedding, error and logit groups. Each box says what turning its features off does "
             f"to the logit of {esc(target)}: measured in a free run, and predicted by the graph "
-            f"({agree} of {checked_n} agree in sign; ≠ marks a disagreement). Made and checked in {seconds:.1f} s. "
+            f"({agree} of {checked_n} agree in sign; ≠ marks a disagreement). Made and checked in {seconds:.1f} s "
+            f"(the graph itself: {graph_seconds:.1f} s). {esc(summary.note)} "
             "**Click a box** to see its nodes in the full graph.")

@@ -167,7 +167,7 @@ class WorkbenchHandlers:
 
     # --- pins, supernodes, labels -------------------------------------------------------------------------------
     @readable_errors
-    @keeps_work(3, said=1)
+    @keeps_work(3)
     def pin(self, found: GraphState | None, node: str, node_threshold: float | None,
             edge_threshold: float | None, request: gr.Request) -> tuple:
         """Pin the selected node(s) (ids separated by commas), or unpin them if they are all pinned already."""
@@ -183,7 +183,7 @@ class WorkbenchHandlers:
         return self._views(found, node_threshold, edge_threshold)
 
     @readable_errors
-    @keeps_work(3, said=1)
+    @keeps_work(3)
     def clear(self, found: GraphState | None, node_threshold: float | None, edge_threshold: float | None,
               request: gr.Request) -> tuple:
         found = self._found(found)
@@ -191,7 +191,7 @@ class WorkbenchHandlers:
         return self._views(found, node_threshold, edge_threshold)
 
     @readable_errors
-    @keeps_work(3, said=1)
+    @keeps_work(3)
     def pin_top(self, found: GraphState | None, n: float | None, node_threshold: float | None,
                 edge_threshold: float | None, request: gr.Request) -> tuple:
         """Pin the n kept features with the largest influence on the logits, and the most probable logit."""
@@ -207,7 +207,7 @@ class WorkbenchHandlers:
         return self._views(found, node_threshold, edge_threshold)
 
     @readable_errors
-    @keeps_work(3, said=1)
+    @keeps_work(3)
     def supernode(self, found: GraphState | None, name: str, members: str, node_threshold: float | None,
                   edge_threshold: float | None, request: gr.Request) -> tuple:
         """Group the named members (default: the pinned nodes in no supernode yet) under a name."""
@@ -217,7 +217,7 @@ class WorkbenchHandlers:
         return self._views(found, node_threshold, edge_threshold)
 
     @readable_errors
-    @keeps_work(4, said=1)
+    @keeps_work(4)
     def label(self, found: GraphState | None, node: str, text: str, node_threshold: float | None,
               edge_threshold: float | None, request: gr.Request) -> tuple:
         """Set the selected feature's label ("" goes back to the automatic one); redraw and show its card."""
@@ -231,7 +231,7 @@ class WorkbenchHandlers:
         return (*self._views(found, node_threshold, edge_threshold), self._card(found, pruned, node))
 
     @readable_errors
-    @keeps_work(3, said=1)
+    @keeps_work(3)
     def load(self, found: GraphState | None, file: Any, node_threshold: float | None,
              edge_threshold: float | None, request: gr.Request) -> tuple:
         """Take a saved JSON's pins, supernodes and labels (refused, with nothing changed, if it was made for
