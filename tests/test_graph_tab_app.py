@@ -344,7 +344,8 @@ def test_the_summary_is_the_librarys_with_each_group_checked(tiny_server, graph)
     for name in s.feature_groups["name"]:
         line = effect_line(checked, name, target)
         assert html.escape(line) in drawing or html.escape(effect_line(checked, name, "")) in drawing, line
-    assert f"{len(s.feature_groups)} feature groups" in said and f"{s.coverage:.0%}" in said and target in said
+    assert f"{len(s.feature_groups)} feature groups" in said and f"{s.coverage:.0%}" in said
+    assert html.escape(target) in said
 
 
 def test_the_old_api_names_answer_for_one_release(tiny_server):

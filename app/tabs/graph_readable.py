@@ -76,17 +76,19 @@ def short(text: Any, n: int = LABEL_CHARS) -> str:
     return (cut[:space] if space >= n // 2 else cut).rstrip(" /,;:→") + "…"
 
 
-def graph_payload(graph: Any, labels: dict[str, str], focus: list[str] | None = None) -> dict[str, Any]:
+def graph_payload(graph: Any, labels: dict[str, str], focus: list[str] | None = None,
+                  grouped: set[str] | None = None) -> dict[str, Any]:
     """What the page needs to draw the pruned `graph` at any slider position: its MAX_NODES_SENT most influential
     kept nodes (position, row y, kind, id, label, hover text, rank; rank -1 for those always drawn: embeddings,
     logits, pins), the MAX_EDGES_SENT largest kept edges among them (source and target as indices into the nodes),
     and each position's token name and narrowest column. `focus`: nodes drawn always and ringed (a summary box's
-    members), their edges picked out in the page."""
+    members), their edges picked out in the page. `grouped`: nodes pinned only because the summary made them a
+    supernode's members: not ringed nor always drawn (the graph starts small)."""
     rank = influence_rank(graph)
     kinds = graph.nodes["kind"].to_numpy()
     kept = np.nonzero(graph.node_mask.numpy())[0]
     focused = set(focus or [])
-    pinned = set(graph.workbench.pinned) | focused
+    pinned = (set(graph.workbench.pinned) - set(grouped or ())) | focused
     always = np.isin(kinds[kept], ["embedding", "logit"]) | graph.nodes["node_id"].iloc[kept].isin(pinned).to_numpy()
     order = kept[np.lexsort((rank[kept], ~always))]  # the always-drawn first, then by influence
     rows = np.sort(order[:MAX_NODES_SENT], kind="stable")
@@ -310,11 +312,12 @@ def redraw_js(plot_id: str, keep_id: str, weight_id: str, delay_ms: int = 0) -> 
 
 
 def readable_figure(graph: Any, labels: dict[str, str], title: str, keep: float = KEEP_DEFAULT,
-                    min_weight: float = MIN_WEIGHT_DEFAULT, focus: list[str] | None = None) -> go.Figure:
+                    min_weight: float = MIN_WEIGHT_DEFAULT, focus: list[str] | None = None,
+                    grouped: set[str] | None = None) -> go.Figure:
     """The figure of the pruned `graph` at slider values (keep, min_weight), carrying the graph in layout.meta for
     the page's redraws; `focus`: node ids drawn always and ringed (a summary box's members)."""
-    return payload_figure(graph_payload(graph, labels, focus), list(graph.tokens), graph.n_layers, title, keep,
-                          min_weight)
+    return payload_figure(graph_payload(graph, labels, focus, grouped), list(graph.tokens), graph.n_layers, title,
+                          keep, min_weight)
 
 
 def payload_figure(g: dict[str, Any], tokens: list[str], n_layers: int, title: str, keep: float = KEEP_DEFAULT,

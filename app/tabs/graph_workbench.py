@@ -116,7 +116,11 @@ class WorkbenchHandlers:
         focus = [n for n in found.focus if n in node_index(pruned)]
         title = (f"{pruned.prompt!r}: {kept:,} kept nodes (ringed: purple pinned"
                  + (f", orange the {len(focus)} nodes of the summary box clicked" if focus else "") + ")")
-        return to_plot(readable_figure(pruned, feature_labels(pruned), title, focus=focus)), str(path)
+        grouped = set()  # the summary's supernodes pin their members: those are not the person's pins
+        if found.summary is not None:
+            grouped = {str(m) for ms in found.summary.feature_groups["members"] for m in ms}
+        return (to_plot(readable_figure(pruned, feature_labels(pruned), title, focus=focus, grouped=grouped)),
+                str(path))
 
     @readable_errors
     def render(self, found: GraphState | None, node_threshold: float | None, edge_threshold: float | None) -> tuple:
