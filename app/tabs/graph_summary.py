@@ -256,7 +256,10 @@ class SummaryHandlers:
             started = time.perf_counter()
             # slmviz.progress: one bar over both steps, never backwards, its line naming the step and the time left
             p = as_progress(lambda u: report(u.fraction, u.text()), "summary")
-            summary = pruned.summarize(max_groups=MAX_GROUPS, progress=p.part("grouping the features", share=0.2))
+            # apply=False: the groups stay out of the workbench, whose pins and subgraph are the person's own (applied,
+            # every member of every group is pinned, and the subgraph is no longer what the person pinned)
+            summary = pruned.summarize(max_groups=MAX_GROUPS, apply=False,
+                                       progress=p.part("grouping the features", share=0.2))
             checked = summary.check(progress=p.part("checking each group (set to 0: predicted, then a free run)",
                                                     share=0.8))
             return summary, checked, time.perf_counter() - started
