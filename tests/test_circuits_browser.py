@@ -54,37 +54,37 @@ def test_run_see_the_graph_and_the_curve_and_select_an_edge(page, server):
 
 def test_build_an_attribution_graph_and_click_a_feature_to_open_its_page(page, server):
     page.get_by_role("tab", name="Graph").click()
-    page.wait_for_selector("#circuit-attr-prompt textarea")
+    page.wait_for_selector("#graph-prompt textarea")
     tick_one_bundled_transcoder(page)
-    page.click("#circuit-attr-run")
-    page.wait_for_function("document.querySelector('#circuit-attr-status').innerText.includes('Pruned to')",
+    page.click("#graph-build")
+    page.wait_for_function("document.querySelector('#graph-status').innerText.includes('Pruned to')",
                            timeout=PLOT_TIMEOUT_MS)
-    page.wait_for_selector("#circuit-attr-graph .js-plotly-plot .nsewdrag")
-    assert "Attribution graph" in page.locator("#circuit-attr-graph").inner_text()
-    assert "transcoder_l" in page.locator("#circuit-attr-nodes").inner_text()
-    assert page.locator("#circuit-attr-json a").count() >= 1  # the JSON to download
+    page.wait_for_selector("#graph-all-edges .js-plotly-plot .nsewdrag")
+    assert "Attribution graph" in page.locator("#graph-all-edges").inner_text()
+    assert "transcoder_l" in page.locator("#graph-features").inner_text()
+    assert page.locator("#graph-pruned-json a").count() >= 1  # the JSON to download
 
-    # click a feature node of the plot: its id fills #circuit-attr-node and its page (the Features card) opens
+    # click a feature node of the plot: its id fills #graph-feature-node and its page (the Features card) opens
     page.wait_for_timeout(1000)  # the click handler is attached a moment after the plot is drawn
     point = page.evaluate_handle("""() => {
-        const div = document.querySelector('#circuit-attr-graph .js-plotly-plot');
+        const div = document.querySelector('#graph-all-edges .js-plotly-plot');
         const i = div.data.findIndex((t) => t.name === 'feature');
-        return document.querySelectorAll('#circuit-attr-graph .scatterlayer .trace')[i].querySelector('path.point');
+        return document.querySelectorAll('#graph-all-edges .scatterlayer .trace')[i].querySelector('path.point');
     }""").as_element()
     point.scroll_into_view_if_needed()
     page.wait_for_timeout(300)
     box = point.bounding_box()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.wait_for_function(
-        "/^\\d+_\\d+$/.test(document.querySelector('#circuit-attr-node textarea, #circuit-attr-node input').value)",
+        "/^\\d+_\\d+$/.test(document.querySelector('#graph-feature-node textarea, #graph-feature-node input').value)",
         timeout=60_000)
-    page.wait_for_function("document.querySelector('#circuit-feature-card').innerText.includes('transcoder_l')",
+    page.wait_for_function("document.querySelector('#graph-feature-card').innerText.includes('transcoder_l')",
                            timeout=PLOT_TIMEOUT_MS)
     page.wait_for_function(  # the corpus contexts, once that transcoder's feature scan has run
-        "document.querySelector('#circuit-feature-card').innerText.includes('Top activating contexts')",
+        "document.querySelector('#graph-feature-card').innerText.includes('Top activating contexts')",
         timeout=PLOT_TIMEOUT_MS)
     page.mouse.move(5, 5)  # no hover label over the graph in the screenshot
     page.wait_for_timeout(500)
-    page.locator("#circuit-attr-graph").screenshot(path=str(ASSETS / "screenshot-attribution.png"))
+    page.locator("#graph-all-edges").screenshot(path=str(ASSETS / "screenshot-attribution.png"))
     _no_error_toast(page)
     _only_the_server(page, server)

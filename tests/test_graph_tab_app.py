@@ -9,7 +9,9 @@ of QK attribution and head loadings (tests/test_qk.py, tests/test_head_loadings.
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -51,7 +53,7 @@ def graph(tiny, transcoders):
 
 def built(server) -> Client:
     client = Client(server, verbose=False)
-    client.predict(PROMPT, NAMES, 0.95, 0.98, api_name="/circuit_attribution")
+    client.predict(PROMPT, NAMES, 0.95, 0.98, api_name="/graph_attribution")
     return client
 
 
@@ -110,7 +112,8 @@ def test_the_figure_carries_the_pruned_graph_and_is_drawn_from_it(tiny_server, g
     assert fig["data"] == json.loads(json.dumps(draw(g, KEEP_DEFAULT, MIN_WEIGHT_DEFAULT)))
     # fewer nodes kept: the top ones by rank, and only edges among them at least the weight asked
     few = draw(g, 3, 0.5)
-    shown = {c[0] for t in few if t["mode"] == "markers" and t["name"] != "pinned" for c in t["customdata"]}
+    shown = {c[0] for t in few if t["mode"] == "markers" and t["name"] not in ("pinned", "focus")
+             for c in t["customdata"]}
     assert shown == {i for i in g["ids"] if ranks[i] < 3}
     lines = [t for t in few if t["name"] in ("edges +", "edges −")]
     assert sum(len(t["x"]) // 3 for t in lines) == sum(
@@ -130,12 +133,38 @@ def test_head_loadings_of_an_edge_and_the_qk_pairs_of_a_head(tiny_server, graph)
     index = node_index(graph)
     query = int(graph.nodes["position"].iat[index[target]])
     key = int(graph.nodes["position"].iat[index[source]])
-    pairs, heat, said = client.predict(layer, head, query, key, api_name="/graph_qk")
+    pairs, heat, said, *entry = client.predict(layer, head, query, key, "", api_name="/graph_qk")
     qk = graph.qk(layer, head, query, key)
     rows = qk.pairs.head(len(pairs["data"]))
     assert [r[2:4] for r in pairs["data"]] == rows[["query_node", "key_node"]].values.tolist()
     np.testing.assert_allclose([r[4] for r in pairs["data"]], rows["contribution"], atol=1e-4)
     assert f"{qk.score:.4g}" in said and json.loads(heat["plot"])["data"][0]["type"] == "heatmap"
+    assert entry == [layer, head, query, key]
+    title = json.loads(heat["plot"])["layout"]["title"]["text"]
+    lines = [re.sub(r"<[^>]+>", "", line) for line in title.split("<br>")]
+    assert len(lines) == 2 and max(map(len, lines)) < 90  # two short lines (the browser test measures them)
+
+
+def test_qk_pairs_without_a_head_take_the_strongest_head_of_the_edge_or_ask_for_one(tiny_server, graph):
+    """Issue 52: QK pairs pressed before a head is chosen scored layer 0 head 0 against position 0. Now, with the
+    head's boxes empty, it takes the strongest head of the typed edge (its head loadings' largest |weight|, the
+    target's position as query, the source's as key), says so, and shows the entry it scored; with no edge typed
+    either it asks for a head."""
+    client = built(tiny_server)
+    source, target = crossing_edge(graph)
+    loadings = graph.head_loadings(source, target)
+    best = loadings.iloc[int(loadings["weight"].abs().to_numpy().argmax())]
+    index = node_index(graph)
+    query = int(graph.nodes["position"].iat[index[target]])
+    key = int(graph.nodes["position"].iat[index[source]])
+    pairs, _, said, *entry = client.predict(None, None, -1, 0, f"{source} -> {target}", api_name="/graph_qk")
+    assert entry == [int(best["layer"]), int(best["head"]), query, key]
+    assert f"the strongest head of {source} -> {target}" in said
+    qk = graph.qk(*entry)
+    assert [r[2:4] for r in pairs["data"]] == qk.pairs.head(len(pairs["data"]))[["query_node", "key_node"]
+                                                                                 ].values.tolist()
+    with pytest.raises(AppError, match="Choose a head first"):
+        client.predict(None, None, -1, 0, "", api_name="/graph_qk")
 
 
 def test_bad_attention_input_is_a_readable_error_and_keeps_the_graph(tiny_server, graph, tiny):
@@ -147,7 +176,7 @@ def test_bad_attention_input_is_a_readable_error_and_keeps_the_graph(tiny_server
                           ((0, 0, 1, 3), "after query"),
                           ((0, 0, 99, 0), "out of range")]:
         with pytest.raises(AppError, match=message):
-            client.predict(*args, api_name="/graph_qk")
+            client.predict(*args, "", api_name="/graph_qk")
     for edge, message in [("no_such -> node", "not a node|no node"), (f"{second} -> {first}", "comes after|cannot"),
                           ("just one", "source -> target")]:
         with pytest.raises(AppError, match=message):
@@ -196,7 +225,7 @@ def test_the_quick_set_is_built_from_the_tab_then_ticked_and_used(tiny_folder, t
         names, status, *_ = client.predict(api_name="/graph_build_quick")
         label = f"quick set: {tiny.cfg.n_layers} per-layer transcoders"
         assert names["value"] == [label] and "Built" in status
-        _, _, _, status = client.predict(PROMPT, [label], 1.0, 1.0, api_name="/circuit_attribution")
+        _, _, _, status = client.predict(PROMPT, [label], 1.0, 1.0, api_name="/graph_attribution")
         assert "Replacement score" in status and label in status
 
 
@@ -246,7 +275,7 @@ def test_a_missing_or_damaged_set_scan_is_said_and_rebuilt_from_the_tab_keeping_
         client.predict([], api_name="/graph_rebuild_scan")  # no set ticked
     for label, kind, problem in [(SET_LABEL, KIND, "its prepared scan could not be read (SafetensorError"),
                                  (QUICK_LABEL, QUICK, "it has no prepared scan")]:
-        _, table, _, status = client.predict(PROMPT, [label], 1.0, 1.0, api_name="/circuit_attribution")
+        _, table, _, status = client.predict(PROMPT, [label], 1.0, 1.0, api_name="/graph_attribution")
         assert "Replacement score" in status and table["data"]  # the graph draws without the scan
         node = first_node(table)
         card, _ = client.predict(node, 1.0, 1.0, api_name="/workbench_card")
@@ -295,3 +324,55 @@ def test_the_drawing_gives_each_marker_and_label_its_own_room(graph):
         end = x + CHAR_PX * len(text)
         assert end <= right
         assert not [m for m in rows[y] if x < m < end + g["slot"] / 2], (text, x, rows[y])
+
+
+def test_the_summary_is_the_librarys_with_each_group_checked(tiny_server, graph):
+    """Issue 51: #graph-summary draws the pruned graph's GraphSummary (its groups as boxes, the logits beyond the
+    three most probable left to the full graph), each feature group's box with its checked effect, measured in a
+    free run and predicted by the graph, as GraphSummary.check gives them."""
+    from app.tabs.graph_summary import drawn_groups, effect_line
+
+    client = built(tiny_server)
+    drawing, said = client.predict(0.95, 0.98, api_name="/graph_summary")
+    s = graph.prune(0.95, 0.98).summarize(max_groups=12)
+    checked = s.check()
+    target = repr(checked.attrs["target_token"])
+    shown = drawn_groups(s.groups)
+    assert drawing.count("class='graph-summary-box'") == len(shown)
+    for name in shown["name"]:
+        assert f"data-group='{html.escape(name, quote=True)}'" in drawing
+    for name in s.feature_groups["name"]:
+        line = effect_line(checked, name, target)
+        assert html.escape(line) in drawing or html.escape(effect_line(checked, name, "")) in drawing, line
+    assert f"{len(s.feature_groups)} feature groups" in said and f"{s.coverage:.0%}" in said
+    assert html.escape(target) in said
+
+
+def test_the_old_api_names_answer_for_one_release(tiny_server):
+    """Issue 51: the circuit_* names still answer beside the graph_* ones."""
+    client = Client(tiny_server, verbose=False)
+    names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
+    assert {"/graph_attribution", "/graph_prune", "/graph_feature", "/graph_summary", "/graph_attribution_cancel",
+            "/circuit_attribution", "/circuit_prune", "/circuit_feature", "/circuit_attribution_cancel"} <= names
+    *_, status = client.predict(PROMPT, NAMES, 0.95, 0.98, api_name="/circuit_attribution")
+    assert "Pruned to" in status
+    _, _, _, again = client.predict(0.9, 0.98, api_name="/circuit_prune")
+    assert "Pruned to 0.9" in again
+
+
+def test_the_gallery_is_the_measured_one_and_the_answer_line_says_when_there_is_no_answer(graph):
+    """The gallery's prompts and probabilities are bench/studies/graph_gallery.py's (app/graph_gallery.json), each
+    answered right; the answer line beside the graph names the top token and warns when it is a function word or
+    an unsure guess (the tiny model's top token has p ≈ 0.01)."""
+    from app.tabs.graph_attribution import GALLERY, answer_line, gallery_samples
+
+    data = json.loads(GALLERY.read_text(encoding="utf-8"))
+    assert len(data["SmolLM2-135M-Instruct"]) >= 5
+    samples, labels = gallery_samples(SimpleNamespace(name="SmolLM2-135M-Instruct"))
+    first = data["SmolLM2-135M-Instruct"][0]
+    assert samples[0] == [first["prompt"]] and f"(p {first['p']:.2f})" in labels[0]
+    assert gallery_samples(SimpleNamespace(name="no such model")) == ([], [])
+    line = answer_line(graph)
+    logits = graph.nodes[graph.nodes["kind"] == "logit"].sort_values("probability", ascending=False)
+    assert repr(str(logits["token"].iloc[0])) in line and "Note:" in line and "unsure" in line
+    assert f"starting with {graph.tokens[0]!r}" in line

@@ -42,10 +42,10 @@ TIMEOUT_MS = 120_000
 
 def build(page) -> None:
     page.get_by_role("tab", name="Graph").click()
-    page.wait_for_selector("#circuit-attr-prompt textarea")
+    page.wait_for_selector("#graph-prompt textarea")
     assert "Uses tc_l0, tc_l1" in page.locator("#graph-set").inner_text()
-    page.fill("#circuit-attr-prompt textarea", PROMPT)
-    page.click("#circuit-attr-run")
+    page.fill("#graph-prompt textarea", PROMPT)
+    page.click("#graph-build")
     page.wait_for_function("document.querySelector('#graph-set').innerText.includes('replacement score')",
                            timeout=TIMEOUT_MS)
     page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=TIMEOUT_MS)
@@ -113,12 +113,24 @@ def test_head_loadings_for_an_edge_then_the_qk_table_for_its_head(browser, tiny_
         page.wait_for_selector("#graph-qk-result [data-testid=cell-0-0]", timeout=TIMEOUT_MS)
         page.wait_for_selector("#graph-qk-plot .js-plotly-plot", timeout=TIMEOUT_MS)
         assert "pattern" in page.locator("#graph-qk-status").inner_text()
-        # bad input: a readable message, the table kept
+        # the heat map's title inside its plot (issue 52: it was clipped at the right edge)
+        page.wait_for_selector("#graph-qk-plot .gtitle", timeout=30_000)
+        inside = page.evaluate("""() => {
+            const svg = document.querySelector('#graph-qk-plot .main-svg').getBoundingClientRect();
+            const t = document.querySelector('#graph-qk-plot .gtitle').getBoundingClientRect();
+            return [t.left >= svg.left - 1, t.right <= svg.right + 1, t.top >= svg.top - 1, t.width > 0];
+        }""")
+        assert inside == [True, True, True, True], inside
+        # bad input: a warning, the table and the heat map kept, and the status says what went wrong (issue 52)
         page.fill("#graph-qk-layer input", "99")
         page.click("#graph-qk")
-        page.wait_for_selector(".toast-body.error", timeout=30_000)
-        assert "out of range" in page.locator(".toast-body.error").first.inner_text()
+        page.wait_for_selector(".toast-body.warning", timeout=30_000)
+        assert "out of range" in page.locator(".toast-body.warning").first.inner_text()
+        page.wait_for_function("document.querySelector('#graph-qk-status').innerText.includes('Not done')",
+                               timeout=30_000)
         assert page.locator("#graph-qk-result [data-testid=cell-0-0]").count() == 1
+        assert page.locator("#graph-qk-plot .js-plotly-plot").count() == 1
+        assert page.locator(".toast-body.error").count() == 0
 
 
 REBUILD_SCREENSHOT = Path(tempfile.gettempdir()) / "slmviz-rebuild-scan.png"  # looked at by hand, not kept
@@ -132,13 +144,13 @@ def test_a_damaged_set_scan_shows_the_rebuild_button_beside_the_card_and_rebuild
     url, _ = damaged_scan_server
     with recording_page(browser, url, height=1400) as page:
         page.get_by_role("tab", name="Graph").click()
-        page.wait_for_selector("#circuit-attr-prompt textarea")
+        page.wait_for_selector("#graph-prompt textarea")
         expect(page.get_by_label(SET_LABEL)).to_be_checked(timeout=60_000)  # once the page load's refresh ran
         assert not page.locator("#graph-rebuild-scan").is_visible()  # the set is not loaded yet: nothing known
-        page.fill("#circuit-attr-prompt textarea", PROMPT)
-        for slider in ("circuit-attr-nodes-kept", "circuit-attr-edges-kept"):  # the random set's features: keep all
+        page.fill("#graph-prompt textarea", PROMPT)
+        for slider in ("graph-node-threshold", "graph-edge-threshold"):  # the random set's features: keep all
             move(page, slider, 1.0)
-        page.click("#circuit-attr-run")
+        page.click("#graph-build")
         page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=TIMEOUT_MS)
         page.wait_for_selector("#graph-rebuild-scan", state="visible", timeout=30_000)
         assert "could not be read" in page.locator("#graph-rebuild-scan-status").inner_text()
@@ -159,7 +171,7 @@ def test_a_damaged_set_scan_shows_the_rebuild_button_beside_the_card_and_rebuild
         assert errors.count() == 0, errors.first.inner_text()
 
 
-SCREENSHOT_PROMPT = "The capital of the state containing Dallas is"
+SCREENSHOT_PROMPT = "The capital of France is"  # the gallery's first: SmolLM2 answers " Paris" (p 0.75)
 CROSSING_EDGE_JS = """() => {
     // the strongest drawn edge from a feature to a later position's feature or logit
     const g = document.querySelector('#graph-plot .js-plotly-plot').layout.meta.slmviz_graph;
@@ -175,24 +187,46 @@ CROSSING_EDGE_JS = """() => {
 
 
 def test_the_graph_tab_on_smollm2_for_the_screenshots(browser, server):
-    """SmolLM2 with the best transcoders this cache has (the tab's own choice): the graph, a node's card, an edge's
-    head loadings and its head's QK pairs; saves assets/screenshot-graph.png, screenshot-graph-card.png and
-    screenshot-graph-qk.png."""
+    """SmolLM2 with the best transcoders this cache has (the tab's own choice): the summary, the full graph (no two
+    labels overlapping at any of several slider settings; a node hovered), a node's card, an edge's head loadings
+    and its head's QK pairs; saves assets/screenshot-graph-summary.png, screenshot-graph.png,
+    screenshot-graph-card.png and screenshot-graph-qk.png."""
     with recording_page(browser, server, height=1400) as page:
         page.get_by_role("tab", name="Graph").click()
-        page.wait_for_selector("#circuit-attr-prompt textarea")
-        page.fill("#circuit-attr-prompt textarea", SCREENSHOT_PROMPT)
-        page.click("#circuit-attr-run")
+        page.wait_for_selector("#graph-prompt textarea")
+        page.fill("#graph-prompt textarea", SCREENSHOT_PROMPT)
+        page.click("#graph-build")
         page.wait_for_function("document.querySelector('#graph-set').innerText.includes('replacement score')",
                                timeout=600_000)
         page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=TIMEOUT_MS)
+        page.wait_for_selector("#graph-summary .graph-summary-box", timeout=600_000)
         page.wait_for_timeout(1500)  # the sliders' values applied to the server's figure
         page.mouse.move(5, 5)
-        top = page.locator("#graph-set").bounding_box()["y"] + page.evaluate("window.scrollY")
-        plot = page.locator("#graph-plot").bounding_box()
-        bottom = plot["y"] + page.evaluate("window.scrollY") + plot["height"]
-        page.screenshot(path=str(ASSETS / "screenshot-graph.png"), full_page=True,
+        scroll = page.evaluate("window.scrollY")
+        top = page.locator("#graph-answer").bounding_box()["y"] + scroll
+        end = page.locator("#graph-summary-status").bounding_box()
+        bottom = end["y"] + scroll + end["height"]
+        page.screenshot(path=str(ASSETS / "screenshot-graph-summary.png"), full_page=True,
                         clip={"x": 0, "y": top - 10, "width": 1400, "height": bottom - top + 20})
+        n = len(plotted(page)["meta"]["ids"])
+        shown = labels_never_overlap(page, [(1000, 0.02), (200, 0.05), (n, 0.0), (KEEP_DEFAULT, MIN_WEIGHT_DEFAULT)])
+        assert shown[-1] >= 8, shown  # at the first view most labels show
+        page.locator("#graph-plot .js-plotly-plot").scroll_into_view_if_needed()
+        at = page.evaluate("""() => {
+            const div = document.querySelector('#graph-plot .js-plotly-plot');
+            const t = div.data.find((t) => t.name === 'feature' && t.x.length);
+            const xa = div._fullLayout.xaxis, ya = div._fullLayout.yaxis, box = div.getBoundingClientRect();
+            return {x: box.left + xa._offset + xa.l2p(t.x[0]), y: box.top + ya._offset + ya.l2p(t.y[0])};
+        }""")
+        page.mouse.move(at["x"], at["y"])
+        page.wait_for_function("""() => document.querySelector('#graph-plot .js-plotly-plot').data
+            .some((t) => t.name === 'highlight nodes' && t.x.length)""", timeout=10_000)
+        page.wait_for_timeout(500)
+        scroll = page.evaluate("window.scrollY")
+        plot = page.locator("#graph-plot").bounding_box()
+        page.screenshot(path=str(ASSETS / "screenshot-graph.png"), full_page=True,
+                        clip={"x": 0, "y": plot["y"] + scroll - 90, "width": 1400, "height": plot["height"] + 100})
+        page.mouse.move(5, 5)
         click_feature_node(page)
         page.wait_for_function("document.querySelector('#graph-node-card').innerText.includes('Strongest incoming')",
                                timeout=60_000)
@@ -218,3 +252,121 @@ def test_the_graph_tab_on_smollm2_for_the_screenshots(browser, server):
                         clip={"x": 0, "y": start - 10, "width": 1400, "height": end - start + 20})
         errors = page.locator(".toast-body.error")
         assert errors.count() == 0, errors.first.inner_text()
+
+
+# what a person sees of the full graph's labels: every drawn label's box on the page (those the page left off, and
+# their nodes' hover text, excepted)
+LABEL_BOXES_JS = """(id) => Array.from(document.querySelectorAll('#' + id + ' g.textpoint text'))
+    .filter((t) => getComputedStyle(t).display !== 'none' && t.textContent.trim())
+    .map((t) => { const r = t.getBoundingClientRect();
+                  return [t.textContent, r.left, r.top, r.right, r.bottom]; })"""
+
+
+def overlapping(boxes: list) -> list:
+    """The pairs of label boxes that overlap (by more than half a pixel: anti-aliasing)."""
+    return [(a[0], b[0]) for i, a in enumerate(boxes) for b in boxes[i + 1:]
+            if a[1] < b[3] - 0.5 and b[1] < a[3] - 0.5 and a[2] < b[4] - 0.5 and b[2] < a[4] - 0.5]
+
+
+def labels_never_overlap(page, settings: list[tuple[float, float]]) -> list[int]:
+    """At each (nodes drawn, smallest edge) of the sliders: no two drawn labels overlap; returns how many show."""
+    shown = []
+    for keep, weight in settings:
+        move(page, "graph-keep-nodes", keep)
+        move(page, "graph-min-weight", weight)
+        page.wait_for_timeout(700)  # the redraw, then the page's label pass after it
+        boxes = page.evaluate(LABEL_BOXES_JS, "graph-plot")
+        assert not overlapping(boxes), (keep, weight, overlapping(boxes)[:5])
+        shown.append(len(boxes))
+    return shown
+
+
+def test_nothing_shows_before_a_graph_then_the_summary_first_and_a_box_opens_its_nodes(browser, tiny_server):
+    """Issue 51: before a graph exists the page shows no empty panel; once built, the summary's boxes show, and
+    clicking a feature group's box selects its members and draws them ringed in the full graph with their edges
+    picked out (the rest dimmed)."""
+    with recording_page(browser, tiny_server, height=1400) as page:
+        page.get_by_role("tab", name="Graph").click()
+        page.wait_for_selector("#graph-prompt textarea")
+        for panel in ("#graph-results", "#graph-summary", "#graph-plot", "#graph-table", "#graph-all-edges"):
+            assert not page.locator(panel).is_visible(), panel
+        assert page.locator("#graph-gallery").is_visible()
+        build(page)
+        page.wait_for_selector("#graph-summary .graph-summary-box", timeout=TIMEOUT_MS)
+        assert "feature groups" in page.locator("#graph-summary-status").inner_text()
+        box = page.locator("#graph-summary .graph-summary-box[data-kind=features]").first
+        name = box.get_attribute("data-group")
+        box.click()
+        page.wait_for_function("document.querySelector('#graph-summary-status').innerText.includes('ringed')",
+                               timeout=60_000)
+        members = page.locator("#graph-node textarea, #graph-node input").first.input_value().split(", ")
+        assert members and all(members)
+        page.wait_for_function("""() => {
+            const div = document.querySelector('#graph-plot .js-plotly-plot');
+            const ring = div && div.data.find((t) => t.name === 'focus');
+            return ring && ring.x.length && div.data.some((t) => t.name === 'highlight nodes');
+        }""", timeout=60_000)
+        focus = page.evaluate("""() => document.querySelector('#graph-plot .js-plotly-plot').layout.meta
+            .slmviz_graph.ids.filter((_, i) => document.querySelector('#graph-plot .js-plotly-plot')
+            .layout.meta.slmviz_graph.focus[i])""")
+        assert set(focus) == set(members), name  # (an error node's id can equal a feature's: sets)
+        assert page.locator(".toast-body.error").count() == 0
+
+
+def test_hovering_a_node_picks_out_its_edges_and_no_two_labels_overlap(browser, tiny_server):
+    """Issue 51: hovering a node adds its edges (and their end nodes' rings) on top and dims every other trace; the
+    labels drawn (logits, features, the tokens under the columns) never overlap at any slider setting. The real
+    prompt's labels are checked the same way in the SmolLM2 screenshot test."""
+    with recording_page(browser, tiny_server, height=1400) as page:
+        build(page)
+        page.wait_for_timeout(1500)
+        g = plotted(page)["meta"]
+        assert labels_never_overlap(page, [(10, 0.0), (50, 0.05), (200, 0.0), (len(g["ids"]), 0.5)])
+        move(page, "graph-keep-nodes", len(g["ids"]))
+        move(page, "graph-min-weight", 0)
+        page.wait_for_timeout(700)
+        page.locator("#graph-plot .js-plotly-plot").scroll_into_view_if_needed()
+        at = page.evaluate("""() => {
+            const div = document.querySelector('#graph-plot .js-plotly-plot');
+            const t = div.data.find((t) => t.name === 'feature' && t.x.length);
+            const xa = div._fullLayout.xaxis, ya = div._fullLayout.yaxis, box = div.getBoundingClientRect();
+            return {x: box.left + xa._offset + xa.l2p(t.x[0]), y: box.top + ya._offset + ya.l2p(t.y[0]),
+                    id: t.customdata[0][0]};
+        }""")
+        page.mouse.move(at["x"], at["y"])
+        page.wait_for_function("""() => document.querySelector('#graph-plot .js-plotly-plot').data
+            .some((t) => t.name === 'highlight nodes' && t.x.length)""", timeout=10_000)
+        seen = page.evaluate("""() => document.querySelector('#graph-plot .js-plotly-plot').data
+            .map((t) => [t.name, (t.x || []).filter((v) => v !== null).length, t.opacity])""")
+        hovered = page.evaluate("() => document.querySelector('#graph-plot .js-plotly-plot')._slmvizShown")
+        assert hovered  # the node under the mouse (plotly's closest point)
+        edges = [(s, d) for s, d in zip(g["src"], g["dst"], strict=True) if hovered in (g["ids"][s], g["ids"][d])]
+        picked = sum(n for name, n, _ in seen if name in ("highlight +", "highlight −")) // 2
+        assert picked == len(edges) > 0, (picked, len(edges))
+        dimmed = {name: op for name, _, op in seen if name in ("edges +", "edges −", "feature", "error", "logit")}
+        assert dimmed and all(op is not None and op < 0.2 for op in dimmed.values()), dimmed
+        page.mouse.move(5, 5)  # away: the highlight goes, the opacities come back
+        page.wait_for_function("""() => !document.querySelector('#graph-plot .js-plotly-plot').data
+            .some((t) => t.name.startsWith('highlight'))""", timeout=10_000)
+
+
+def test_a_bad_prompt_is_a_warning_and_the_graph_and_its_panels_stay(browser, tiny_server):
+    """Issue 52: an empty prompt after a graph is built: a warning toast, no error badge, the status says what went
+    wrong (no stale 'Running'), and the summary, the full graph and the table show what they showed."""
+    with recording_page(browser, tiny_server, height=1400) as page:
+        build(page)
+        page.wait_for_selector("#graph-summary .graph-summary-box", timeout=TIMEOUT_MS)
+        before = page.evaluate("() => document.querySelector('#graph-plot .js-plotly-plot').layout.meta"
+                               ".slmviz_graph.ids.length")
+        page.fill("#graph-prompt textarea", "")
+        page.click("#graph-build")
+        page.wait_for_selector(".toast-body.warning", timeout=30_000)
+        assert "empty" in page.locator(".toast-body.warning").first.inner_text()
+        page.wait_for_function("document.querySelector('#graph-status').innerText.includes('Not done')",
+                               timeout=30_000)
+        assert "Running" not in page.locator("#graph-status").inner_text()
+        assert page.locator(".toast-body.error").count() == 0
+        assert page.locator("#graph-summary .graph-summary-box").count() > 0
+        assert page.evaluate("() => document.querySelector('#graph-plot .js-plotly-plot').layout.meta"
+                             ".slmviz_graph.ids.length") == before
+        assert page.locator("#graph-features [data-testid=cell-0-0]").count() == 1

@@ -8,6 +8,7 @@ and compared. Does not cover: the page itself (tests/test_workbench_browser.py c
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def graph(tiny, transcoders):
 
 def built(server) -> Client:
     client = Client(server, verbose=False)
-    client.predict(PROMPT, NAMES, 0.95, 0.98, api_name="/circuit_attribution")
+    client.predict(PROMPT, NAMES, 0.95, 0.98, api_name="/graph_attribution")
     return client
 
 
@@ -127,17 +128,24 @@ def test_cards_pins_subgraph_supernode_and_labels_match_the_library(tiny_server,
     graph.clear_pins()
 
 
-def test_interventions_show_the_new_top_logits_beside_the_old(tiny_server, graph):
+def test_interventions_show_one_table_of_the_top_tokens_with_their_change(tiny_server, graph):
+    """Issue 52: one table, not two side by side: each top token (of the run before or after) with its
+    probability and logit before and after, and the change of each."""
     client = built(tiny_server)
     from slmviz.graphs.workbench import top_features
 
     (node,) = top_features(graph, 1)
     result = client.predict("", node, "0", 0, "constrained", api_name="/workbench_intervene")
-    assert "Original top logits" in result and "New top logits" in result and "Greedy continuation" in result
+    assert result.count("<table") == 1 and "<th>change</th>" in result and "<th>logit change</th>" in result
+    assert "Greedy continuation, original" in result and "with the edit" in result
     expected = intervene(graph, {node: 0}, constrained=True)
+    p0, p1 = expected.original.softmax(-1), expected.logits.softmax(-1)
     top = expected.top(3)
     for token, prob in zip(top["new token"], top["new prob"], strict=True):
-        assert f"{prob:.3f}" in result and token in result
+        assert f"{prob:.3f}" in result and html.escape(repr(token)) in result
+    for tid in p1.topk(3).indices.tolist():  # each row's change is the new probability less the old
+        change = float(p1[tid] - p0[tid])
+        assert f"{change:+.3f}".replace("-", "−") in result
     free = client.predict(node, "", "number", 1.5, "free", api_name="/workbench_intervene")
     assert f"{node} = 1.5" in free and "(free" in free
 

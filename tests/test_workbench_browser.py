@@ -39,10 +39,10 @@ def tiny_server(tmp_path_factory):
 
 def build_graph(page, prompt: str) -> None:
     page.get_by_role("tab", name="Graph").click()
-    page.wait_for_selector("#circuit-attr-prompt textarea")
-    page.fill("#circuit-attr-prompt textarea", prompt)
-    page.click("#circuit-attr-run")
-    page.wait_for_function("document.querySelector('#circuit-attr-status').innerText.includes('Pruned to')",
+    page.wait_for_selector("#graph-prompt textarea")
+    page.fill("#graph-prompt textarea", prompt)
+    page.click("#graph-build")
+    page.wait_for_function("document.querySelector('#graph-status').innerText.includes('Pruned to')",
                            timeout=PLOT_TIMEOUT_MS)
     page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=PLOT_TIMEOUT_MS)
     page.wait_for_selector("#graph-table [data-testid=cell-0-0]", timeout=PLOT_TIMEOUT_MS)
@@ -118,18 +118,21 @@ def test_card_pins_subgraph_supernode_json_and_an_intervention(browser, tiny_ser
         page.wait_for_timeout(500)
         page.click("#graph-intervene")
         page.wait_for_function(
-            "document.querySelector('#graph-intervention-result').innerText.includes('New top logits')",
+            "document.querySelector('#graph-intervention-result').innerText.includes('logit change')",
             timeout=PLOT_TIMEOUT_MS)
         result = page.locator("#graph-intervention-result").inner_text()
-        assert "Original top logits" in result and "Greedy continuation" in result
+        assert "new prob" in result and "Greedy continuation, original" in result
         _no_error_toast(page)
-        # bad input: a toast, and the pins stay
+        # bad input: a warning, and the pins, the subgraph and the intervention's result stay (issue 52)
         page.fill("#graph-node textarea, #graph-node input", "9_9_99")
         page.click("#graph-pin")
-        toast = page.locator(".toast-body.error")
+        toast = page.locator(".toast-body.warning")
         toast.first.wait_for(timeout=60_000)
         assert "not a node of this graph" in toast.first.inner_text()
         assert "3 pinned nodes" in page.locator("#graph-subgraph-status").inner_text()
+        assert page.locator("#graph-subgraph .js-plotly-plot").count() == 1
+        assert "logit change" in page.locator("#graph-intervention-result").inner_text()
+        assert page.locator(".toast-body.error").count() == 0
         _only_the_server(page, tiny_server)
 
 
@@ -139,7 +142,7 @@ def test_the_workbench_on_smollm2_for_the_screenshot(browser, server):
     assets/screenshot-workbench.png shows the graph, the card, the subgraph and the intervention."""
     with recording_page(browser, server, height=PAGE_HEIGHT) as page:
         page.get_by_role("tab", name="Graph").click()
-        page.wait_for_selector("#circuit-attr-transcoders")
+        page.wait_for_selector("#graph-transcoders")
         tick_one_bundled_transcoder(page)
         build_graph(page, "The capital of France is")
         page.fill("#graph-pin-top-n input", "6")
@@ -158,7 +161,7 @@ def test_the_workbench_on_smollm2_for_the_screenshot(browser, server):
                                timeout=60_000)
         page.click("#graph-intervene")
         page.wait_for_function(
-            "document.querySelector('#graph-intervention-result').innerText.includes('New top logits')",
+            "document.querySelector('#graph-intervention-result').innerText.includes('logit change')",
             timeout=PLOT_TIMEOUT_MS)
         page.mouse.move(5, 5)
         page.wait_for_timeout(800)

@@ -4,38 +4,48 @@ by influence, and each feature node's page opened (the Features tab's card).
 The graph is slmviz.attribution_graph's (circuit-tracer's semantics); this module checks the inputs, runs it in
 app/jobs.py's worker (other sessions are served meanwhile; Cancel stops it at its next batch), and turns the pruned
 graph into the plot, the feature table, the JSON file and the status line. The session's graph lives in the
-section's gr.State (`found`: the graph, the transcoders' names by layer, the model), which the workbench
-(app/tabs/graph_workbench.py) reads and changes.
+tab's gr.State as one GraphState (app/tabs/graph_state.py), which the workbench (app/tabs/graph_workbench.py) reads
+and changes.
+
+A user's mistake (an empty prompt, no transcoder ticked, a prompt too long for the memory budget) is a warning,
+and every panel keeps what it showed: the status line says what went wrong in place of a stale "Running" line.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import pandas as pd
 
 import slmviz
-from slmviz.graphs.attribution import DEFAULT_MEMORY_BUDGET_GB
+from slmviz.graphs.attribution import DEFAULT_MEMORY_BUDGET_GB, prepend_special
 
 from ..jobs import RUNNER
 from ..models import AppContext
 from ..saes import SAEStore
 from ..shared import display_frame, parse_thresholds, readable_errors, session, to_plot, wait_or_say
-from ..transcoder_sets import MAX_FEATURE_NODES, TranscoderSets, set_kind
+from ..transcoder_sets import MAX_FEATURE_NODES, TranscoderSets, set_kind, set_ready
 from .graph_cards import kept_features
+from .graph_state import GraphState, built, keeps_work
 
 JOB_KIND = "attribution"  # the section's Cancel leaves only this kind of job
-CANCELLED = "Cancelled; press Run to start again"
+CANCELLED = "Cancelled; press Build to start again"
+GALLERY = Path(__file__).resolve().parents[1] / "graph_gallery.json"  # bench/studies/graph_gallery.py writes it
+# a top token that answers nothing: the graph then explains a function word, not what the prompt asks for
+NOT_AN_ANSWER = {"the", "a", "an", "and", "or", "of", "to", "in", "on", "is", "was", "that", "this", "it", "not",
+                 ",", ".", ":", ";", "!", "?", "-", "", "\n"}
+UNSURE_P = 0.1  # a top token below this probability: the model is unsure, and the tab says so
 # No cap on the prompt's length beyond the model's own: attribution_graph reports each backward batch, so a long
 # graph shows its progress and Cancel stops it at the next batch. What bounds it is memory (the dense adjacency
-# grows with the square of the nodes, ~160 per token on SmolLM2 with both transcoders): attribution_graph refuses a
-# prompt whose estimate exceeds ATTR_MEMORY_GB, saying the estimate (SmolLM2, both transcoders: 97 tokens 3.58 GiB,
-# 131 tokens 5.79 GiB, so the 4 GiB default stops near 100 tokens). Measured here over both SmolLM2 transcoders
-# (tokens with the BOS): 6 tokens 5 s, 15 tokens 31 s, 25 tokens 36 s, on a 2-core machine at load average ~10.
+# grows with the square of the nodes): attribution_graph refuses a prompt whose estimate exceeds ATTR_MEMORY_GB,
+# saying the estimate. The sizes and times measured are in docs/app.md and docs/features.md ("The longest prompt",
+# bench/studies/longest_prompt.py).
 ATTR_MEMORY_GB = DEFAULT_MEMORY_BUDGET_GB
 
 
@@ -47,7 +57,7 @@ class AttributionHandlers:
         self.ctx = ctx
         self.saes = saes
         self.features = features  # app.tabs.features.FeatureHandlers: its feature page (show, open)
-        self.sets = TranscoderSets(ctx, saes, offered=self.transcoders)  # the model's full sets
+        self.sets = TranscoderSets(ctx, saes, offered=self.pickable)  # the model's full sets
 
     def transcoders(self, model: Any) -> list[str]:
         """The transcoders on offer for `model` (bundled, $SLMVIZ_SAE_DIRS, loaded in the Model tab), then its full
@@ -61,18 +71,43 @@ class AttributionHandlers:
                 continue
         return names + self.sets.choices(model)
 
+    def pickable(self, model: Any) -> list[str]:
+        """The picker's choices: the single transcoders and the sets that are built (a set not built yet is offered
+        by its Build button instead: picking it could only say "build it first")."""
+        return [n for n in self.transcoders(model)
+                if not self.sets.is_set(model, n) or set_ready(model, set_kind(model, n))]
+
     def ticked(self, model: Any, offered: list[str]) -> list[str]:
         """What the picker ticks first: the best prepared set that is ready, alone (TranscoderSets.ticked: the full
         set, the CLT, the quick set), else every single transcoder (the bundled pair on SmolLM2)."""
         return self.sets.ticked(model) or [n for n in offered if not self.sets.is_set(model, n)]
 
-    def set_line(self, model: Any, names: list[str] | None, found: dict | None) -> str:
+    @staticmethod
+    def bos_note(model: Any) -> str:
+        """What the graph puts in front of the prompt (the prompt box's note)."""
+        tokenizer = getattr(model, "tokenizer", None)
+        ids = prepend_special(tokenizer, model.encode("a")) if tokenizer is not None else None
+        if ids is None or len(ids) < 2:
+            return "The graph reads the prompt as typed (this tokenizer has no special token to put in front)."
+        first = model.to_strings(ids[:1])[0]
+        return (f"The graph puts {first} in front of the prompt (position 0: an attention sink whose features it "
+                "leaves out, as circuit-tracer does); the Run tab reads the prompt as typed.")
+
+    @readable_errors
+    def gallery(self, source: str | None) -> tuple:
+        """The gallery of the session's model, and its first prompt in the prompt box."""
+        samples, labels = gallery_samples(self.ctx.model(source))
+        if not samples:
+            return gr.Dataset(samples=[[ATTR_PROMPT_FALLBACK]], sample_labels=None), gr.skip()
+        return gr.Dataset(samples=samples, sample_labels=labels), samples[0][0]
+
+    def set_line(self, model: Any, names: list[str] | None, found: GraphState | None) -> str:
         """#graph-set: which transcoders the graph uses (or will: the ticked ones) and, once built, its scores."""
         names = list(names or [])
         preference = ("the best that is ready: the full set, then the cross-layer transcoder, then the quick set, "
                       "then the bundled transcoders")
-        if found and found.get("scores") and found.get("picked") == names:
-            s = found["scores"]
+        if isinstance(found, GraphState) and found.scores and found.picked == names:
+            s = found.scores
             return (f"**Graph over {', '.join(names)}**: replacement score **{s['replacement']:.3f}**, completeness "
                     f"**{s['completeness']:.3f}** (of this prompt's unpruned graph; 1 when the transcoders explain "
                     "everything).")
@@ -84,20 +119,34 @@ class AttributionHandlers:
                 "without a transcoder are all error nodes; its scores show once the graph is built.")
 
     @readable_errors
-    def describe(self, found: dict | None, names: list[str] | None, source: str | None) -> str:
+    def describe(self, found: GraphState | None, names: list[str] | None, source: str | None) -> str:
         return self.set_line(self.ctx.model(source), names, found)
 
     @readable_errors
     def transcoder_choices(self, source: str | None) -> gr.CheckboxGroup:
         model = self.ctx.model(source)
-        names = self.transcoders(model)
+        names = self.pickable(model)
         return gr.CheckboxGroup(choices=names, value=self.ticked(model, names))
 
     @readable_errors
+    def shown(self, state: GraphState | None) -> tuple:
+        """Once a graph exists: what the model answers (#graph-answer), and the panels that show it."""
+        if not isinstance(state, GraphState):
+            return gr.skip(), gr.skip()
+        return answer_line(state.graph), gr.update(visible=True)
+
+    @readable_errors
+    @keeps_work(5, said=3)
     def attribution(self, prompt: str, names: list[str] | None, node_threshold: float | None,
                     edge_threshold: float | None, source: str | None, request: gr.Request,
                     progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
-        """The prompt's attribution graph over the picked transcoders (a long job), pruned by influence."""
+        """The prompt's attribution graph over the picked transcoders (a long job), pruned by influence; a bad
+        input is a warning and the graph on screen stays."""
+        yield from self._attribution(prompt, names, node_threshold, edge_threshold, source, request, progress)
+
+    def _attribution(self, prompt: str, names: list[str] | None, node_threshold: float | None,
+                     edge_threshold: float | None, source: str | None, request: gr.Request,
+                     progress: Any) -> Iterator[tuple]:
         model = self.ctx.model(source, progress)
         text = self.ctx.checked_prompt(prompt, model)
         offered = self.transcoders(model)
@@ -127,7 +176,7 @@ class AttributionHandlers:
                 raise ValueError(f"{layers[layer]} and {entry.name} both read layer {layer}; pick one per layer")
             layers[layer] = entry.name
 
-        def work(report: Callable[..., None]) -> dict[str, Any]:
+        def work(report: Callable[..., None]) -> GraphState:
             started = time.perf_counter()
             transcoders = [e.sae for e in entries]
             if full:  # loaded once per model (the first graph waits for it), then kept
@@ -144,8 +193,8 @@ class AttributionHandlers:
             cap = MAX_FEATURE_NODES if full else None  # a full set: the most influential features only
             graph = slmviz.attribution_graph(text, transcoders=transcoders, model=model, max_feature_nodes=cap,
                                              memory_budget_gb=ATTR_MEMORY_GB, progress=attributed)
-            return {"graph": graph, "layers": layers, "model": model, "seconds": time.perf_counter() - started,
-                    "scores": graph.scores(), "picked": names, "cap": cap}
+            return GraphState(graph=graph, layers=layers, model=model, seconds=time.perf_counter() - started,
+                              scores=graph.scores(), picked=list(names), cap=cap)
 
         job = RUNNER.submit(work, session(request), kind=JOB_KIND)
         said = ""
@@ -156,23 +205,22 @@ class AttributionHandlers:
         found = job.result
         yield (*self._pruned(found, *thresholds), found)
 
-    def _pruned(self, found: dict[str, Any], node_threshold: float, edge_threshold: float) -> tuple:
+    def _pruned(self, found: GraphState, node_threshold: float, edge_threshold: float) -> tuple:
         """(plot, feature table, JSON file, status) of the graph pruned at these thresholds."""
-        graph = found["graph"]
-        pruned = graph.prune(node_threshold, edge_threshold)
+        graph = found.graph
+        pruned = found.prune((node_threshold, edge_threshold))
         path = pruned.save_json(self.ctx.output_path("attribution-graph.json"))
         nodes = pruned.kept_nodes
         counts = nodes["kind"].value_counts()
-        scores = found.get("scores") or {}
-        over = (", ".join(found["picked"]) if "picked" in found else
-                ", ".join(found["layers"][k] for k in sorted(found["layers"])))
+        scores = found.scores
+        over = found.over
         scored = (f"**Replacement score {scores['replacement']:.3f}, completeness {scores['completeness']:.3f}** "
                   "(circuit-tracer's scores of the unpruned graph: the share of the influence that avoids error "
                   "nodes, and of each node's inputs that are not errors; 1 when the transcoders explain "
                   "everything). " if scores else "")
-        capped = f" (at most {found['cap']:,}, the most influential: max_feature_nodes)" if found.get("cap") else ""
+        capped = f" (at most {found.cap:,}, the most influential: max_feature_nodes)" if found.cap else ""
         status = (f"{scored}**{graph.prompt!r}**: {graph.n_features} active features{capped} over {over}; computed in "
-                  f"{found['seconds']:.1f} s. Pruned to {node_threshold:g} of the influence on the logits (edges "
+                  f"{found.seconds:.1f} s. Pruned to {node_threshold:g} of the influence on the logits (edges "
                   f"{edge_threshold:g}): {int(counts.get('feature', 0))} features, {int(counts.get('error', 0))} "
                   f"error nodes, {int(counts.get('embedding', 0))} embeddings, {int(counts.get('logit', 0))} "
                   f"logits. Select a feature to open its page; the JSON is circuit-tracer's graph format.")
@@ -180,30 +228,39 @@ class AttributionHandlers:
         for trace in fig.data:  # an edge's end points sit on its nodes: hovering and clicking there means the node
             if trace.mode == "lines":
                 trace.hoverinfo = "skip"
-        return to_plot(fig), display_frame(feature_table(pruned, found["layers"])), str(path), status
+        return to_plot(fig), display_frame(feature_table(pruned, found.layers)), str(path), status
 
     @readable_errors
-    def reprune(self, found: dict | None, node_threshold: float | None, edge_threshold: float | None) -> tuple:
+    @keeps_work(4, said=3)
+    def reprune(self, found: GraphState | None, node_threshold: float | None, edge_threshold: float | None,
+                request: gr.Request) -> tuple:
         """The threshold sliders: prune the graph again (no model run)."""
-        if not found:
+        return self._reprune(found, node_threshold, edge_threshold)
+
+    def _reprune(self, found: GraphState | None, node_threshold: float | None, edge_threshold: float | None) -> tuple:
+        if not isinstance(found, GraphState):
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         return self._pruned(found, *parse_thresholds(node_threshold, edge_threshold))
 
     @readable_errors
-    def open_feature(self, found: dict | None, node: str, source: str | None, request: gr.Request,
+    @keeps_work(3)
+    def open_feature(self, found: GraphState | None, node: str, source: str | None, request: gr.Request,
                      progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
         """A feature node ('layer_feature_position', or 'layer, feature'): its page, the Features tab's card
         (its corpus contexts come from that tab's feature scan, run once per transcoder)."""
-        if not found:
-            raise ValueError("Build the attribution graph first, then select a feature")
+        yield from self._open_feature(found, node, source, request, progress)
+
+    def _open_feature(self, found: GraphState | None, node: str, source: str | None, request: gr.Request,
+                      progress: Any) -> Iterator[tuple]:
+        found = built(found, "select a feature")
         numbers = [int(x) for x in re.findall(r"\d+", node or "")]
         if len(numbers) < 2:
             raise ValueError(f"A feature node is 'layer_feature_position' (its id) or 'layer, feature'; got {node!r}")
         layer, feature = numbers[:2]
-        if layer not in found["layers"]:
+        if layer not in found.layers:
             raise ValueError(f"Layer {layer} has no transcoder in this graph (its nodes there are error nodes); "
-                             f"the transcoders read layers {', '.join(map(str, sorted(found['layers'])))}")
-        name = found["layers"][layer]
+                             f"the transcoders read layers {', '.join(map(str, sorted(found.layers)))}")
+        name = found.layers[layer]
         for f, card in self.features.show(name, feature, source, request, progress):
             if isinstance(card, str):  # else a no-op update while the feature scan runs
                 yield card, name, f"{layer}_{f}"
@@ -211,12 +268,13 @@ class AttributionHandlers:
                 yield gr.skip(), name, gr.skip()
 
     @readable_errors
-    def select_feature(self, evt: gr.SelectData, found: dict | None, source: str | None, request: gr.Request,
+    @keeps_work(3)
+    def select_feature(self, evt: gr.SelectData, found: GraphState | None, source: str | None, request: gr.Request,
                        progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008
         row = evt.row_value or []
         if len(row) < 2:
             raise ValueError("Select a row of the feature table")
-        yield from self.open_feature(found, f"{row[0]}, {row[1]}", source, request, progress)
+        yield from self._open_feature(found, f"{row[0]}, {row[1]}", source, request, progress)
 
 
 def feature_table(pruned: Any, layers: dict[int, str]) -> pd.DataFrame:
@@ -225,3 +283,41 @@ def feature_table(pruned: Any, layers: dict[int, str]) -> pd.DataFrame:
     return pd.DataFrame({"layer": nodes["layer"].astype(int), "feature": nodes["feature"].astype(int),
                          "position": nodes["position"].astype(int), "token": nodes["token"],
                          "activation": nodes["activation"].round(3), "transcoder": nodes["layer"].map(layers)})
+
+
+ATTR_PROMPT_FALLBACK = "The capital of France is"
+
+
+def gallery_samples(model: Any) -> tuple[list[list[str]], list[str]]:
+    """The gallery of `model` (app/graph_gallery.json, measured by bench/studies/graph_gallery.py): its prompts as
+    a gr.Dataset's samples, and each one's label: the prompt, the answer and its probability."""
+    try:
+        data = json.loads(GALLERY.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return [], []
+    entries = data.get(getattr(model, "name", ""), [])
+    return ([[e["prompt"]] for e in entries],
+            [f"{e['prompt']} → {e['answer'].strip()} (p {e['p']:.2f})" for e in entries])
+
+
+def answer_line(graph: Any) -> str:
+    """#graph-answer: the model's top tokens (the graph's logit nodes, with their probabilities), what the graph
+    explains, and a plain warning when the top token answers nothing (a function word) or the model is unsure;
+    also what the graph put in front of the prompt."""
+    logits = graph.nodes[graph.nodes["kind"] == "logit"].sort_values("probability", ascending=False)
+    if not len(logits):
+        return ""
+    top = [(str(t), float(p)) for t, p in zip(logits["token"], logits["probability"], strict=True)]
+    first, p = top[0]
+    rest = ", ".join(f"{t!r} ({q:.2f})" for t, q in top[1:4])
+    line = (f"**The model's answer: {first!r}** (p {p:.2f}); then {rest}. The graph explains these logits, "
+            f"{first!r} first.")
+    if first.strip().lower() in NOT_AN_ANSWER or p < UNSURE_P:
+        why = "a function word, not an answer" if first.strip().lower() in NOT_AN_ANSWER else "an unsure guess"
+        line += (f" **Note:** the top token {first!r} is {why} (p {p:.2f}): if the prompt asks for something else, "
+                 "this model does not say it here, and the graph has nothing of it to explain. The gallery's "
+                 "prompts are ones it answers.")
+    tokens = list(graph.tokens)
+    if tokens:
+        line += f" The graph reads {len(tokens)} tokens, starting with {tokens[0]!r} (position 0)."
+    return line

@@ -28,6 +28,14 @@ def split_ids(text: str | None) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+def label_score(graph: Any, node: str) -> float | None:
+    """The measured score of the node's label (graph.label_scores: detection balanced accuracy), or None."""
+    try:
+        score = (getattr(graph, "label_scores", None) or {}).get(node)
+    except Exception:  # noqa: BLE001 - a graph without a deep scan has no scores
+        return None
+    return None if score is None or score != score else float(score)
+
 
 def is_feature(graph: Any, node: str) -> bool:
     index = node_index(graph)
@@ -84,11 +92,12 @@ def _edges_html(graph: Any, i: int, incoming: bool, labels: dict[str, str]) -> s
     return f"<table class='wb-table'>{head}{rows}</table>"
 
 
-def _error_norms(found: dict) -> torch.Tensor:
+def _error_norms(found: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """[n_layers, pos]: the norm of what each layer's transcoder misses (a layer without one: its whole MLP output),
-    and [n_layers, pos] of the MLP output's own norm; from one traced run of the graph's tokens, kept."""
-    if "wb_error_norms" not in found:
-        graph, model = found["graph"], found["model"]
+    and [n_layers, pos] of the MLP output's own norm; from one traced run of the graph's tokens, kept on the
+    GraphState."""
+    if found.error_norms is None:
+        graph, model = found.graph, found.model
         coders = dict(getattr(graph.transcoders, "coders", {}) or {})
         names = [f"blocks.{L}.hook_mlp_out" for L in range(graph.n_layers)]
         names += [f"{sae.hook_name_out}.hook_sae_error" for sae in coders.values()]
@@ -97,16 +106,17 @@ def _error_norms(found: dict) -> torch.Tensor:
         err = out.clone()
         for L, sae in coders.items():
             err[L] = t[f"{sae.hook_name_out}.hook_sae_error"].float().norm(dim=-1)
-        found["wb_error_norms"] = (err, out)
-    return found["wb_error_norms"]
+        found.error_norms = (err, out)
+    return found.error_norms
 
 
-def node_card(found: dict, pruned: Any, node: str, coder: Callable[[int], tuple[Any, Any, str]]) -> str:
+def node_card(found: Any, pruned: Any, node: str, coder: Callable[[int], tuple[Any, Any, str]]) -> str:
     """The card of one node: what it is, its label, its strongest edges, and per kind: a feature's top contexts
-    (the cached feature scan) and logit effects, an error node's norm and the transcoder that misses it.
-    `coder(layer)` is (the layer's transcoder, its cached feature scan or None, where that scan's text comes from).
+    (the cached feature scan) and logit effects, an error node's norm and the transcoder that misses it. `found`
+    is the tab's GraphState; `coder(layer)` is (the layer's transcoder, its cached feature scan or None, where
+    that scan's text comes from).
     """
-    graph = found["graph"]
+    graph = found.graph
     index = node_index(graph)
     if node not in index:
         raise WorkbenchError(f"{node!r} is not a node of this graph")
@@ -119,9 +129,13 @@ def node_card(found: dict, pruned: Any, node: str, coder: Callable[[int], tuple[
     parts = []
     if r.kind == "feature":
         layer, feature = int(r.layer), int(r.feature)
-        name = found.get("layers", {}).get(layer, r.hook)
+        name = found.layers.get(layer, r.hook)
         head += f", activation <b>{float(r.activation):.4g}</b>; feature {feature} of <b>{esc(name)}</b></p>"
-        head += f"<p>Label: <b>{esc(graph.label(node))}</b></p>"
+        score = label_score(graph, node)
+        scored = (f" <small>(score {score:.2f}: how well the label's own tokens and contexts pick out where the "
+                  "feature fires, on held-out text; 0.5 is chance)</small>" if score is not None else
+                  " <small>(no score: scores come with the set's deep scan)</small>")
+        head += f"<p>Label: <b>{esc(graph.label(node))}</b>{scored}</p>"
         sae, scan, source = coder(layer)
         if scan is not None and sae is not None:
             contexts = top_contexts(scan, sae, feature).head(5)
@@ -135,7 +149,7 @@ def node_card(found: dict, pruned: Any, node: str, coder: Callable[[int], tuple[
                          "<b>Open its page</b> below scans the bundled verses once; its top contexts then show "
                          "here.</i></p>")
         if sae is not None:
-            effects = sae.logit_effects(feature, k=5, model=found["model"])
+            effects = sae.logit_effects(feature, k=5, model=found.model)
             for kind in ("promoted", "suppressed"):
                 toks = ", ".join(f"<code>{esc(repr(t))}</code> {e:+.3g}"
                                  for t, e in zip(effects.loc[effects.kind == kind, "token"],
@@ -144,7 +158,7 @@ def node_card(found: dict, pruned: Any, node: str, coder: Callable[[int], tuple[
     elif r.kind == "error":
         layer, pos = int(r.layer), int(r.position)
         err, out = _error_norms(found)
-        name = found.get("layers", {}).get(layer)
+        name = found.layers.get(layer)
         missing = (f"what <b>{esc(name)}</b> misses of this MLP output" if name else
                    "no transcoder at this layer: the whole MLP output is error")
         share = float(err[layer, pos]) / max(float(out[layer, pos]), 1e-12)
@@ -161,16 +175,38 @@ def node_card(found: dict, pruned: Any, node: str, coder: Callable[[int], tuple[
     return f"<div class='wb-card'>{head}{''.join(parts)}</div>"
 
 
+def intervention_rows(r: Any, k: int = TOP_LOGITS) -> pd.DataFrame:
+    """The tokens of the top k before or after the intervention (the original's first, then the new ones), each
+    with its probability and logit before and after and their changes."""
+    before, after = r.original.float(), r.logits.float()
+    p0, p1 = torch.softmax(before, -1), torch.softmax(after, -1)
+    ids = list(dict.fromkeys(p0.topk(k).indices.tolist() + p1.topk(k).indices.tolist()))
+    names = r.tokens(ids) if callable(r.tokens) else [str(i) for i in ids]
+    return pd.DataFrame({"token": names, "prob": p0[ids].tolist(), "new prob": p1[ids].tolist(),
+                         "change": (p1[ids] - p0[ids]).tolist(), "logit": before[ids].tolist(),
+                         "new logit": after[ids].tolist(), "logit change": (after[ids] - before[ids]).tolist(),
+                         "rank": [int((p0 > p0[i]).sum()) for i in ids],
+                         "new rank": [int((p1 > p1[i]).sum()) for i in ids]})
+
+
+def _signed(x: float, digits: int = 3) -> str:
+    colour = "#2471a3" if x > 0 else "#c0392b" if x < 0 else "#555"
+    return f"<td style='text-align:right;color:{colour}'>{x:+.{digits}f}</td>".replace("-", "−")
+
+
 def intervention_html(r: Any, targets: list[str], mode: str) -> str:
-    """The top logits and the greedy continuation, original beside new."""
-    top = r.top(TOP_LOGITS)
-
-    def table(prefix: str) -> str:
-        rows = "".join(f"<tr><td>{i}</td><td><code>{esc(repr(t))}</code></td><td>{p:.3f}</td><td>{lg:.3f}</td></tr>"
-                       for i, (t, p, lg) in enumerate(zip(top[f"{prefix}token"], top[f"{prefix}prob"],
-                                                          top[f"{prefix}logit"], strict=True)))
-        return f"<table class='wb-table'><tr><th>#</th><th>token</th><th>prob</th><th>logit</th></tr>{rows}</table>"
-
+    """One table: the top tokens before and after, each with its probability and logit before, after and the
+    change; then the greedy continuations, original and new."""
+    rows = intervention_rows(r)
+    body = "".join(
+        f"<tr><td>{int(x['rank'])} → {int(x['new rank'])}</td><td><code>{esc(repr(x['token']))}</code></td>"
+        f"<td style='text-align:right'>{x['prob']:.3f}</td><td style='text-align:right'>{x['new prob']:.3f}</td>"
+        f"{_signed(x['change'])}<td style='text-align:right'>{x['logit']:.3f}</td>"
+        f"<td style='text-align:right'>{x['new logit']:.3f}</td>{_signed(x['logit change'])}</tr>"
+        for x in rows.to_dict("records"))
+    table = ("<table class='wb-table graph-intervention-table'><tr><th>rank</th><th>token</th><th>prob</th>"
+             "<th>new prob</th><th>change</th><th>logit</th><th>new logit</th><th>logit change</th></tr>"
+             f"{body}</table>")
     values = ", ".join(f"{esc(k)} = {v:.4g}" for k, v in r.values.items())
     crossed = ""
     if r.crossed:
@@ -179,10 +215,8 @@ def intervention_html(r: Any, targets: list[str], mode: str) -> str:
         crossed = (f"<p><b>{len(r.crossed)} features crossed their threshold</b>, so the result leaves the graph's "
                    f"linear model: {shown}</p>")
     return (f"<div class='wb-intervention'><p>Set {values} ({esc(mode)}; {len(targets)} target(s)).</p>{crossed}"
-            f"<div style='display:flex;gap:24px;flex-wrap:wrap'>"
-            f"<div class='wb-original'><h5>Original top logits</h5>{table('')}"
-            f"<p>Greedy continuation: <code>{esc(r.original_continuation)}</code></p></div>"
-            f"<div class='wb-new'><h5>New top logits</h5>{table('new ')}"
-            f"<p>Greedy continuation: <code>{esc(r.continuation)}</code></p></div></div>"
+            f"<h5>The top tokens before and after</h5>{table}"
+            f"<p>Greedy continuation, original: <code>{esc(r.original_continuation)}</code><br>"
+            f"with the edit: <code>{esc(r.continuation)}</code></p>"
             f"<p><small>The continuation always runs free (new tokens have no frozen patterns), with the edit at the "
             f"prompt's positions.</small></p></div>")

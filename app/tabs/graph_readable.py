@@ -35,9 +35,9 @@ from slmviz.plots.attribution import KIND_STYLE, NEGATIVE, POSITIVE, TEMPLATE, a
 
 MAX_NODES_SENT = 5000  # the most influential kept nodes the page receives (the keep slider's maximum)
 MAX_EDGES_SENT = 20000  # the strongest edges among them
-KEEP_DEFAULT, KEEP_MIN, KEEP_STEP = 200, 10, 10
+KEEP_DEFAULT, KEEP_MIN, KEEP_STEP = 50, 10, 10  # a first view a person reads: the 50 most influential nodes
 MIN_WEIGHT_DEFAULT, MIN_WEIGHT_MAX, MIN_WEIGHT_STEP = 0.05, 1.0, 0.01
-LABEL_CHARS = 16
+LABEL_CHARS = 24  # a label cut at a word boundary near this, so that what is left still says something
 # the drawing's x unit is about a pixel of a plot PLOT_PX wide (its drawing area on a page 1400 px wide); a wider
 # drawing is shrunk to fit, labels and nodes alike
 PLOT_PX = 1100
@@ -50,6 +50,7 @@ TOKEN_CHARS = 12  # a column is at least as wide as its token's name, cut to thi
 LABEL_HALO = "0 0 2px #fff, 0 0 2px #fff, 0 0 3px #fff, 0 0 3px #fff"  # a white halo: legible over edges
 GL_FROM = 1000  # nodes sent from which the markers are drawn with WebGL
 META_KEY = "slmviz_graph"
+FOCUS_COLOUR = "#e67e22"  # the rings of a summary box's members
 # kind -> (marker size, opacity): error nodes quieter than the features they stand beside
 KIND_LOOK = {"embedding": (11, 1.0), "feature": (9, 0.95), "error": (6, 0.35), "logit": (11, 1.0)}
 
@@ -65,20 +66,29 @@ def influence_rank(graph: Any) -> np.ndarray:
 
 
 def short(text: Any, n: int = LABEL_CHARS) -> str:
-    """`text` on one line, cut to `n` characters (an ellipsis saying so)."""
+    """`text` on one line, cut to `n` characters at a word boundary where one falls in its second half (an
+    ellipsis saying so; the hover text has it whole)."""
     text = " ".join(str(text).split())
-    return text if len(text) <= n else text[: n - 1] + "…"
+    if len(text) <= n:
+        return text
+    cut = text[: n - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space >= n // 2 else cut).rstrip(" /,;:→") + "…"
 
 
-def graph_payload(graph: Any, labels: dict[str, str]) -> dict[str, Any]:
+def graph_payload(graph: Any, labels: dict[str, str], focus: list[str] | None = None,
+                  grouped: set[str] | None = None) -> dict[str, Any]:
     """What the page needs to draw the pruned `graph` at any slider position: its MAX_NODES_SENT most influential
     kept nodes (position, row y, kind, id, label, hover text, rank; rank -1 for those always drawn: embeddings,
     logits, pins), the MAX_EDGES_SENT largest kept edges among them (source and target as indices into the nodes),
-    and each position's token name and narrowest column."""
+    and each position's token name and narrowest column. `focus`: nodes drawn always and ringed (a summary box's
+    members), their edges picked out in the page. `grouped`: nodes pinned only because the summary made them a
+    supernode's members: not ringed nor always drawn (the graph starts small)."""
     rank = influence_rank(graph)
     kinds = graph.nodes["kind"].to_numpy()
     kept = np.nonzero(graph.node_mask.numpy())[0]
-    pinned = set(graph.workbench.pinned)
+    focused = set(focus or [])
+    pinned = (set(graph.workbench.pinned) - set(grouped or ())) | focused
     always = np.isin(kinds[kept], ["embedding", "logit"]) | graph.nodes["node_id"].iloc[kept].isin(pinned).to_numpy()
     order = kept[np.lexsort((rank[kept], ~always))]  # the always-drawn first, then by influence
     rows = np.sort(order[:MAX_NODES_SENT], kind="stable")
@@ -107,7 +117,8 @@ def graph_payload(graph: Any, labels: dict[str, str]) -> dict[str, Any]:
     top = w.abs().argsort(descending=True, stable=True)[:MAX_EDGES_SENT]
     return {"ids": ids, "kind": nodes["kind"].tolist(), "position": nodes["position"].astype(int).tolist(),
             "y": y.tolist(), "tokens": tokens, "min_width": [max(2 * SLOT_PX, CHAR_PX * len(t) + 14) for t in tokens],
-            "rank": shown_rank, "text": texts, "hover": hovers, "pinned": [i in pinned for i in ids],
+            "rank": shown_rank, "text": texts, "hover": hovers,
+            "pinned": [i in pinned and i not in focused for i in ids], "focus": [i in focused for i in ids],
             "src": src[top].tolist(), "dst": dst[top].tolist(), "w": [round(float(v), 6) for v in w[top]],
             "wmax": float(w.abs().max()) if len(w) else 0.0, "gl": len(ids) > GL_FROM,
             "style": {k: [*KIND_STYLE[k], *KIND_LOOK[k]] for k in KIND_STYLE},
@@ -157,10 +168,11 @@ def draw(g: dict[str, Any], keep: float, min_weight: float) -> list[dict[str, An
                    "mode": "text", "name": "labels", "text": [g["text"][i] for i in top],
                    "textposition": "middle right", "hoverinfo": "skip",
                    "textfont": {"size": 10, "color": "#1c2833", "shadow": LABEL_HALO}})
-    ring = [i for i in drawn if g["pinned"][i]]
-    traces.append({"type": "scatter", "x": [x[i] for i in ring], "y": [g["y"][i] for i in ring],
-                   "mode": "markers", "name": "pinned", "hoverinfo": "skip",
-                   "marker": {"symbol": "circle-open", "size": 17, "color": "#8e44ad", "line": {"width": 2}}})
+    for key, colour in (("pinned", "#8e44ad"), ("focus", FOCUS_COLOUR)):
+        ring = [i for i in drawn if g[key][i]]
+        traces.append({"type": "scatter", "x": [x[i] for i in ring], "y": [g["y"][i] for i in ring],
+                       "mode": "markers", "name": key, "hoverinfo": "skip",
+                       "marker": {"symbol": "circle-open", "size": 17, "color": colour, "line": {"width": 2}}})
     # the columns: a thin line between two positions, each token's name under its column
     top_row = max(g["y"]) + 0.5 if n else 1.5
     bars: dict[str, list[Any]] = {"x": [], "y": []}
@@ -258,10 +270,12 @@ DRAW_JS = """
                name: 'labels',
                text: top.map((i) => g.text[i]), textposition: 'middle right', hoverinfo: 'skip',
                textfont: {size: 10, color: '#1c2833', shadow: '""" + LABEL_HALO + """'}});
-  const ring = drawn.filter((i) => g.pinned[i]);
-  traces.push({type: 'scatter', x: ring.map((i) => x[i]), y: ring.map((i) => g.y[i]), mode: 'markers',
-               name: 'pinned', hoverinfo: 'skip',
-               marker: {symbol: 'circle-open', size: 17, color: '#8e44ad', line: {width: 2}}});
+  for (const [key, colour] of [['pinned', '#8e44ad'], ['focus', '""" + FOCUS_COLOUR + """']]) {
+    const ring = drawn.filter((i) => g[key][i]);
+    traces.push({type: 'scatter', x: ring.map((i) => x[i]), y: ring.map((i) => g.y[i]), mode: 'markers',
+                 name: key, hoverinfo: 'skip',
+                 marker: {symbol: 'circle-open', size: 17, color: colour, line: {width: 2}}});
+  }
   const topRow = n ? Math.max(...g.y) + 0.5 : 1.5, bars = {x: [], y: []};
   for (const e of edges.slice(1, -1)) { bars.x.push(e, e, null); bars.y.push(-0.5, topRow, null); }
   traces.push({type: 'scatter', x: bars.x, y: bars.y, mode: 'lines', name: 'columns', hoverinfo: 'skip',
@@ -298,10 +312,12 @@ def redraw_js(plot_id: str, keep_id: str, weight_id: str, delay_ms: int = 0) -> 
 
 
 def readable_figure(graph: Any, labels: dict[str, str], title: str, keep: float = KEEP_DEFAULT,
-                    min_weight: float = MIN_WEIGHT_DEFAULT) -> go.Figure:
+                    min_weight: float = MIN_WEIGHT_DEFAULT, focus: list[str] | None = None,
+                    grouped: set[str] | None = None) -> go.Figure:
     """The figure of the pruned `graph` at slider values (keep, min_weight), carrying the graph in layout.meta for
-    the page's redraws."""
-    return payload_figure(graph_payload(graph, labels), list(graph.tokens), graph.n_layers, title, keep, min_weight)
+    the page's redraws; `focus`: node ids drawn always and ringed (a summary box's members)."""
+    return payload_figure(graph_payload(graph, labels, focus, grouped), list(graph.tokens), graph.n_layers, title,
+                          keep, min_weight)
 
 
 def payload_figure(g: dict[str, Any], tokens: list[str], n_layers: int, title: str, keep: float = KEEP_DEFAULT,
@@ -315,3 +331,145 @@ def payload_figure(g: dict[str, Any], tokens: list[str], n_layers: int, title: s
               "hovermode": "closest", "legend": {"orientation": "h"}, "uirevision": "graph",
               "margin": {"l": 50, "r": 10, "t": 50, "b": 40}, "meta": {META_KEY: g}}
     return figure(draw(g, keep, min_weight), layout)
+
+
+# The page's side of the full graph, beyond drawing it: after every draw, no two labels overlap (DECLUTTER_JS), and
+# hovering or clicking a node picks out its edges and dims the rest (highlight_js). Both act on the drawn figure
+# only: the traces of `draw` stay as the server and DRAW_JS make them, so the two drawings stay comparable.
+HIGHLIGHTED = ("highlight +", "highlight −", "highlight nodes")  # the traces a highlight adds, removed after it
+DIMMED_OPACITY = 0.12
+DECLUTTER_JS = """
+(div) => {  // the tokens first (a crowded one moves a line down, else is left off), then the labels in influence
+  // order: a label that would overlap one already shown is left off (its node's hover text has it)
+  const texts = Array.from(div.querySelectorAll('g.textpoint text'));
+  const nameOf = (el) => {
+    const g = el.closest('g.trace'), d = g && g.__data__;
+    return d && d[0] && d[0].trace ? d[0].trace.name : null;
+  };
+  texts.forEach((t) => { t.style.display = ''; t.style.transform = ''; });
+  const placed = [];
+  const free = (r) => !placed.some((q) => r.left < q.right - 0.5 && q.left < r.right - 0.5 &&
+                                          r.top < q.bottom - 0.5 && q.top < r.bottom - 0.5);
+  for (const t of texts.filter((el) => nameOf(el) === 'tokens')) {
+    let r = t.getBoundingClientRect();
+    if (!free(r)) { t.style.transform = 'translateY(13px)'; r = t.getBoundingClientRect(); }
+    if (free(r)) placed.push(r); else t.style.display = 'none';
+  }
+  for (const t of texts.filter((el) => nameOf(el) === 'labels')) {
+    const r = t.getBoundingClientRect();
+    if (free(r)) placed.push(r); else t.style.display = 'none';
+  }
+}
+"""
+
+
+def highlight_js(plot_id: str) -> str:
+    """The plot's change event (Gradio `fn=None, js=...`): attach, once per plot div, the handlers that keep the
+    labels apart after every draw and pick out a node's edges on hover or click (a click keeps it; the nodes of a
+    summary box clicked, the payload's `focus`, are picked out from the start)."""
+    return f"""
+() => {{
+  const declutter = {DECLUTTER_JS};
+  const HL = {json.dumps(list(HIGHLIGHTED))};
+  const attach = () => {{
+    const div = document.querySelector({json.dumps(f"#{plot_id} .js-plotly-plot")});
+    if (!div || !div.on || div._slmvizHighlight) return;
+    div._slmvizHighlight = true;
+    const meta = () => div.layout && div.layout.meta && div.layout.meta.{META_KEY};
+    const busy = () => div._slmvizBusy;
+    const clear = () => {{
+      const drop = div.data.map((t, i) => (HL.includes(t.name) ? i : -1)).filter((i) => i >= 0);
+      const back = div._slmvizDimmed || [];
+      div._slmvizDimmed = null;
+      div._slmvizShown = null;
+      const steps = [];
+      if (drop.length) steps.push(() => window.Plotly.deleteTraces(div, drop));
+      if (back.length) steps.push(() => window.Plotly.restyle(div, {{opacity: back.map((b) => b[1])}},
+                                                              back.map((b) => b[0])));
+      return steps.reduce((p, f) => p.then(f), Promise.resolve());
+    }};
+    const highlight = (ids) => {{
+      const g = meta();
+      if (!g || !ids.length) return Promise.resolve();
+      const key = ids.join(',');
+      if (div._slmvizShown === key) return Promise.resolve();
+      return clear().then(() => {{
+        const at = new Map();
+        div.data.forEach((t) => {{
+          if (!t.customdata || HL.includes(t.name)) return;
+          t.customdata.forEach((c, k) => at.set(String(c[0]), [t.x[k], t.y[k]]));
+        }});
+        const want = new Set(ids), ends = new Set(ids.filter((i) => at.has(i)));
+        const lines = [{{x: [], y: []}}, {{x: [], y: []}}];
+        for (let e = 0; e < g.src.length; e++) {{
+          const s = g.ids[g.src[e]], d = g.ids[g.dst[e]];
+          if (!(want.has(s) || want.has(d)) || !at.has(s) || !at.has(d)) continue;
+          const l = lines[g.w[e] > 0 ? 0 : 1];
+          l.x.push(at.get(s)[0], at.get(d)[0], null);
+          l.y.push(at.get(s)[1], at.get(d)[1], null);
+          ends.add(s); ends.add(d);
+        }}
+        const dim = [];
+        div.data.forEach((t, i) => {{
+          if (!['labels', 'tokens', 'columns'].includes(t.name)) dim.push([i, t.opacity === undefined ? 1 : t.opacity]);
+        }});
+        div._slmvizDimmed = dim;
+        div._slmvizShown = key;
+        const ring = Array.from(ends).map((i) => at.get(i));
+        return window.Plotly.restyle(div, {{opacity: {DIMMED_OPACITY}}}, dim.map((d) => d[0])).then(() =>
+          window.Plotly.addTraces(div, [
+            {{type: 'scatter', name: HL[0], x: lines[0].x, y: lines[0].y, mode: 'lines', hoverinfo: 'skip',
+              showlegend: false, line: {{color: g.colours[0], width: 2.5}}}},
+            {{type: 'scatter', name: HL[1], x: lines[1].x, y: lines[1].y, mode: 'lines', hoverinfo: 'skip',
+              showlegend: false, line: {{color: g.colours[1], width: 2.5}}}},
+            {{type: 'scatter', name: HL[2], x: ring.map((p) => p[0]), y: ring.map((p) => p[1]), mode: 'markers',
+              hoverinfo: 'skip', showlegend: false,
+              marker: {{size: 12, color: 'rgba(0,0,0,0)', line: {{width: 2, color: '#1c2833'}}}}}}]));
+      }});
+    }};
+    // one change at a time: Plotly's calls are asynchronous, and a hover may come while one runs
+    const run = (f) => {{
+      if (busy()) {{ div._slmvizNext = f; return; }}
+      div._slmvizBusy = true;
+      Promise.resolve().then(f).catch(() => null).then(() => {{
+        div._slmvizBusy = false;
+        const next = div._slmvizNext; div._slmvizNext = null;
+        if (next) run(next);
+      }});
+    }};
+    const rest = () => (div._slmvizSticky && div._slmvizSticky.length ? highlight(div._slmvizSticky) : clear());
+    let timer = null;
+    div.on('plotly_hover', (ev) => {{
+      const p = (ev.points || []).find((q) => q.customdata && q.customdata[0] !== undefined);
+      if (!p) return;
+      clearTimeout(timer);
+      run(() => highlight([String(p.customdata[0])]));
+    }});
+    div.on('plotly_unhover', () => {{ clearTimeout(timer); timer = setTimeout(() => run(rest), 250); }});
+    div.on('plotly_click', (ev) => {{
+      const p = (ev.points || []).find((q) => q.customdata && q.customdata[0] !== undefined);
+      if (p) div._slmvizSticky = [String(p.customdata[0])];
+    }});
+    div.on('plotly_afterplot', () => {{
+      declutter(div);
+      const g = meta();
+      if (g && div._slmvizMeta !== g) {{  // a new figure: its focus (a summary box's nodes) picked out
+        div._slmvizMeta = g;
+        div._slmvizSticky = g.ids.filter((_, i) => g.focus && g.focus[i]);
+        div._slmvizDimmed = null;
+        div._slmvizShown = null;
+      }}
+      // a redraw from outside (a slider, a new figure) drops the highlight's traces: put the kept one back. Not
+      // during the highlight's own restyle and addTraces (busy): that would start it again, and again
+      if (!busy() && !div.data.some((t) => HL.includes(t.name))) {{
+        div._slmvizShown = null;
+        div._slmvizDimmed = null;
+        if (div._slmvizSticky && div._slmvizSticky.length) run(() => highlight(div._slmvizSticky));
+      }}
+    }});
+    declutter(div);
+  }};
+  let tries = 0;
+  const timer = setInterval(() => {{ attach(); if (++tries > 20) clearInterval(timer); }}, 300);
+}}
+"""

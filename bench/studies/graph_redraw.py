@@ -114,10 +114,10 @@ def main() -> None:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         with recording_page(browser, url, height=1400) as page:
             page.get_by_role("tab", name="Graph").click()
-            page.wait_for_selector("#circuit-attr-prompt textarea")
+            page.wait_for_selector("#graph-prompt textarea")
             tick_one_bundled_transcoder(page)
-            page.fill("#circuit-attr-prompt textarea", "The capital of France is")
-            page.click("#circuit-attr-run")
+            page.fill("#graph-prompt textarea", "The capital of France is")
+            page.click("#graph-build")
             page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=TIMEOUT_MS)
             page.wait_for_timeout(2000)  # the server's figure drawn and its chained redraw done
             n_all = len(g["ids"])

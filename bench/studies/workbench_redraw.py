@@ -64,11 +64,11 @@ def main() -> None:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         with recording_page(browser, url, height=1400) as page:
             page.get_by_role("tab", name="Graph").click()
-            page.wait_for_selector("#circuit-attr-prompt textarea")
-            page.fill("#circuit-attr-prompt textarea", args.prompt)
+            page.wait_for_selector("#graph-prompt textarea")
+            page.fill("#graph-prompt textarea", args.prompt)
             started = time.perf_counter()
-            page.click("#circuit-attr-run")
-            page.wait_for_function("document.querySelector('#circuit-attr-status').innerText.includes('Pruned to')",
+            page.click("#graph-build")
+            page.wait_for_function("document.querySelector('#graph-status').innerText.includes('Pruned to')",
                                    timeout=TIMEOUT_MS)
             page.wait_for_selector("#graph-table [data-testid=cell-0-0]", timeout=TIMEOUT_MS)
             built_s = time.perf_counter() - started

@@ -38,10 +38,13 @@ def qk_figure(qk: Any, q_frame: Any, k_frame: Any, block: np.ndarray, height: in
                       hovertemplate="query: %{y}<br>key: %{x}<br>contribution %{z:.4g}<extra></extra>")
     q_tok = show_token(qk.tokens[qk.query]) if qk.tokens else ""
     k_tok = show_token(qk.tokens[qk.key]) if qk.tokens else ""
-    title = (f"Layer {qk.layer} head {qk.head}: query {qk.query} {q_tok} -> key {qk.key} {k_tok}; score "
-             f"{qk.score:.3f}, pattern {qk.pattern:.3f} (the largest {len(y)} x {len(x)} nodes of each side)")
+    # two short lines, not one long one: a plot half a page wide clipped the one line at its right edge
+    title = (f"Layer {qk.layer} head {qk.head}: query {qk.query} {q_tok} -> key {qk.key} {k_tok}<br>"
+             f"<span style='font-size:12px'>score {qk.score:.3f}, pattern {qk.pattern:.3f}; the largest {len(y)} x "
+             f"{len(x)} nodes of each side</span>")
     fig = go.Figure(heat)
-    fig.update_layout(title={"text": title}, template="plotly_white", height=height or 220 + 28 * len(y),
+    fig.update_layout(title={"text": title, "x": 0.01, "xanchor": "left"}, margin={"t": 80},
+                      template="plotly_white", height=height or 260 + 28 * len(y),
                       xaxis={"title": {"text": "key side"}, "tickangle": -40},
                       yaxis={"title": {"text": "query side"}, "autorange": "reversed"})
     return fig
