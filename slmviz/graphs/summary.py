@@ -15,7 +15,7 @@ ungrouped and `coverage` says how much influence the groups hold. The distance b
   signed, and what feeds them (cosine);
 - their decoder directions (cosine): features that write the same thing mean the same thing;
 - where they sit: a different position, and layers far apart, cost extra, as a person groups by column.
-bench/studies/summary_grouping.py compares the methods on real prompts; the default is the one it chose.
+bench/studies/summary.py compares the methods on real prompts; the default is the one it chose.
 The embeddings (one group per position), the error nodes (one group) and the logits (one group per logit) are
 groups of their own kinds, so that the group edges carry every kept edge between grouped nodes.
 
@@ -45,7 +45,7 @@ from .workbench import coders
 
 KINDS = ("features", "embedding", "error", "logit")
 METHODS = ("profile", "decoder", "both", "both+place")
-DEFAULT_METHOD = "both+place"  # bench/studies/summary_grouping.py
+DEFAULT_METHOD = "both+place"  # bench/studies/summary.py
 COVER = 0.95  # the share of the kept features' influence the clustered features hold
 MAX_CLUSTERED = 256  # features clustered at most: the linkage is cubic in them
 NEGLIGIBLE = 0.1  # |predicted logit change| below this: a group whose sign says little (the goals skip it)
