@@ -265,11 +265,13 @@ def build_graph_tab(ctx: AppContext, saes: SAEStore, features: Any, source: gr.S
     if page is not None:
         refreshed = page.load(ah.sets.refresh, source, names, api_visibility="private")
         refreshed.then(ah.describe, [state, names, source], set_line, api_visibility="private")
-    for button, name in ((set_cancel, "graph_build_full_cancel"), (old["circuit_set_cancel"], "circuit_set_cancel")):
-        button.click(ah.sets.cancel, None, set_status, cancels=[building, old_building], api_name=name,
-                     **queues.light)
-    quick_cancel.click(ah.sets.cancel, None, quick_status, cancels=[quick], api_name="graph_build_quick_cancel",
-                       **queues.light)
+    # Cancel gives Build back: the running build disabled it (the old API name answers its one string, as before)
+    set_cancel.click(ah.sets.cancel_and_offer, None, [set_status, set_build], cancels=[building, old_building],
+                     api_name="graph_build_full_cancel", **queues.light)
+    old["circuit_set_cancel"].click(ah.sets.cancel, None, set_status, cancels=[building, old_building],
+                                    api_name="circuit_set_cancel", **queues.light)
+    quick_cancel.click(ah.sets.cancel_and_offer, None, [quick_status, quick_build], cancels=[quick],
+                       api_name="graph_build_quick_cancel", **queues.light)
     source.change(lambda: (None, gr.update(visible=False), ""), None, [state, results, answer],
                   api_visibility="private", **queues.light)
     choices_changed = source.change(ah.transcoder_choices, source, names, api_visibility="private", **queues.light)
