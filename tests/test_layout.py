@@ -19,7 +19,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "slmviz"
 
 PARTS: list[set[str]] = [  # lowest first
-    {"config", "tokens", "hooks", "variants", "errors"},  # the contracts every part reads; the coders' errors
+    {"config", "tokens", "hooks", "variants", "errors", "progress"},  # the contracts every part reads
     {"metrics", "model"},  # metrics on logits; the decoder
     {"loading"},  # weights, bundled models, the transformers reference
     {"analysis"},  # read-outs of finished traces (lens, logit attribution, diffs)

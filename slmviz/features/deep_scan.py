@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..formats.files import swap_in_folder
 from ..progress import ProgressLike, as_progress
 
 DEEP_TOKENS = 1_000_000
@@ -477,10 +478,9 @@ def _median(x: pd.Series) -> float:
 
 
 def _save(s: Any, docs: list[str], labels: LabelTable, folder: Path) -> None:
-    """The scan, its documents and labels written aside, then swapped in whole (prepared_scans._swap_in)."""
+    """The scan, its documents and labels written aside, then swapped in whole (formats.files.swap_in_folder)."""
     import tempfile
 
-    from .prepared_scans import _swap_in
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
@@ -491,7 +491,7 @@ def _save(s: Any, docs: list[str], labels: LabelTable, folder: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _swap_in(tmp, folder)
+    swap_in_folder(tmp, folder)
 
 
 __all__ = ["DEEP_TOKENS", "DeepScanBusy", "LabelScorer", "LabelTable", "TokenTable", "choose_label_tokens", "deep_docs",

@@ -16,10 +16,10 @@ import hashlib
 import json
 import shutil
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
+from ..formats.files import swap_in_folder
 from ..loading.bundled import cache_dir, prepared_dir
 from ..scans.scan import ScanFormatError
 
@@ -197,30 +197,7 @@ def _save_scan(s: Any, docs: list[str], folder: Path, weights: str | None = None
     except BaseException:  # a full disk, a KeyboardInterrupt: nothing half-written stays beside the scan
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _swap_in(tmp, folder)
-
-
-def _swap_in(tmp: Path, folder: Path) -> None:
-    """Replace `folder` by the complete folder `tmp` (its sibling): the old one renamed aside, `tmp` renamed in,
-    then the old one removed. A reader finds the old folder or the new one, never a half-written one. (A rename
-    cannot replace a non-empty folder, so `folder` is absent between the two renames: a crash just there leaves no
-    scan, which the next prepare writes again, never a damaged one.) If `tmp` cannot be renamed in, the old folder
-    is put back; if another writer's complete copy got there first, that one is kept."""
-    aside = folder.with_name(f".{folder.name}-old-{uuid.uuid4().hex[:8]}")
-    try:
-        folder.rename(aside)
-    except FileNotFoundError:  # nothing there yet (or another writer moved it first)
-        aside = None
-    try:
-        tmp.rename(folder)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not folder.exists():  # not another writer's copy: the rename itself failed; put the old one back
-            if aside is not None:
-                aside.rename(folder)
-            raise
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
+    swap_in_folder(tmp, folder)
 
 
 def _load_scan(folder: Path) -> tuple[Any, list[str]] | None:
