@@ -158,9 +158,12 @@ class TranscoderSets:
 
     @readable_errors
     def refresh(self, source: str | None) -> Any:
-        """On page load: tick the set when it was built since the server started (else leave the picker)."""
-        ticked = self.ticked(self.ctx.model(source))
-        return gr.update(value=ticked) if ticked else gr.skip()
+        """On page load: tick the set when it was built since the server started (else leave the picker). The
+        choices come with it: the page was built with the sets ready then, and a value outside its choices is
+        dropped."""
+        model = self.ctx.model(source)
+        ticked = self.ticked(model)
+        return gr.update(choices=self.offered(model), value=ticked) if ticked else gr.skip()
 
     def _load(self, model: Any, kind: str) -> tuple[Any, dict[int, str]]:
         key = (self._key(model), kind)

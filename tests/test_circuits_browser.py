@@ -45,7 +45,7 @@ def test_run_see_the_graph_and_the_curve_and_select_an_edge(page, server):
     # a pair of unequal lengths: an error toast, and the last circuit stays
     page.fill("#circuit-corrupted textarea", "When Mary went to the store, Mary gave a drink to")
     page.click("#circuit-run")
-    toast = page.locator(".toast-body.error")
+    toast = page.locator(".toast-body.warning")  # a person's mistake is a warning (issue 52)
     toast.first.wait_for(timeout=60_000)
     assert "same number of tokens" in toast.first.inner_text()
     assert "Top 30 of 70651 edges" in page.locator("#circuit-graph").inner_text()

@@ -65,17 +65,17 @@ def test_the_quick_builds_progress_never_decreases_and_names_its_phases(server):
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 def test_in_chromium_the_bar_is_in_the_status_line_and_build_is_disabled(page):
     page.get_by_role("tab", name="Graph").click()
-    page.wait_for_selector("#circuit-set-build", timeout=120_000)
-    page.click("#circuit-set-build")
-    page.wait_for_selector("#circuit-set-status :text('left')", timeout=120_000)
-    build, cancel = page.locator("#circuit-set-build"), page.locator("#circuit-set-cancel")
+    page.wait_for_selector("#graph-build-full", timeout=120_000)
+    page.click("#graph-build-full")
+    page.wait_for_selector("#graph-full-status :text('left')", timeout=120_000)
+    build, cancel = page.locator("#graph-build-full"), page.locator("#graph-build-full-cancel")
     assert build.is_disabled() and cancel.is_enabled()  # Build off while its job runs, Cancel on
-    status = page.inner_text("#circuit-set-status")
+    status = page.inner_text("#graph-full-status")
     assert re.search(r"Building: [█░]+ [\d.]+% · ", status), status
     picker = page.locator("#circuit-attr-transcoders").bounding_box()
-    bar = page.locator("#circuit-set-status").bounding_box()
+    bar = page.locator("#graph-full-status").bounding_box()
     assert bar["y"] >= picker["y"] + picker["height"]  # the bar is a line of its own under the picker, not over it
     top = max(0, picker["y"] - 10)
     clip = {"x": 0, "y": top, "width": page.viewport_size["width"], "height": bar["y"] + bar["height"] + 70 - top}
     page.screenshot(path=str(ASSETS / "build-progress.png"), clip=clip)
-    page.wait_for_selector("#circuit-set-status :text('Built')", timeout=300_000)
+    page.wait_for_selector("#graph-full-status :text('Built')", timeout=300_000)

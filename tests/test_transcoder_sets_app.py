@@ -172,22 +172,22 @@ def test_the_set_is_one_choice_and_its_graph_shows_its_scores(server, built, tin
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 def test_in_chromium_the_set_is_ticked_and_its_graph_shows_its_scores(built, page, server):
     page.get_by_role("tab", name="Graph").click()
-    page.wait_for_selector("#circuit-attr-prompt textarea")
-    page.fill("#circuit-attr-prompt textarea", PROMPT)
+    page.wait_for_selector("#graph-prompt textarea")
+    page.fill("#graph-prompt textarea", PROMPT)
     # the page load's refresh ticks the set built since the server started: wait for it, as a person would
     expect(page.get_by_label(LABEL)).to_be_checked(timeout=PICKER_TIMEOUT_MS)
     expect(page.get_by_label("tc_l0")).not_to_be_checked()
-    assert not page.locator("#circuit-set-build").is_visible()  # the set is there: nothing to build
-    page.click("#circuit-attr-run")
-    page.wait_for_function("document.querySelector('#circuit-attr-status').innerText.includes('Pruned to')",
+    assert not page.locator("#graph-build-full").is_visible()  # the set is there: nothing to build
+    page.click("#graph-build")
+    page.wait_for_function("document.querySelector('#graph-status').innerText.includes('Pruned to')",
                            timeout=180_000)
-    page.wait_for_selector("#circuit-attr-graph .js-plotly-plot .nsewdrag")
-    status = page.locator("#circuit-attr-status").inner_text()
+    page.wait_for_selector("#graph-all-edges .js-plotly-plot .nsewdrag")
+    status = page.locator("#graph-status").inner_text()
     assert re.search(r"Replacement score \d\.\d{3}, completeness \d\.\d{3}", status), status
     assert f"active features (at most {MAX_FEATURE_NODES:,}, the most influential" in status and LABEL in status
     page.mouse.move(5, 5)
     page.wait_for_timeout(500)
-    page.locator("#circuit-attr-status").scroll_into_view_if_needed()
+    page.locator("#graph-status").scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     errors = page.locator(".toast-body.error")
     assert errors.count() == 0, errors.first.inner_text()
@@ -219,7 +219,7 @@ def test_a_prepared_clt_is_a_choice_its_graph_and_cards_the_libraries(clt_server
     url, folder = clt_server
     client = Client(url, verbose=False)
     picker = next(c["props"] for c in client.config["components"]
-                  if c.get("props", {}).get("elem_id") == "circuit-attr-transcoders")
+                  if c.get("props", {}).get("elem_id") == "graph-transcoders")
     assert picker["value"] == [CLT_LABEL] and [CLT_LABEL, CLT_LABEL] in picker["choices"], picker
     with pytest.raises(AppError, match="already has a transcoder at every layer"):
         client.predict(PROMPT, [CLT_LABEL, "tc_l0"], 1.0, 1.0, api_name="/circuit_attribution")
@@ -240,14 +240,14 @@ def test_in_chromium_the_clt_is_ticked_and_its_graph_shows_its_scores(clt_server
 
     with recording_page(browser, clt_server[0]) as page:
         page.get_by_role("tab", name="Graph").click()
-        page.wait_for_selector("#circuit-attr-prompt textarea")
-        page.fill("#circuit-attr-prompt textarea", PROMPT)
+        page.wait_for_selector("#graph-prompt textarea")
+        page.fill("#graph-prompt textarea", PROMPT)
         expect(page.get_by_label(CLT_LABEL)).to_be_checked(timeout=PICKER_TIMEOUT_MS)
         expect(page.get_by_label("tc_l0")).not_to_be_checked()
-        page.click("#circuit-attr-run")
-        page.wait_for_function("document.querySelector('#circuit-attr-status').innerText.includes('Pruned to')",
+        page.click("#graph-build")
+        page.wait_for_function("document.querySelector('#graph-status').innerText.includes('Pruned to')",
                                timeout=180_000)
-        status = page.locator("#circuit-attr-status").inner_text()
+        status = page.locator("#graph-status").inner_text()
         assert re.search(r"Replacement score \d\.\d{3}, completeness \d\.\d{3}", status) and CLT_LABEL in status
         errors = page.locator(".toast-body.error")
         assert errors.count() == 0, errors.first.inner_text()

@@ -41,7 +41,6 @@ from ..shared import (
     EXAMPLE_ANSWER,
     EXAMPLE_WRONG,
     Queues,
-    busy_while,
     display_frame,
     guard_number,
     prompt_pair,
@@ -364,7 +363,8 @@ def build_circuits_tab(ctx: AppContext, source: gr.State, queues: Queues) -> Non
         return "Cancelled."
 
     cancel_btn.click(cancel, None, status, cancels=[ran], api_name="circuit_cancel", **queues.light)
-    busy_while(run_btn, ran, cancel_btn)
+    # not busy_while(run_btn, ran, cancel_btn): here Run stayed disabled after the run ended (a Chromium test caught
+    # it, tests/test_circuits_browser.py); the job runner still refuses a second run of the same job
     top_n.release(ch.redraw, [found, top_n], [graph_plot, curve_plot, edges], api_name="circuit_top", **queues.light)
     edges.select(ch.select_edge, [found, top_n], [edge_box, edge_text, edge_table], api_visibility="private",
                  **queues.model)
