@@ -57,7 +57,8 @@ def test_the_quick_builds_progress_never_decreases_and_names_its_phases(server):
     values = [float(PERCENT.search(line)[1]) for line in lines]
     assert len(values) >= 3 and values == sorted(values), values  # one bar, never backwards
     assert any(" · training " in line and " tok · EV " in line for line in lines), lines
-    assert any(" · scan " in line and " doc" in line for line in lines), lines
+    # the scan phase's name is pinned in the library (test_prepared_sets reads every update): the page samples the
+    # job every poll, and a tiny set's scan can start and end between two samples
     assert any(re.search(r" · (\d+m )?\d+s left$", line) for line in lines), lines  # the time left, measured
 
 
