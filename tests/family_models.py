@@ -47,16 +47,7 @@ def build_family_model(folder: Path, arch: str, seed: int = 0, **overrides) -> P
             elif arch == "gemma2" and name.endswith(("q_proj.weight", "k_proj.weight", "embed_tokens.weight")):
                 p.mul_(6.0)  # scores and logits past the caps, so that capping shows
     model.save_pretrained(folder)
+    from conftest import _write_tokenizer  # the tiny word-level tokenizer every tiny model here gets
+
     _write_tokenizer(folder, config.vocab_size)
     return folder
-
-
-def _write_tokenizer(folder: Path, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(vocab_size - 1)}
-    vocab["<unk>"] = vocab_size - 1
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="w1").save_pretrained(folder)
