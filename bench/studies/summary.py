@@ -34,6 +34,10 @@ import torch  # noqa: E402
 import slmviz  # noqa: E402
 from slmviz.graphs.summary import DEFAULT_METHOD, METHODS  # noqa: E402
 
+MAX_FEATURE_NODES = 4096  # app/transcoder_sets.py's: what a person gets in the Graph tab
+# the methods compared on a prepared set (each costs a check per prompt); the bundled study compared all of METHODS
+STUDY_METHODS = ("both", "both+place", "signed")
+
 # (prompt, the answer's first token stripped and lowercased): facts, two-hop, IOI, induction, arithmetic, syntax
 CANDIDATES = [
     ("The capital of France is", "paris"), ("The Eiffel Tower is in the city of", "paris"),
@@ -95,7 +99,9 @@ def answers(model, prompts, n: int) -> list[tuple[str, str, float]]:
 
 def run_prompt(model, ts, labels, prompt: str) -> dict:
     t0 = time.perf_counter()
-    g = slmviz.attribution_graph(prompt, transcoders=ts, model=model, progress=False)
+    # the Graph tab's cap on a prepared set (a 16-token prompt has ~30k active features over 30 layers)
+    g = slmviz.attribution_graph(prompt, transcoders=ts, model=model, progress=False,
+                                 max_feature_nodes=MAX_FEATURE_NODES)
     build = time.perf_counter() - t0
     t0 = time.perf_counter()
     p = g.prune()
@@ -104,7 +110,7 @@ def run_prompt(model, ts, labels, prompt: str) -> dict:
         p.use_labels(labels)
     row = {"prompt": prompt, "graph_s": build, "prune_s": prune, "nodes": int(p.node_mask.sum()),
            "features": int(((p.nodes.kind == "feature").to_numpy() & p.node_mask.numpy()).sum()), "methods": {}}
-    for method in METHODS:
+    for method in STUDY_METHODS:
         t0 = time.perf_counter()
         s = p.summarize(max_groups=12, method=method, apply=False)
         summarize_s = time.perf_counter() - t0
@@ -124,8 +130,11 @@ def run_prompt(model, ts, labels, prompt: str) -> dict:
             "top_measured_prob": float(top.measured_prob), "answer": checks.attrs["target_token"],
             "answer_prob": checks.attrs["probability"],
             "sizes": [len(m) for m in feats.members],
-            "checks": [{k: (bool(v) if isinstance(v, np.bool_) else v) for k, v in r.items()}
-                       for r in checks.to_dict("records")],
+            "checks": [{**{k: (bool(v) if isinstance(v, np.bool_) else v) for k, v in r.items()},
+                        "positions": list(map(int, pos)), "layers": list(map(int, lay)), "size": len(mem)}
+                       for r, pos, lay, mem in zip(checks.to_dict("records"), feats.positions, feats.layers,
+                                                   feats.members, strict=True)],
+            "last_position": len(p.tokens) - 1,
         }
         if method == DEFAULT_METHOD:
             members = [m for ms in feats.members for m in ms]

@@ -14,7 +14,11 @@ ungrouped and `coverage` says how much influence the groups hold. The distance b
 - their influence-weighted edge profiles: what they feed, each target weighted by its own influence on the logits,
   signed, and what feeds them (cosine);
 - their decoder directions (cosine): features that write the same thing mean the same thing;
-- where they sit: a different position, and layers far apart, cost extra, as a person groups by column.
+- where they sit: a different position, and layers far apart, cost extra, as a person groups by column;
+- what they do to the target ("signed"): a feature whose removal lowers the target's logit and one whose removal
+  raises it (removal_effects, the graph's linear model) are kept apart, so a group pushes one way and its check's
+  sign means something; a group that mixes both is a sum of opposite effects whose sign flips with any
+  nonlinearity.
 bench/studies/summary.py compares the methods on real prompts; the default is the one it chose.
 The embeddings (one group per position), the error nodes (one group) and the logits (one group per logit) are
 groups of their own kinds, so that the group edges carry every kept edge between grouped nodes.
@@ -44,10 +48,11 @@ from .intervene import _edit_fn
 from .workbench import coders
 
 KINDS = ("features", "embedding", "error", "logit")
-METHODS = ("profile", "decoder", "both", "both+place")
-DEFAULT_METHOD = "both+place"  # bench/studies/summary.py
-COVER = 0.95  # the share of the kept features' influence the clustered features hold
-MAX_CLUSTERED = 256  # features clustered at most: the linkage is cubic in them
+METHODS = ("profile", "decoder", "both", "both+place", "signed")
+DEFAULT_METHOD = "signed"  # bench/studies/summary.py chose it (bench/results/summary_*.md)
+COVER = 0.9  # the share of the kept features' influence the clustered features hold
+MAX_CLUSTERED = 4096  # features clustered at most: the distance matrix is quadratic in them
+SIGN_SPLIT = 0.5  # method "signed": the extra distance between a feature that helps the target and one that hurts it
 NEGLIGIBLE = 0.1  # |predicted logit change| below this: a group whose sign says little (the goals skip it)
 NAME_CHARS = 36  # a group's name: its label, cut here
 
@@ -219,38 +224,82 @@ def distance_matrix(graph: Any, rows: np.ndarray, method: str = DEFAULT_METHOD) 
         dec = decoder_directions(graph, rows)
         dec_dist = 1 - (_unit_rows(dec.double()) @ _unit_rows(dec.double()).T) if dec is not None else dist
         dist = dec_dist if method == "decoder" else (dist + dec_dist) / 2
-    if method == "both+place":
+    if method in ("both+place", "signed"):
         layer = torch.as_tensor(graph.nodes["layer"].to_numpy()[rows], dtype=torch.float64)
         pos = torch.as_tensor(graph.nodes["position"].to_numpy()[rows], dtype=torch.float64)
         dist = dist + 0.25 * (pos[:, None] != pos[None, :]) + 0.25 * (layer[:, None] - layer[None, :]).abs() / max(
             graph.n_layers, 1)
     d = dist.numpy().copy()
+    if method == "signed":
+        sign = np.sign(removal_effects(graph)[rows])
+        d += SIGN_SPLIT * (sign[:, None] != sign[None, :])
     np.fill_diagonal(d, 0.0)
     return d
+
+
+def removal_effects(graph: Any, target_row: int | None = None) -> np.ndarray:
+    """[nodes] how much removing each node changes the target logit's value (default the top logit, the graph's
+    first logit node), by the kept graph's linear model: a node's edges carry its value, so removing it moves each
+    target by its edge, and a feature moved by d moves its own targets by d / its activation times their edges;
+    summed over every path (edges run forward in layers and positions, so the sum ends). This is what the
+    constrained intervention computes as long as no feature crosses its threshold (tests/test_summary.py)."""
+    nodes = graph.nodes
+    kinds = nodes["kind"].to_numpy()
+    kept = graph.node_mask.numpy()
+    if target_row is None:
+        logits = np.nonzero((kinds == "logit") & kept)[0]
+        if not len(logits):
+            return np.zeros(len(nodes))
+        target_row = int(logits[0])
+
+    def make() -> np.ndarray:
+        a = kept_adjacency(graph).double()  # [target, source]
+        act = torch.as_tensor(np.nan_to_num(nodes["activation"].to_numpy(dtype=np.float64)))
+        features = torch.as_tensor((kinds == "feature") & kept)
+        per_unit = torch.where(features & (act != 0), 1.0 / torch.where(act != 0, act, 1.0), 0.0)
+        seed = torch.zeros(len(nodes), dtype=torch.float64)
+        seed[target_row] = 1.0
+        through = torch.zeros_like(seed)  # d(target) / d(scale of each node's value)
+        for _ in range(len(nodes) + 1):  # a path visits each node once: this many rounds always converge
+            nxt = a.T @ (seed + through * per_unit)
+            if torch.equal(nxt, through):
+                break
+            through = nxt
+        return -through.numpy()
+    return graph.derived(f"removal_effects_{target_row}", make)
 
 
 def cluster(dist: np.ndarray, n_clusters: int) -> list[np.ndarray]:
     """Average-linkage agglomerative clusters of a distance matrix, merged down to at most `n_clusters`: lists of
     indices into it, each ascending, the clusters in order of their first (most influential) member. The closest
-    pair merges first; ties go to the lowest indices, so the result is deterministic."""
+    pair merges first; ties go to the lowest indices, so the result is deterministic. Each row's nearest cluster is
+    kept and only the rows a merge touches are searched again, so a merge costs a few row scans, not a scan of the
+    whole matrix (thousands of features cluster in seconds)."""
     n = len(dist)
-    members = [[i] for i in range(n)]
     d = dist.astype(np.float64).copy()
     np.fill_diagonal(d, np.inf)
+    size = np.ones(n)
     alive = np.ones(n, dtype=bool)
+    members = [[i] for i in range(n)]
+    nearest = d.argmin(axis=1) if n else np.zeros(0, dtype=int)
+    near_d = d[np.arange(n), nearest] if n else np.zeros(0)
     count = n
     while count > n_clusters:
-        flat = int(np.argmin(d))
-        i, j = divmod(flat, n)
-        i, j = min(i, j), max(i, j)
-        ni, nj = len(members[i]), len(members[j])
-        merged = (ni * d[i] + nj * d[j]) / (ni + nj)  # Lance-Williams for average linkage
+        i = int(np.argmin(near_d))
+        i, j = sorted((i, int(nearest[i])))
+        merged = (size[i] * d[i] + size[j] * d[j]) / (size[i] + size[j])  # Lance-Williams for average linkage
         d[i, :], d[:, i] = merged, merged
         d[i, i] = np.inf
         d[j, :], d[:, j] = np.inf, np.inf
+        size[i] += size[j]
         members[i] += members[j]
         members[j] = []
-        alive[j] = False
+        alive[j], near_d[j] = False, np.inf
+        for r in [i, *np.nonzero(alive & ((nearest == i) | (nearest == j)))[0].tolist()]:
+            nearest[r] = int(np.argmin(d[r]))
+            near_d[r] = d[r, nearest[r]]
+        closer = alive & (d[:, i] < near_d)
+        nearest[closer], near_d[closer] = i, d[closer, i]
         count -= 1
     return [np.array(sorted(members[i])) for i in np.nonzero(alive)[0]]
 
@@ -438,4 +487,4 @@ def check_groups(graph: Any, groups: pd.DataFrame, target: int | str | None = No
 
 
 __all__ = ["COVER", "DEFAULT_METHOD", "KINDS", "METHODS", "NEGLIGIBLE", "GraphSummary", "SummaryError",
-           "check_groups", "cluster", "distance_matrix", "group_edges", "summarize"]
+           "check_groups", "cluster", "distance_matrix", "group_edges", "removal_effects", "summarize"]

@@ -65,6 +65,9 @@ class Workbench:
     auto: list[str] = field(default_factory=list)
     dismissed: list[str] = field(default_factory=list)
     summary: dict[str, Any] | None = field(default=None, repr=False)  # the last applied summary's to_dict()
+    # the pins an automatic supernode made (its members a person had not pinned): applying a summary again, or
+    # removing its group, takes them back, so a person's own pins are never lost or buried under a summary's
+    auto_pinned: list[str] = field(default_factory=list)
     # the deep scan's labels and their scores, {(layer, feature): (label, score)} (features.labels.LabelTable):
     # where a feature has one, its automatic label is this one; not saved (a file of its own, like the scans)
     deep_labels: dict[tuple[int, int], tuple[str, float]] = field(default_factory=dict, repr=False, compare=False)
@@ -74,14 +77,26 @@ class Workbench:
                                                           compare=False)
 
     def pin(self, ids: Iterable[str]) -> None:
+        """A person's pins: an id a summary had pinned becomes the person's (it stays when the summary goes)."""
+        ids = list(ids)
+        self._pin(ids)
+        mine = set(ids)
+        self.auto_pinned[:] = [n for n in self.auto_pinned if n not in mine]
+
+    def _pin(self, ids: Iterable[str]) -> list[str]:
+        """Pin `ids`; the ones that were not pinned before."""
+        new = []
         for nid in ids:
             if nid not in self.pinned:
                 self.pinned.append(nid)
+                new.append(nid)
+        return new
 
     def unpin(self, ids: Iterable[str]) -> None:
         """Out of the pins and of every supernode (a supernode left empty goes)."""
         gone = set(ids)
         self.pinned[:] = [n for n in self.pinned if n not in gone]
+        self.auto_pinned[:] = [n for n in self.auto_pinned if n not in gone]
         self._leave_groups(gone)
 
     def clear(self) -> None:
@@ -89,6 +104,7 @@ class Workbench:
         self.pinned.clear()
         self.supernodes.clear()
         self.auto.clear()
+        self.auto_pinned.clear()
 
     def group(self, name: str, ids: list[str]) -> list[str]:
         """Make the supernode [name, *ids]: the members are pinned and leave any other supernode."""
@@ -99,16 +115,27 @@ class Workbench:
         return group
 
     def ungroup(self, name: str) -> None:
+        """The supernode goes; a person's members stay pinned, an automatic one's pins go with it."""
+        members = {m for s in self.supernodes if s[0] == name for m in s[1:]}
         self.supernodes[:] = [s for s in self.supernodes if s[0] != name]
         if name in self.auto:
             self.auto.remove(name)
             self.dismissed.append(name)
+            self._drop_auto_pins(members)
+
+    def _drop_auto_pins(self, ids: set[str]) -> None:
+        """Unpin those of `ids` that only a summary pinned and no supernode now holds."""
+        held = {m for s in self.supernodes for m in s[1:]}
+        gone = {n for n in self.auto_pinned if n in ids and n not in held}
+        self.pinned[:] = [n for n in self.pinned if n not in gone]
+        self.auto_pinned[:] = [n for n in self.auto_pinned if n not in gone]
 
     def apply_auto(self, groups: list[list[str]], summary: dict[str, Any] | None = None) -> None:
         """Replace the automatic supernodes by `groups` ([name, *ids]) where a person has not spoken: a group a
         person removed (`dismissed`) is left out, nodes in a person's supernode stay there, and a name a person's
         supernode holds gets " (auto)" after it."""
         self.supernodes[:] = [s for s in self.supernodes if s[0] not in self.auto]
+        self._drop_auto_pins(set(self.auto_pinned))
         mine = {m for s in self.supernodes for m in s[1:]}
         names = {s[0] for s in self.supernodes}
         self.auto[:] = []
@@ -120,7 +147,7 @@ class Workbench:
                 continue
             if name in names:
                 name = f"{name} (auto)"
-            self.pin(free)
+            self.auto_pinned += self._pin(free)
             self.supernodes.append([name, *free])
             self.auto.append(name)
             names.add(name)
@@ -138,6 +165,7 @@ class Workbench:
         summary = summary or {}
         present = {s[0] for s in self.supernodes}
         self.auto[:] = [n for n in summary.get("auto", []) if n in present]
+        self.auto_pinned[:] = [n for n in summary.get("auto_pinned", []) if n in self.pinned]
         self.dismissed[:] = list(summary.get("dismissed", []))
         self.summary = summary.get("summary")
 
@@ -351,7 +379,8 @@ def annotate_json(graph: Any, data: dict[str, Any]) -> dict[str, Any]:
     if wb.qk:
         data[QK_FIELD] = [dict(r) for r in wb.qk]
     if wb.auto or wb.dismissed or wb.summary is not None:
-        data[SUMMARY_FIELD] = {"auto": list(wb.auto), "dismissed": list(wb.dismissed), "summary": wb.summary}
+        data[SUMMARY_FIELD] = {"auto": list(wb.auto), "dismissed": list(wb.dismissed), "summary": wb.summary,
+                               "auto_pinned": list(wb.auto_pinned)}
     return data
 
 
