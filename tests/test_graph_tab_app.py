@@ -348,6 +348,26 @@ def test_the_summary_is_the_librarys_with_each_group_checked(tiny_server, graph)
     assert html.escape(target) in said
 
 
+def test_the_summarys_groups_become_supernodes_on_request_and_the_persons_pins_stay(tiny_server, graph, tmp_path):
+    """Issue 51: #graph-summary-apply makes the summary's feature groups the workbench's supernodes (the JSON
+    carries them), next to a pin the person made first, which stays theirs."""
+    client = Client(tiny_server, verbose=False)
+    with pytest.raises(AppError, match="Build the attribution graph first"):
+        client.predict(api_name="/graph_summary_apply")
+    client = built(tiny_server)
+    client.predict(0.95, 0.98, api_name="/graph_summary")
+    s = graph.prune(0.95, 0.98).summarize(max_groups=12, apply=False)
+    mine = s.feature_groups["members"].iloc[0][0]
+    client.predict(mine, 0.95, 0.98, api_name="/workbench_pin")
+    said = client.predict(api_name="/graph_summary_apply")
+    assert f"{len(s.feature_groups)} feature groups are supernodes" in said
+    _, path = client.predict(0.95, 0.98, api_name="/workbench_views")
+    data = json.loads(Path(path).read_text())
+    assert [sn[0] for sn in data["qParams"]["supernodes"]] == list(s.feature_groups["name"])
+    assert mine in data["qParams"]["pinnedIds"]
+    assert data["slmviz_summary"]["auto_pinned"] and mine not in data["slmviz_summary"]["auto_pinned"]
+
+
 def test_the_old_api_names_answer_for_one_release(tiny_server):
     """Issue 51: the circuit_* names still answer beside the graph_* ones."""
     client = Client(tiny_server, verbose=False)

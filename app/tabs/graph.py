@@ -40,7 +40,7 @@ beside the node card, while the set in use has no readable prepared scan: #graph
 #graph-rebuild-scan-cancel, #graph-rebuild-scan-status (app/tabs/graph_scan.py); the attention panel's
 (app/tabs/graph_qk.py).
 
-API names: graph_attribution, graph_attribution_cancel, graph_prune, graph_feature, graph_summary,
+API names: graph_attribution, graph_attribution_cancel, graph_prune, graph_feature, graph_summary, graph_summary_apply,
 graph_build_full, graph_build_full_cancel, graph_build_quick, graph_build_quick_cancel, and the workbench's. The
 names before the rename (circuit_attribution, circuit_attribution_cancel, circuit_prune, circuit_feature,
 circuit_set_build, circuit_set_cancel) stay for one release (OLD_API_NAMES); circuit_attribution takes the names of
@@ -173,6 +173,10 @@ def build_graph_tab(ctx: AppContext, saes: SAEStore, features: Any, source: gr.S
             gr.Markdown(SUMMARY_INTRO)
             summary = gr.HTML(elem_id="graph-summary", js_on_load=SUMMARY_CLICK_JS)
             summary_status = gr.Markdown(elem_id="graph-summary-status")
+            with gr.Row():
+                apply_btn = gr.Button("Keep these groups as supernodes", size="sm", elem_id="graph-summary-apply",
+                                      scale=0)
+                applied = gr.Markdown(elem_id="graph-summary-applied")
             rebuild = RebuildPanel(ScanRebuild(ah.sets), names, source, queues)  # a set's missing or damaged scan
             gr.Markdown(FULL_GRAPH_INTRO)
             workbench = build_workbench(WorkbenchHandlers(ctx, saes), state, node_threshold, edge_threshold, queues,
@@ -227,7 +231,9 @@ def build_graph_tab(ctx: AppContext, saes: SAEStore, features: Any, source: gr.S
                              **({"api_name": "graph_summary"} if i == 0 else {"api_visibility": "private"}),
                              **queues.jobs)
                   for i, event in enumerate((built, old_built, repruned))]
-    workbench.wire(built, old_built, repruned)  # pins, subgraph, supernodes, labels, interventions
+    # the summary's groups into the workbench (the person's choice: they pin every member), then its views redrawn
+    kept_groups = apply_btn.click(sh.apply, state, applied, api_name="graph_summary_apply", **queues.light)
+    workbench.wire(built, old_built, repruned, kept_groups)  # pins, subgraph, supernodes, labels, interventions
     # a summary box clicked: its members become the selected nodes, drawn ringed in the full graph
     workbench.redraw_graph(summary.click(sh.open_group, state, [workbench.node, summary_status],
                                          api_visibility="private", **queues.light))

@@ -10,7 +10,8 @@ app/jobs.py's worker with its progress (slmviz.progress's ProgressUpdate.text())
 other sessions are served meanwhile. The drawing is SVG written here (boxes and arrows need no plotting library),
 with a few lines of page JavaScript that send a clicked box's name to the server.
 
-Element ids: #graph-summary (the drawing), #graph-summary-status.
+Element ids: #graph-summary (the drawing), #graph-summary-status, #graph-summary-apply (the groups become the
+workbench's supernodes).
 """
 
 from __future__ import annotations
@@ -274,6 +275,20 @@ class SummaryHandlers:
         state.summary, state.checked, state.summary_at, state.seconds_summary = summary, checked, thresholds, seconds
         yield self.drawn(state, seconds)
 
+    @readable_errors
+    @keeps_work(1, said=0)
+    def apply(self, state: GraphState | None, request: gr.Request) -> str:
+        """The summary's feature groups become the workbench's supernodes (GraphSummary.apply): the subgraph and
+        the JSON show them; a person's pins and supernodes stay theirs, and applying again replaces only these."""
+        state = built(state, "keep its summary's groups")
+        if state.summary is None:
+            raise ValueError("The graph has no summary yet: wait for it to be drawn above, then keep its groups")
+        state.summary.apply()
+        wb = state.summary.graph.workbench
+        return (f"The summary's {len(wb.auto)} feature groups are supernodes now, in the workbench's subgraph and "
+                "the JSON (circuit-tracer's viewer shows them). Your own pins and supernodes stay as they were; "
+                "removing a group's supernode leaves it out, and takes back only the pins it made.")
+
     @staticmethod
     def drawn(state: GraphState, seconds: float) -> tuple[str, str]:
         """(the drawing, its status line) of the state's summary."""
@@ -314,6 +329,23 @@ def summary_status(summary: Any, checked: Any, target: str, seconds: float, grap
     return (f"**Summary:** {len(features)} feature groups holding {summary.coverage:.0%} of the kept features' "
             f"influence, plus the embedding, error and logit groups. Each box says what turning its features off does "
             f"to the logit of {esc(target)}: measured in a free run, and predicted by the graph "
-            f"({agree} of {checked_n} agree in sign; ≠ marks a disagreement). Made and checked in {seconds:.1f} s "
-            f"(the graph itself: {graph_seconds:.1f} s). {esc(summary.note)} "
+            f"({agree} of {checked_n} agree in sign; ≠ marks a disagreement). {earlier_note(summary, checked)}"
+            f"Made and checked in {seconds:.1f} s (the graph itself: {graph_seconds:.1f} s). {esc(summary.note)} "
             "**Click a box** to see its nodes in the full graph.")
+
+
+def earlier_note(summary: Any, checked: Any) -> str:
+    """Why a check can disagree, said where it does: the graph freezes attention, so a group at an earlier token,
+    which reaches the answer only through attention, is predicted without the attention it moves in a free run
+    (bench/studies/summary.py measures how often each kind agrees)."""
+    if checked is None or not len(checked) or bool(checked["agree"].all()):
+        return ""
+    last = len(summary.graph.tokens) - 1
+    groups = summary.feature_groups.set_index("name")
+    off = [r.name for r in checked.itertuples() if not r.agree and r.name in groups.index
+           and last not in groups.loc[r.name, "positions"]]
+    if not off:
+        return ""
+    return (f"{len(off)} of the disagreements sit at earlier tokens only: they reach the answer through attention, "
+            "which the graph's prediction freezes and a free run moves (the QK panel below explains a head's "
+            "pattern). ")
