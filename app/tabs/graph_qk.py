@@ -147,9 +147,12 @@ class QKHandlers:
                               "query node": pairs["query_node"], "key node": pairs["key_node"],
                               "contribution": pairs["contribution"].round(6)})
         how = "" if chosen else f" (the strongest head of {source} -> {target})"
-        said = (f"**Layer {qk.layer} head {qk.head}, query {qk.query} -> key {qk.key}**{how}: score {qk.score:.4g} "
-                f"(pattern {qk.pattern:.3f}); the pairs sum to {qk.linear_score:.4g}. Top {len(table)} pairs by "
-                "|contribution|.")
+        # a soft-capping model (Gemma 2) caps the score after the bilinear q.k that the pairs split: both are said
+        capped = "" if qk.capped_score is None else (f", {qk.capped_score:.4g} after the model's soft-cap (the pairs "
+                                                      "split the score before it)")
+        said = (f"**Layer {qk.layer} head {qk.head}, query {qk.query} -> key {qk.key}**{how}: score {qk.score:.4g}"
+                f"{capped} (pattern {qk.pattern:.3f}); the pairs sum to {qk.linear_score:.4g}. Top {len(table)} pairs "
+                "by |contribution|.")
         yield display_frame(table), to_plot(qk.plot(HEAT_MAP_NODES)), said, *at
 
     def cancel(self, request: gr.Request) -> str:
