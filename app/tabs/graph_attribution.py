@@ -25,6 +25,7 @@ import pandas as pd
 
 import slmviz
 from slmviz.graphs.attribution import DEFAULT_MEMORY_BUDGET_GB, prepend_special
+from slmviz.progress import ProgressUpdate, format_seconds
 
 from ..jobs import RUNNER
 from ..models import AppContext
@@ -186,9 +187,13 @@ class AttributionHandlers:
             report(0.02, f"The attribution graph over {', '.join(names)}: one forward, then one backward per batch "
                          "of targets (the top logits, then every active feature)")
 
-            def attributed(done: int, total: int) -> None:  # raises JobCancelled once no one waits: the graph stops
-                report(0.02 + 0.96 * done / max(total, 1), f"attributed {done:,} of {total:,} targets (the top "
-                       "logits, then the active features), one backward per batch")
+            def attributed(u: ProgressUpdate) -> None:  # raises JobCancelled once no one waits: the graph stops
+                said = u.text()
+                if u.phase == "attribution" and u.total:
+                    left = f" · {format_seconds(u.eta_s)} left" if u.eta_s is not None else ""
+                    said = (f"attributed {u.done:,} of {u.total:,} targets (the top logits, then the active "
+                            f"features), one backward per batch{left}")
+                report(0.02 + 0.96 * u.fraction, said)
 
             cap = MAX_FEATURE_NODES if full else None  # a full set: the most influential features only
             graph = slmviz.attribution_graph(text, transcoders=transcoders, model=model, max_feature_nodes=cap,

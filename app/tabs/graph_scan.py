@@ -21,6 +21,7 @@ from typing import Any
 import gradio as gr
 
 from slmviz.features.prepared_scans import prepare_set_scan
+from slmviz.progress import ProgressUpdate
 
 from ..jobs import RUNNER
 from ..shared import Queues, readable_errors, session, wait_or_say, write_model_corpus
@@ -94,9 +95,9 @@ class ScanRebuild:
             corpus = self.corpus(model, kind, ts)
             write_model_corpus(model, corpus, report, share=0.05)
 
-            def scanned(done: int, total: int) -> None:  # raises JobCancelled once no one waits: the scan stops
-                report(0.05 + 0.93 * done / max(total, 1), f"Scanning the {label}'s features over {done:,} of "
-                       f"{total:,} documents of its corpus (its cards' top contexts)")
+            def scanned(u: ProgressUpdate) -> None:  # raises JobCancelled once no one waits: the scan stops
+                report(0.05 + 0.93 * u.fraction, f"Scanning the {label}'s features (its cards' top contexts): "
+                       f"{u.text()}")
 
             found = prepare_set_scan(model, ts, kind, corpus=corpus, progress=scanned)  # or the one there, if read
             self.sets.use_scan(model, kind, found)
