@@ -198,7 +198,8 @@ def test_the_graph_tab_on_smollm2_for_the_screenshots(browser, server):
         page.click("#graph-build")
         page.wait_for_function("document.querySelector('#graph-set').innerText.includes('replacement score')",
                                timeout=600_000)
-        page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=TIMEOUT_MS)
+        # a prepared set's graph (thousands of nodes) is drawn after its summary's job starts: minutes when busy
+        page.wait_for_selector("#graph-plot .js-plotly-plot .nsewdrag", timeout=600_000)
         page.wait_for_selector("#graph-summary .graph-summary-box", timeout=600_000)
         page.wait_for_timeout(1500)  # the sliders' values applied to the server's figure
         page.mouse.move(5, 5)
