@@ -165,7 +165,7 @@ def report(path: Path, out: Path, model_name: str, set_name: str) -> None:
              "## Grouping methods (all prompts; medians, and the share of prompts meeting each goal)", "",
              "| method | groups | coverage | sign agree (non-negligible) | Spearman | Spearman (non-negl.) | "
              "summarize + check s |", "|---|---|---|---|---|---|---|"]
-    for method in METHODS:
+    for method in (*STUDY_METHODS, *(m for m in METHODS if m not in STUDY_METHODS)):
         ms = [r["methods"][method] for r in rows if method in r["methods"]]
         if not ms:
             continue
@@ -190,6 +190,15 @@ def report(path: Path, out: Path, model_name: str, set_name: str) -> None:
                      f"{m['summarize_s'] + m['check_s']:.1f} | {m['groups']} | {m['coverage']:.2f} | "
                      f"{m['agree']:.2f} | {m['spearman']:.2f} | {m['top_group']} | {m['top_predicted']:+.2f} / "
                      f"{m['top_measured']:+.2f} | {m['top_measured_prob']:+.3f} |")
+    lines += ["", f"## Where predicted and measured disagree ({DEFAULT_METHOD}, non-negligible groups, pooled)", "",
+              "| groups | n | sign agree | Spearman |", "|---|---|---|---|"]
+    for what, keep in (("holding the last position (the answer's)", True), ("at earlier positions only", False)):
+        at = [r["methods"][DEFAULT_METHOD] for r in rows]
+        cs = [c for m in at for c in m["checks"]
+              if "positions" in c and not c["negligible"] and (m["last_position"] in c["positions"]) == keep]
+        if cs:
+            rho = spearman(np.array([c["predicted"] for c in cs]), np.array([c["measured"] for c in cs]))
+            lines.append(f"| {what} | {len(cs)} | {np.mean([c['agree'] for c in cs]):.3f} | {rho:.3f} |")
     scores = [s for r in rows for s in r.get("label_scores", []) if s is not None and not math.isnan(s)]
     base = [s for r in rows for s in r.get("baseline_scores", []) if s is not None and not math.isnan(s)]
     lines += ["", "## Label scores of the features in the summaries", ""]
