@@ -396,3 +396,35 @@ def test_the_gallery_is_the_measured_one_and_the_answer_line_says_when_there_is_
     logits = graph.nodes[graph.nodes["kind"] == "logit"].sort_values("probability", ascending=False)
     assert repr(str(logits["token"].iloc[0])) in line and "Note:" in line and "unsure" in line
     assert f"starting with {graph.tokens[0]!r}" in line
+
+
+def test_summary_boxes_never_overlap_and_the_logits_sit_just_above_the_rest():
+    """The summary's boxes (app/tabs/graph_summary.place): none overlaps another, the tokens are lowest, and the
+    logits sit just above the highest feature box rather than at the top of an empty span."""
+    import pandas as pd
+
+    from app.tabs.graph_summary import GAP, box_size, place
+
+    rng = np.random.default_rng(0)
+    rows = [{"name": f"tok {p}", "kind": "embedding", "layers": [-1], "positions": [p], "influence": 0.01}
+            for p in range(6)]
+    rows += [{"name": f"g{i}", "kind": "features", "layers": sorted(rng.integers(0, 30, 3).tolist()),
+              "positions": sorted(rng.integers(0, 6, 2).tolist()), "influence": float(rng.random())}
+             for i in range(12)]
+    rows += [{"name": f"logit {i}", "kind": "logit", "layers": [30], "positions": [5], "influence": 0.5 - i / 10}
+             for i in range(3)]
+    groups = pd.DataFrame(rows)
+    at, height = place(groups, 6, 30, 1240)
+    boxes = {r.name: (*at[r.name], *box_size(r.kind)) for r in groups.itertuples()}
+    names = list(boxes)
+    for i, a in enumerate(names):
+        x, y, w, h = boxes[a]
+        assert x >= 0 and x + w <= 1240 and y >= 0 and y + h <= height
+        for b in names[i + 1:]:
+            bx, by, bw, bh = boxes[b]
+            assert x + w <= bx or bx + bw <= x or y + h <= by or by + bh <= y, (a, b)
+    kinds = dict(zip(groups.name, groups.kind, strict=True))
+    top_feature = min(boxes[n][1] for n in names if kinds[n] == "features")  # y grows downward on the page
+    lowest_logit = max(boxes[n][1] + boxes[n][3] for n in names if kinds[n] == "logit")
+    assert lowest_logit <= top_feature and top_feature - lowest_logit <= 3 * GAP + 1
+    assert all(boxes[n][1] > top_feature for n in names if kinds[n] == "embedding")

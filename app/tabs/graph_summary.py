@@ -113,8 +113,9 @@ def box_size(kind: str) -> tuple[int, int]:
 def place(groups: Any, n_tokens: int, n_layers: int, width: int) -> tuple[dict[str, tuple[float, float]], int]:
     """{group name: (x, y) of its box's top left}, and the drawing's height. A box goes above its group's mean
     position (the prompt's tokens share the width) at the height of its mean layer (embeddings at the bottom,
-    logits on top); one that would overlap a box already placed (lower layers first) tries a step to either side,
-    then moves up until it is free. So no two boxes overlap, and lower layers stay lower."""
+    logits just above the highest other box); one that would overlap a box already placed (lower layers first)
+    tries a step to either side, then moves up until it is free. So no two boxes overlap, and lower layers stay
+    lower."""
     kinds = list(groups["kind"])
     span = 300 + 26 * len(groups)  # the height the layers spread over, before boxes move up
 
@@ -138,6 +139,8 @@ def place(groups: Any, n_tokens: int, n_layers: int, width: int) -> tuple[dict[s
         centre = MARGIN + (_mean(groups["positions"].iloc[i]) + 0.5) * slot
         x0 = min(max(MARGIN, centre - w / 2), width - MARGIN - w)
         y = (level(i) + 1) / (n_layers + 2) * span
+        if kinds[i] == "logit":  # the logits sit just above the highest box, not at the top of an empty span
+            y = max((py + ph for _, py, _, ph in placed), default=0.0) + 3 * GAP
         while True:
             spots = [x0 + k * (w + GAP) for k in (0, -1, 1, -2, 2)]
             spot = next((x for x in spots if MARGIN <= x <= width - MARGIN - w and free(x, y, w, h)), None)
