@@ -79,7 +79,7 @@ class TokenTable:
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._pending_size = 0
 
-    def add(self, hook: str, x: torch.Tensor, ids: torch.Tensor) -> None:
+    def add(self, hook: str, x: torch.Tensor, ids: torch.Tensor, fired: Any = None) -> None:
         """One batch of `hook`'s features x [N, F] at tokens `ids` [N] (run_batch's tap). Tokens are counted with the
         first hook."""
         if hook not in self.offset:
@@ -199,7 +199,7 @@ class LabelScorer:
         self.token_counts = torch.zeros(vocab, dtype=torch.long)
         self.n = 0
 
-    def add(self, hook: str, x: torch.Tensor, ids: torch.Tensor) -> None:
+    def add(self, hook: str, x: torch.Tensor, ids: torch.Tensor, fired: Any = None) -> None:
         if hook not in self.offset:
             return
         if hook == self.first:
