@@ -126,16 +126,16 @@ def test_token_table_counts_equal_a_brute_force_count_and_keeps_the_heavy_hitter
             assert counts.tolist() == sorted(counts.tolist(), reverse=True)
             assert int(table.fires[off + j]) == int((x[:, col] > 0).sum())
     assert table.token_counts.tolist() == torch.bincount(ids, minlength=VOCAB).tolist() and table.n == 500
-    small = TokenTable(["a"], [3], VOCAB, keep=2)
+    small = TokenTable(["a"], [3], VOCAB, keep=2)  # 8 tokens > 2 * 2: cut back to the 2 most frequent
     small.add("a", x, ids)
     toks, counts = small.top(0)
     full = Counter(ids[x[:, 0] > 0].tolist()).most_common()
-    assert len(toks) == 2 and counts.tolist() == [c for _, c in full[:2]]
+    assert len(full) > 4 and len(toks) == 2 and counts.tolist() == [c for _, c in full[:2]]
 
 
 def reference_heavy_hitters(batches: list[list[int]], span: int, keep: int) -> dict[int, int]:
-    """HeavyHitters' rule, written plainly: add each batch's counts, then keep each group's `keep` most frequent keys
-    (ties: the lower key)."""
+    """HeavyHitters' rule, written plainly: add each batch's counts, then cut each group of more than 2 * keep keys
+    back to its `keep` most frequent (ties: the lower key)."""
     table: dict[int, int] = {}
     for batch in batches:
         for k in batch:
@@ -143,7 +143,8 @@ def reference_heavy_hitters(batches: list[list[int]], span: int, keep: int) -> d
         groups: dict[int, list[int]] = {}
         for k in table:
             groups.setdefault(k // span, []).append(k)
-        table = {k: table[k] for ks in groups.values() for k in sorted(ks, key=lambda k: (-table[k], k))[:keep]}
+        table = {k: table[k] for ks in groups.values()
+                 for k in (sorted(ks, key=lambda k: (-table[k], k))[:keep] if len(ks) > 2 * keep else ks)}
     return table
 
 
@@ -169,7 +170,7 @@ def test_heavy_hitters_pack_or_sort_the_same_ranking(monkeypatch):
     """Too many groups and keys to pack in one int64 fall back from one packed sort to a three-key lexsort: the same
     table."""
     keys = np.random.default_rng(5).integers(0, 64 * 30, size=3000)
-    packed = HeavyHitters(30, 4)
+    packed = HeavyHitters(30, 4)  # 30 keys a group: every group is cut
     packed.add(keys)
     packed.compact()
     real, calls = np.lexsort, []
@@ -194,6 +195,20 @@ def test_label_tokens_of_a_table_are_choose_label_tokens_of_each_feature():
         toks, counts = table.top(f)
         assert got[f] == choose_label_tokens(toks, counts, int(table.fires[f]), table.token_counts, table.n, most=3)
     assert got[2][0] == 3
+
+
+def test_a_feature_no_token_singles_out_is_labelled_by_its_most_frequent_token():
+    """Each token occurs in pairs and the feature fires on the first of each pair: every token fires exactly at the
+    feature's base rate, so naming any of them gains nothing; the label names the most frequent one (ties: lower id)."""
+    ids = torch.tensor([t for t in [4, 2, 4, 6, 2, 4] for _ in range(2)])
+    x = torch.zeros(len(ids), 2)
+    x[::2, 0] = 1.0
+    x[ids == 6, 1] = 1.0  # a second feature, singled out by token 6
+    table = TokenTable(["a"], [2], VOCAB, keep=VOCAB)
+    table.add("a", x, ids)
+    assert label_tokens(table) == {0: [4], 1: [6]}
+    toks, counts = table.top(0)
+    assert choose_label_tokens(toks, counts, int(table.fires[0]), table.token_counts, table.n) == [4]
 
 
 def test_a_label_reads_its_first_tokens_and_how_many_more_it_names():
