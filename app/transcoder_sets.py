@@ -23,6 +23,15 @@ worst explained variance, then the feature scan prepared with the set. Cancel st
 the checkpoint stays, and Build again resumes from it (train_transcoders' resume; the status says from how many
 tokens per layer).
 
+Once a set is loaded (its first graph, or right after its build), its **deep scan** (slmviz.features.deep_scan: a
+million tokens of the set's own corpus, labels with measured scores) starts in a thread of its own
+(BackgroundDeepScan): not in the job runner, whose one worker it would hold for hours, and at a lower CPU priority,
+so every session's requests go first. It resumes where a stopped one left off, `deep_scan_status` says where it is
+(slmviz.progress's update), `cancel_deep_scan` stops it at its next batch, and when it is done every layer's card
+reads it (until then the cards say they read the small scan) and `deep_labels` gives its labels. It starts only for
+a set trained on a named corpus (a list of texts given in $SLMVIZ_SET_RECIPE has no million tokens to read), and not
+at all when $SLMVIZ_DEEP_SCAN is 0 (a server that must not spend its cores on it).
+
 The recipe is the model's fixed one (slmviz.training.prepare.RECIPES); $SLMVIZ_SET_RECIPE (JSON, set by whoever starts
 the server) overrides it, and is what gives a model without a recipe its set (`d_sae`, `k`, `tokens`, and `corpus`: a
 corpus name or a list of texts): the tiny models of the tests build a tiny set in seconds this way. A visitor
@@ -40,7 +49,8 @@ from typing import Any
 import gradio as gr
 
 import slmviz
-from slmviz.features.prepared_scans import load_set_scan
+from slmviz.features.deep_scan import DEEP_TOKENS, BackgroundDeepScan, set_corpus
+from slmviz.features.prepared_scans import load_deep_labels, load_set_scan
 from slmviz.formats.checkpoint import trained_tokens
 from slmviz.progress import Progress
 from slmviz.replacement.prepared import prepared_dir, prepared_ready
@@ -62,6 +72,7 @@ BUILD_KIND = "transcoder-set"  # the build's Cancel leaves only this kind of job
 # 16-token prompt has ~30k active ones, whose dense adjacency alone would be ~3.6 GB, past the tab's 4 GiB budget.
 MAX_FEATURE_NODES = 4096
 REBUILD_BUTTON = "Rebuild the scan"  # the Graph tab's button (app/tabs/graph_scan.py), named by the cards
+DEEP_SCAN_ENV = "SLMVIZ_DEEP_SCAN"  # "0" (or off, no, false): no background deep scan
 
 
 def set_ready(model: Any, kind: str = KIND) -> bool:
@@ -99,6 +110,16 @@ def recipe_overrides() -> dict[str, Any]:
     return found
 
 
+def deep_scan_wanted() -> bool:
+    """Whether a loaded set starts its deep scan in the background ($SLMVIZ_DEEP_SCAN, on unless 0/off/no/false)."""
+    return os.environ.get(DEEP_SCAN_ENV, "1").strip().lower() not in ("0", "off", "no", "false")
+
+
+def _deep_enough(scanned: tuple[Any, list[str]] | None) -> bool:
+    """Whether the scan the cards read is a finished deep scan of DEEP_TOKENS or more (nothing left to start)."""
+    return scanned is not None and bool(scanned[0].info.get("deep")) and scanned[0].n_tokens >= DEEP_TOKENS
+
+
 class TranscoderSets:
     """The full sets on offer, loaded once per model; the Build and Cancel handlers of the tab's build panel."""
 
@@ -110,6 +131,8 @@ class TranscoderSets:
         self._lock = threading.Lock()
         self._building: dict[str, tuple[str, Any]] = {}  # model -> (kind, job) of its latest build
         self._scan_problems: dict[tuple[str, str], str | None] = {}  # (model, kind) -> why its cards lack its scan
+        self._deep: dict[tuple[str, str], BackgroundDeepScan] = {}  # (model, kind) -> its background deep scan
+        self._deep_labels: dict[tuple[str, str], Any] = {}  # (model, kind) -> its deep scan's LabelTable
 
     @staticmethod
     def _key(model: Any) -> str:
@@ -175,10 +198,12 @@ class TranscoderSets:
                 names = {layer: f"{model.name}-{kind}/layer_{layer}" for layer in ts.layers}
                 entries = [self.saes.pin(model, name, ts.feature_coder(layer)) for layer, name in names.items()]
                 self._loaded[key] = (ts, names)
-                self._read_scan(model, kind, entries)
+                scanned = self._read_scan(model, kind, entries)
+                if deep_scan_wanted() and not _deep_enough(scanned):
+                    self._start_deep(model, kind, ts)
             return self._loaded[key]
 
-    def _read_scan(self, model: Any, kind: str, entries: list[Any]) -> None:
+    def _read_scan(self, model: Any, kind: str, entries: list[Any]) -> tuple[Any, list[str]] | None:
         """The scan prepared with the set, served as each coder's card scan (no card waits). When it is missing or
         cannot be read, the cards say so (and scan the bundled verses on demand), the graph still draws, and
         scan_problem says why: the Graph tab then offers to rebuild it (app/tabs/graph_scan.py). Called by _load,
@@ -196,6 +221,82 @@ class TranscoderSets:
         problem = None if scanned is not None else (
             f"its prepared scan could not be read ({why})" if why is not None else "it has no prepared scan")
         self._scan_problems[(self._key(model), kind)] = problem
+        return scanned
+
+    # --- the deep scan -------------------------------------------------------------------------------------------
+    def start_deep_scan(self, model: Any, kind: str = KIND) -> BackgroundDeepScan | None:
+        """Start the deep scan of the model's `kind` set in the background (loading the set first), or return the
+        one running or done; None for a set trained on a list of texts (set_corpus). Resumes a stopped one."""
+        ts, _ = self.load(model, kind)
+        with self._lock:
+            return self._start_deep(model, kind, ts)
+
+    def _start_deep(self, model: Any, kind: str, ts: Any) -> BackgroundDeepScan | None:
+        """Holding self._lock: the running (or finished) deep scan of the set, else a new one started."""
+        key = (self._key(model), kind)
+        job = self._deep.get(key)
+        if job is not None and (job.running or job.result is not None):
+            return job
+        corpus = set_corpus(model, kind)
+        if corpus is None:
+            return None
+        job = BackgroundDeepScan(model, ts, kind, corpus=corpus, on_done=lambda found: self._use_deep(model, kind,
+                                                                                                    found))
+        self._deep[key] = job
+        return job.start()
+
+    def _use_deep(self, model: Any, kind: str, found: tuple[Any, list[str]]) -> None:
+        """The finished deep scan: every layer's card reads it from now on, in every session (its note says so), and
+        its labels are kept for deep_labels. Runs in the scan's thread."""
+        try:
+            labels = load_deep_labels(model, kind)
+        except Exception:  # noqa: BLE001 - unreadable labels: the cards still read the scan
+            labels = None
+        with self._lock:
+            _, names = self._loaded[(self._key(model), kind)]
+            self._deep_labels[(self._key(model), kind)] = labels
+            self._scan_problems[(self._key(model), kind)] = None
+        for name in names.values():
+            provide_feature_scan(model, self.saes.get(model, name), found)
+
+    def deep_scan(self, model: Any, kind: str = KIND) -> BackgroundDeepScan | None:
+        """The model's `kind` set's background deep scan started by this server (running, done or stopped), or None."""
+        with self._lock:
+            return self._deep.get((self._key(model), kind))
+
+    def deep_scan_status(self, model: Any, kind: str = KIND) -> str:
+        """One line on the set's deep scan: its bar while it runs (shared.progress_line of its slmviz.progress
+        update), done, cancelled or why it stopped; or that the cards read the small scan until one is built."""
+        job = self.deep_scan(model, kind)
+        if job is None:
+            return "The cards read the set's small scan; its deep scan has not been started."
+        if job.running and not job.cancelled:
+            return progress_line(job.update, "Deep scan (the cards read the small scan until it is done)")
+        return job.status()
+
+    def cancel_deep_scan(self, model: Any, kind: str = KIND) -> str:
+        """Stop the set's deep scan at its next batch (it resumes from its last finished shard when started again)."""
+        job = self.deep_scan(model, kind)
+        if job is None or not job.running:
+            return "No deep scan of this set is running."
+        job.cancel()
+        return ("Cancelling the deep scan: it stops at its next batch and resumes from its last shard when started "
+                "again.")
+
+    def deep_labels(self, model: Any, kind: str = KIND) -> Any:
+        """The set's deep scan's LabelTable (labels and their measured scores), or None before it exists or where it
+        cannot be read."""
+        key = (self._key(model), kind)
+        with self._lock:
+            if self._deep_labels.get(key) is not None:
+                return self._deep_labels[key]
+        try:
+            labels = load_deep_labels(model, kind)
+        except Exception:  # noqa: BLE001 - a damaged table: no labels, the cards say which scan they read
+            return None
+        with self._lock:
+            self._deep_labels[key] = labels
+        return labels
 
     def scan_problem(self, model: Any, kind: str) -> str | None:
         """Why the cards of the model's loaded `kind` set do not read its prepared scan ("it has no prepared scan",

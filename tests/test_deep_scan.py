@@ -171,3 +171,38 @@ def test_a_card_says_which_scan_it_read_and_shows_the_label_with_its_score(tiny,
     card = feature_card(coders[1], int(r.feature), scan=deep, model=m, labels=table)
     assert card.label == r.label and (card.label_score == r.score or np.isnan(r.score))
     assert f"deep scan ({deep.n_tokens:,} tokens)" in card.note and r.label in card.note
+
+
+def test_the_deep_scan_reads_the_corpus_its_set_trained_on(tmp_path, monkeypatch):
+    from slmviz.features.prepared_scans import CORPUS
+    from slmviz.loading.bundled import prepared_dir
+
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    assert ds.set_corpus("M", "plt-quick") == CORPUS  # no set there: the prepared sets' corpus
+    folder = prepared_dir("M", "plt-quick")
+    folder.mkdir(parents=True)
+    for recorded, read in (("quick", "quick"), ("custom", None), ("no such corpus", CORPUS)):
+        (folder / "transcoder_set.json").write_text(json.dumps({"metadata": {"corpus_name": recorded}}))
+        assert ds.set_corpus("M", "plt-quick") == read
+
+
+def test_a_background_deep_scan_runs_off_the_callers_thread_cancels_and_resumes(tiny, tmp_path, monkeypatch):
+    m, coders = tiny
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    updates = []
+
+    def cancel_in_the_second_shard(u):
+        updates.append(u)
+        if u.phase == "scan" and "shard 2" in u.detail:
+            job.cancel()
+
+    job = ds.BackgroundDeepScan(m, coders, "plt", corpus=CORPUS, tokens=10_000, progress=cancel_in_the_second_shard)
+    assert job.start().wait(600) and job.cancelled and job.result is None and job.error is None
+    assert "cancelled" in job.status() and load_set_scan(m, "plt") is None
+    work = deep_scan_dir(m, "plt").with_name(ds.WORK_FOLDER)
+    assert json.loads((work / "state.json").read_text())["shards"] == 1  # the first shard is kept
+    got = []
+    again = ds.BackgroundDeepScan(m, coders, "plt", corpus=CORPUS, tokens=10_000, on_done=got.append).start()
+    assert again.wait(600) and again.error is None and got == [again.result]
+    assert "done" in again.status() and load_set_scan(m, "plt")[0].n_tokens == again.result[0].n_tokens
+    assert all(u.fraction <= 1 for u in updates) and not again.running

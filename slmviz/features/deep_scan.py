@@ -1,35 +1,50 @@
 """The deep scan of a prepared transcoder set: a million tokens or more of the set's own kind of text, the labels
 drawn from it, and a measured score for each label.
 
-    s, docs = prepare_deep_scan(m, ts, "plt-quick")      # resumable; kept beside the set's small scan
+    s, docs = prepare_deep_scan(m, ts, "plt-quick", corpus=set_corpus(m, "plt-quick"))   # resumable; cached
     load_set_scan(m, "plt-quick")[0].n_tokens             # >= 1,000,000 once it exists (prepared_scans)
-    table = load_deep_labels(m, "plt-quick")              # LabelTable: layer, feature, label, score, baseline
+    table = load_deep_labels(m, "plt-quick")              # LabelTable: layer, feature, label, tokens, score, baseline
     g.use_labels(table); g.labels; g.label_scores
+    job = BackgroundDeepScan(m, ts, "plt-quick").start()  # the same, in a thread of its own (the app's); cancellable
 
 **The scan.** The set's feature Scan (statistics, histograms, top contexts: what a card shows), over the set
 corpus's training split and then the broad corpus's (DEEP_CHARS of each document) until `tokens` are read, with a
 token table beside it: for each feature, the tokens it fires on most (`TokenTable`, one reduction per batch inside
 the scan's own batch loop, scans.batches.run_batch's `tap`: no second forward). It runs a shard of documents at a
-time and writes its state after each, so a stopped run resumes at the shard after the last one written.
+time and writes its state after each, so a stopped run resumes at the shard after the last one written. The scan
+runs the set's encoders on a plain forward (scans.batches._encoder_plan: no decoder runs) and reduces only the
+entries that fire (scans.reduce.Fired).
 
-**Labels.** A feature's label names the tokens it fires on: the most frequent ones of its token table, added while
-they raise the label's balanced accuracy on the scan (`choose_label_tokens`), at most LABEL_TOKENS.
+**Labels.** A label's predicate is a set of tokens, "the token here is one of these": the feature's tokens whose
+balanced accuracy gain on the scan's own text is positive (it fires on them more often than on the rest of the
+text), the largest gains first, at most LABEL_TOKENS (`choose_label_tokens`). The gain of naming one more token is
+additive (named sets of tokens are disjoint), so the set of the largest gains is the best one of its size.
+Its text shows the first SHOWN_TOKENS and how many more it names: 'is / be / it / was (+38)'.
+
+Why a set of tokens and not fewer tokens with their context: measured on the quick set (bench/results/deep_scan.md),
+its features fire across dozens of tokens each (a median 24 tokens to cover half of a feature's firing contexts),
+so a label of four tokens can name only a sliver of what a feature fires on; naming the previous token too (a
+token after a given token, or any token after it) raised the held-out score by less than 0.01 at every size, while
+naming more tokens raised it by 0.1 to 0.2.
 
 **Scores.** Measured on held-out text the scan never read (the set corpus's held-out split past the small scan's
-documents), mechanically: the detection balanced accuracy of the label's predicate, "the token here is one the label
-names", between contexts where the feature fires and where it does not. Firing contexts are weighed evenly across
-QUANTILES bands of the feature's activation (edges from the deep scan's histogram), so a label that names only what
-tops the feature scores lower than one that names what it fires on across its range (`LabelScorer`). The baseline is
-the same score for a label naming only the feature's single top token.
+documents), mechanically: the detection balanced accuracy of the label's predicate between contexts where the
+feature fires and where it does not. Firing contexts are weighed evenly across QUANTILES bands of the feature's
+activation (edges from the deep scan's histogram), so a label that names only what tops the feature scores lower
+than one that names what it fires on across its range (`LabelScorer`). The baseline is the same score for a label
+naming only the feature's single top token (the token of its top example).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shutil
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,125 +54,224 @@ import pandas as pd
 import torch
 
 from ..formats.files import swap_in_folder
-from ..progress import ProgressLike, as_progress
+from ..progress import ProgressLike, ProgressUpdate, as_progress
 
 DEEP_TOKENS = 1_000_000
 DEEP_FOLDER, WORK_FOLDER = "scan-deep", ".scan-deep-work"
 DEEP_CHARS = 2_000  # of each document: long source files would otherwise fill the scan with a few files
-DEEP_SHARD_DOCS = 128  # documents per resumable step (~2-4 min on 2 cores with a 30-layer set)
+DEEP_SHARD_DOCS = 128  # documents per resumable step
 DEEP_TOP_K = 10
 DEEP_BATCH_TOKENS = 2048  # padded tokens per forward: the deep scan is throughput-bound
-KEEP_TOKENS = 48  # tokens kept per feature in the running token table (heavy hitters; see TokenTable)
-LABEL_TOKENS = 4  # tokens a label names at most
+KEEP_TOKENS = 256  # tokens kept per feature in the running token table, up to twice as many between cuts
+# (heavy hitters; see TokenTable)
+LABEL_TOKENS = 256  # tokens a label's predicate names at most
+SHOWN_TOKENS = 4  # of them, the ones its text shows
 QUANTILES = 5  # activation bands the firing contexts are weighed across
 HELDOUT_TOKENS = 65_536  # held-out tokens a score reads
 HELDOUT_SKIP_DOCS = 200  # the small scan's documents (prepared_scans.SCAN_DOCS): never scored on
+PENDING_PAIRS = 4_000_000  # (feature, token) pairs gathered before they are merged into the table
+BACKGROUND_NICE = 10  # a background deep scan's thread yields the cores to the app's requests
+_PACK_BITS = 63  # bits of the packed (group, count, place) key HeavyHitters sorts by
 
 
 # --- the token table ------------------------------------------------------------------------------------------
-class TokenTable:
-    """For every feature of the scanned hooks (one global index, hook after hook), the tokens it fires on most, by
-    count and activation sum; its exact number of firing tokens; and every token's count in the text.
+def _runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct keys, how many times each) of a sorted array."""
+    if len(sorted_keys) == 0:
+        return sorted_keys, np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    return sorted_keys[starts], np.diff(np.r_[starts, len(sorted_keys)])
 
-    Why heavy hitters and not every (feature, token) pair: a feature firing on 6 % of a million tokens meets
-    thousands of distinct tokens, and 30,000 features' pairs outgrow memory. After each compaction a feature keeps
-    its KEEP_TOKENS most frequent tokens; a token dropped then and met again restarts its count (Misra-Gries-like:
-    a token that is among a feature's most frequent over the whole text stays, the tail's counts are low bounds).
-    A label names at most LABEL_TOKENS << KEEP_TOKENS of them."""
 
-    def __init__(self, hooks: list[str], sizes: list[int], vocab: int, keep: int = KEEP_TOKENS):
-        self.hooks, self.sizes, self.vocab, self.keep = list(hooks), list(sizes), int(vocab), keep
-        offsets = np.cumsum([0, *sizes])
-        self.offset = {h: int(o) for h, o in zip(hooks, offsets[:-1], strict=True)}
-        self.n_features = int(offsets[-1])
-        self.keys = torch.zeros(0, dtype=torch.long)  # feature * vocab + token, sorted
-        self.counts = torch.zeros(0, dtype=torch.long)
-        self.sums = torch.zeros(0, dtype=torch.float64)
-        self.fires = torch.zeros(self.n_features, dtype=torch.long)
-        self.token_counts = torch.zeros(self.vocab, dtype=torch.long)
-        self.n = 0
-        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+class HeavyHitters:
+    """Counts of int64 keys, grouped by key // `span` (a feature's keys: feature * span + token). A group that grows
+    past 2 * `keep` keys is cut back to its `keep` most frequent (ties: the lower key). A key dropped then and met again
+    restarts its count (Misra-Gries-like: a key among its group's most frequent over the whole stream stays; the
+    tail's counts are low bounds). With `keep` at least half the group's distinct keys, every count is exact.
+
+    Why numpy, and cuts at twice `keep`: merging a batch is a sort of its keys, and numpy's sort of int64 (AVX-512 on
+    this CPU) is 3-5x torch's; the table is merged by binary search, not sorted again; and cutting a group only once
+    it has doubled sorts each key about once between cuts, where cutting every group after every merge sorted the
+    whole table each time (measured: 11 s a merge of the quick set's 10M pairs at load 13, most of it the cut)."""
+
+    def __init__(self, span: int, keep: int):
+        self.span, self.keep = int(span), int(keep)
+        self.keys = np.zeros(0, np.int64)  # sorted, distinct
+        self.counts = np.zeros(0, np.int64)
+        self._pending: list[np.ndarray] = []
         self._pending_size = 0
 
-    def add(self, hook: str, x: torch.Tensor, ids: torch.Tensor) -> None:
-        """One batch of `hook`'s features x [N, F] at tokens `ids` [N] (run_batch's tap). Tokens are counted with the
-        first hook."""
-        if hook not in self.offset:
-            return
-        if hook == self.hooks[0]:
-            self.token_counts += torch.bincount(ids, minlength=self.vocab)
-            self.n += int(ids.numel())
-        rows, f = (x > 0).nonzero(as_tuple=True)
-        g = f + self.offset[hook]
-        self.fires += torch.bincount(g, minlength=self.n_features)
-        self._pending.append((g * self.vocab + ids[rows], x[rows, f].double()))
-        self._pending_size += int(rows.numel())
-        if self._pending_size > 4_000_000:
+    def add(self, keys: np.ndarray) -> None:
+        self._pending.append(np.asarray(keys, dtype=np.int64))
+        self._pending_size += len(keys)
+        if self._pending_size > PENDING_PAIRS:
             self.compact()
 
     def compact(self) -> None:
-        """Merge the pending pairs into the table and keep each feature's `keep` most frequent tokens."""
+        """Merge the pending keys into the table, then cut back the groups past 2 * keep."""
         if not self._pending:
             return
-        keys = torch.cat([self.keys, *(k for k, _ in self._pending)])
-        sums = torch.cat([self.sums, *(v for _, v in self._pending)])
-        counts = torch.cat([self.counts, torch.ones(self._pending_size, dtype=torch.long)])
+        new = np.concatenate(self._pending)
         self._pending, self._pending_size = [], 0
-        uniq, inverse = torch.unique(keys, return_inverse=True)
-        c = torch.zeros(len(uniq), dtype=torch.long).index_add_(0, inverse, counts)
-        s = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inverse, sums)
-        feature = uniq // self.vocab
-        # each feature's tokens by count, descending (ties: the lower token id), then its first `keep`
-        order = torch.argsort(-c, stable=True)
-        order = order[torch.argsort(feature[order], stable=True)]
-        f_sorted = feature[order]
-        starts = torch.searchsorted(f_sorted, f_sorted, right=False)
-        rank = torch.arange(len(order)) - starts
-        kept = order[rank < self.keep]
-        kept = kept.sort().values  # back to key order
-        self.keys, self.counts, self.sums = uniq[kept], c[kept], s[kept]
+        new.sort()
+        found, counts = _runs(new)
+        pos = np.searchsorted(self.keys, found)
+        there = pos < len(self.keys)
+        there[there] = self.keys[pos[there]] == found[there]
+        self.counts[pos[there]] += counts[there]
+        self.keys = np.insert(self.keys, pos[~there], found[~there])
+        self.counts = np.insert(self.counts, pos[~there], counts[~there])
+        self._cut()
+
+    def _cut(self) -> None:
+        """Each group past 2 * keep keys keeps its `keep` most frequent."""
+        group = self.keys // self.span
+        starts = np.flatnonzero(np.concatenate(([True], group[1:] != group[:-1]))) if len(group) else group
+        sizes = np.diff(np.concatenate((starts, [len(group)])))
+        big = sizes > 2 * self.keep
+        if not big.any():
+            return
+        starts, sizes = starts[big], sizes[big]
+        rows = np.repeat(starts - np.cumsum(np.concatenate(([0], sizes[:-1]))), sizes) + np.arange(sizes.sum())
+        place = rows - np.repeat(starts, sizes)  # in its group, in key order
+        gid = np.repeat(np.arange(len(starts), dtype=np.int64), sizes)
+        counts = self.counts[rows]
+        # one sort of (group, count descending, place in the group): distinct int64s, so numpy's fast unstable
+        # sort gives the stable order, and the place (key order) breaks ties to the lower key
+        place_bits = max(int(sizes.max() - 1).bit_length(), 1)
+        group_bits = max(int(len(starts) - 1).bit_length(), 1)
+        count_bits = _PACK_BITS - place_bits - group_bits
+        if count_bits < 24:  # too many groups or keys to pack: sort the three keys
+            order = np.lexsort((place, -counts, gid))
+            ranked_gid, ranked_place = gid[order], place[order]
+        else:
+            cap = (1 << count_bits) - 1
+            packed = (gid << (place_bits + count_bits)) | ((cap - np.minimum(counts, cap)) << place_bits) | place
+            packed.sort()
+            ranked_gid, ranked_place = packed >> (place_bits + count_bits), packed & ((1 << place_bits) - 1)
+        rank = np.arange(len(rows)) - np.repeat(np.cumsum(np.concatenate(([0], sizes[:-1]))), sizes)
+        top = rank < self.keep
+        kept = np.ones(len(self.keys), bool)
+        kept[rows] = False  # the cut groups keep only their top
+        kept[starts[ranked_gid[top]] + ranked_place[top]] = True
+        self.keys, self.counts = self.keys[kept], self.counts[kept]
+
+
+class TokenTable:
+    """For every feature of the scanned hooks (one global index, hook after hook), the tokens it fires on most, by
+    count (`HeavyHitters` of feature * vocab + token, KEEP_TOKENS per feature); its exact number of firing tokens;
+    and every token's count in the text.
+
+    Why heavy hitters and not every (feature, token) pair: a feature firing on 6 % of a million tokens meets
+    thousands of distinct tokens, and 30,000 features' pairs outgrow memory. A label names at most
+    LABEL_TOKENS < KEEP_TOKENS of them."""
+
+    def __init__(self, hooks: list[str], sizes: list[int], vocab: int, keep: int | None = None):
+        self.hooks, self.sizes, self.vocab = list(hooks), list(sizes), int(vocab)
+        self.keep = KEEP_TOKENS if keep is None else int(keep)
+        offsets = np.cumsum([0, *sizes])
+        self.offset = {h: int(o) for h, o in zip(hooks, offsets[:-1], strict=True)}
+        self.n_features = int(offsets[-1])
+        self.pairs = HeavyHitters(self.vocab, self.keep)
+        self.fires = np.zeros(self.n_features, np.int64)
+        self.token_counts = np.zeros(self.vocab, np.int64)
+        self.n = 0
+
+    def add(self, hook: str, x: torch.Tensor, ids: torch.Tensor, fired: Any = None) -> None:
+        """One batch of `hook`'s features x [N, F] at tokens `ids` [N] (run_batch's tap; `fired`: x's entries above 0,
+        scans.reduce.Fired, found here when not given). Tokens are counted with the first hook."""
+        if hook not in self.offset:
+            return
+        ids_np = ids.numpy()
+        if hook == self.hooks[0]:
+            self.token_counts += np.bincount(ids_np, minlength=self.vocab)
+            self.n += len(ids_np)
+        rows, cols = _fired_rows(x, fired)
+        off, size = self.offset[hook], x.shape[1]
+        self.fires[off:off + size] += np.bincount(cols, minlength=size)
+        self.pairs.add((cols + off) * self.vocab + ids_np[rows])
+
+    def compact(self) -> None:
+        self.pairs.compact()
 
     def top(self, g: int) -> tuple[np.ndarray, np.ndarray]:
-        """(token ids, counts) of global feature `g`, most frequent first."""
+        """(token ids, counts) of global feature `g`, most frequent first (ties: the lower id)."""
         self.compact()
-        lo = int(torch.searchsorted(self.keys, g * self.vocab))
-        hi = int(torch.searchsorted(self.keys, (g + 1) * self.vocab))
-        c = self.counts[lo:hi].numpy()
-        order = np.argsort(-c, kind="stable")
-        return (self.keys[lo:hi].numpy() % self.vocab)[order], c[order]
+        keys, counts = self.pairs.keys, self.pairs.counts
+        lo, hi = np.searchsorted(keys, [g * self.vocab, (g + 1) * self.vocab])
+        order = np.argsort(-counts[lo:hi], kind="stable")
+        return (keys[lo:hi] % self.vocab)[order], counts[lo:hi][order]
 
     def state(self) -> dict[str, torch.Tensor]:
         self.compact()
-        return {"table/keys": self.keys, "table/counts": self.counts, "table/sums": self.sums,
-                "table/fires": self.fires, "table/token_counts": self.token_counts,
+        return {"table/keys": torch.from_numpy(self.pairs.keys), "table/counts": torch.from_numpy(self.pairs.counts),
+                "table/fires": torch.from_numpy(self.fires), "table/token_counts": torch.from_numpy(self.token_counts),
                 "table/n": torch.tensor(self.n)}
 
     def load_state(self, t: dict[str, torch.Tensor]) -> None:
-        self.keys, self.counts, self.sums = t["table/keys"], t["table/counts"], t["table/sums"]
-        self.fires, self.token_counts, self.n = t["table/fires"], t["table/token_counts"], int(t["table/n"])
+        self.pairs.keys, self.pairs.counts = t["table/keys"].numpy().copy(), t["table/counts"].numpy().copy()
+        self.fires, self.token_counts = t["table/fires"].numpy().copy(), t["table/token_counts"].numpy().copy()
+        self.n = int(t["table/n"])
+
+
+def _fired_rows(x: torch.Tensor, fired: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, columns) of x's entries above 0, in row-major order, as numpy."""
+    if fired is not None:
+        return fired.rows.numpy(), fired.cols.numpy()
+    rows, cols = (x > 0).nonzero(as_tuple=True)
+    return rows.numpy(), cols.numpy()
+
+
+def _gains(hits: np.ndarray, named: np.ndarray, fires: np.ndarray | int, n: int) -> np.ndarray:
+    """What naming a token adds to a label's balanced accuracy on the scanned text (without the 1/2): the share of
+    the feature's firing tokens it names, less the share of its other tokens it names."""
+    return hits / fires - np.maximum(named - hits, 0) / np.maximum(n - fires, 1)
 
 
 def choose_label_tokens(tokens: np.ndarray, counts: np.ndarray, fires: int, token_counts: np.ndarray, n: int,
-                        most: int = LABEL_TOKENS) -> list[int]:
-    """The tokens a label names: the feature's most frequent firing tokens, taken in order while each raises the
-    balanced accuracy of "the token is one of these" on the scanned text (TPR: the firing tokens it names over all
-    firing tokens; TNR: the non-firing tokens it does not name over all non-firing ones), at most `most`."""
+                        most: int | None = None) -> list[int]:
+    """The tokens a label names: of the feature's firing tokens (`tokens`, their firing `counts`, most frequent
+    first), those that raise the balanced accuracy of "the token is one of these" on the scanned text (TPR: the
+    firing tokens it names over all firing tokens; TNR: the non-firing tokens it does not name over all non-firing
+    ones), the largest gains first (ties keep the given order), at most `most` (LABEL_TOKENS). Each token's gain is
+    its own (the named tokens' contexts are disjoint), so these are the best `most` tokens. None raises it: the most
+    frequent one alone."""
+    most = LABEL_TOKENS if most is None else most
     if fires <= 0 or len(tokens) == 0:
         return []
-    chosen: list[int] = []
-    hit = named = 0
-    best = 0.5
-    non_firing = max(n - fires, 1)
-    for t, c in zip(tokens.tolist(), counts.tolist(), strict=True):
-        h, nm = hit + c, named + int(token_counts[t])
-        ba = 0.5 * (h / fires + 1 - max(nm - h, 0) / non_firing)
-        if ba <= best:
-            continue
-        chosen.append(int(t))
-        hit, named, best = h, nm, ba
-        if len(chosen) == most:
-            break
+    tokens, counts = np.asarray(tokens), np.asarray(counts)
+    gain = _gains(counts, np.asarray(token_counts)[tokens], fires, n)
+    order = np.argsort(-gain, kind="stable")
+    chosen = [int(t) for t in tokens[order][gain[order] > 0][:most]]
     return chosen or [int(tokens[0])]
+
+
+def label_tokens(table: TokenTable, most: int | None = None) -> dict[int, list[int]]:
+    """choose_label_tokens for every feature of the table that fired, at once: {global feature: token ids}."""
+    most = LABEL_TOKENS if most is None else most
+    table.compact()
+    keys, hits = table.pairs.keys, table.pairs.counts
+    if not len(keys):
+        return {}
+    g, tok = keys // table.vocab, keys % table.vocab
+    gain = _gains(hits, table.token_counts[tok], table.fires[g], table.n)
+    # the named tokens: per feature, gain descending, then choose_label_tokens' given order (count descending, the
+    # lower id); only the tokens that raise it are sorted
+    up = np.flatnonzero(gain > 0)
+    up = up[np.lexsort((tok[up], -hits[up], -gain[up], g[up]))]
+    feats, toks = g[up], tok[up]
+    starts = np.flatnonzero(np.r_[True, feats[1:] != feats[:-1]]) if len(up) else np.zeros(0, np.int64)
+    rank = np.arange(len(up)) - np.repeat(starts, np.diff(np.r_[starts, len(up)]))
+    feats, toks = feats[rank < most], toks[rank < most]
+    # a feature none of whose tokens raises it names its most frequent token alone (count descending, the lower id)
+    rest = np.flatnonzero(~np.isin(g, feats))
+    rest = rest[np.lexsort((tok[rest], -hits[rest], g[rest]))]
+    if len(rest):
+        first = np.r_[True, g[rest][1:] != g[rest][:-1]]
+        order = np.argsort(np.r_[feats, g[rest][first]], kind="stable")
+        feats, toks = np.r_[feats, g[rest][first]][order], np.r_[toks, tok[rest][first]][order]
+    cut = np.flatnonzero(np.r_[True, feats[1:] != feats[:-1]])
+    return dict(zip(feats[cut].tolist(), (a.tolist() for a in np.split(toks, cut[1:])), strict=True))
 
 
 # --- the score --------------------------------------------------------------------------------------------------
@@ -192,50 +306,57 @@ class LabelScorer:
         self.offset, self.n_features, self.vocab, self.edges = offsets, n_features, vocab, edges.float()
         self.q = edges.shape[1] + 1
         self.first = next(iter(offsets))
-        self.band = torch.zeros(n_features * self.q, dtype=torch.long)
-        self.named = {k: torch.zeros(n_features * self.q, dtype=torch.long) for k in ("label", "baseline")}
+        self.band = np.zeros(n_features * self.q, np.int64)
+        self.named = {k: np.zeros(n_features * self.q, np.int64) for k in ("label", "baseline")}
         self.keys = {k: _key_set(d, vocab) for k, d in (("label", labels), ("baseline", baseline))}
-        self.lists = {"label": labels, "baseline": baseline}
-        self.token_counts = torch.zeros(vocab, dtype=torch.long)
+        self.token_counts = np.zeros(vocab, np.int64)
         self.n = 0
 
-    def add(self, hook: str, x: torch.Tensor, ids: torch.Tensor) -> None:
+    def add(self, hook: str, x: torch.Tensor, ids: torch.Tensor, fired: Any = None) -> None:
         if hook not in self.offset:
             return
+        ids_np = ids.numpy()
         if hook == self.first:
-            self.token_counts += torch.bincount(ids, minlength=self.vocab)
-            self.n += int(ids.numel())
-        rows, f = (x > 0).nonzero(as_tuple=True)
-        g = f + self.offset[hook]
-        act = x[rows, f].float()
-        band = (act[:, None] > self.edges[g]).sum(1)  # [nnz] in 0..q-1
+            self.token_counts += np.bincount(ids_np, minlength=self.vocab)
+            self.n += len(ids_np)
+        rows, cols = _fired_rows(x, fired)
+        g = cols + self.offset[hook]
+        act = fired.vals if fired is not None else x[torch.from_numpy(rows), torch.from_numpy(cols)].float()
+        band = (act[:, None] > self.edges[torch.from_numpy(g)]).sum(1).numpy()  # [nnz] in 0..q-1
         slot = g * self.q + band
         size = self.n_features * self.q
-        self.band += torch.bincount(slot, minlength=size)
-        key = g * self.vocab + ids[rows]
-        for k in ("label", "baseline"):
-            hit = torch.isin(key, self.keys[k])
-            self.named[k] += torch.bincount(slot[hit], minlength=size)
+        self.band += np.bincount(slot, minlength=size)
+        key = g * self.vocab + ids_np[rows]
+        for k, keys in self.keys.items():
+            if len(keys) == 0:
+                continue
+            at = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
+            self.named[k] += np.bincount(slot[keys[at] == key], minlength=size)
 
     def scores(self, which: str = "label") -> np.ndarray:
         """[n_features] balanced accuracy (nan where the feature never fired in the held-out text)."""
-        band = self.band.view(-1, self.q).double()
-        named = self.named[which].view(-1, self.q).double()
+        band = self.band.reshape(-1, self.q).astype(np.float64)
+        named = self.named[which].reshape(-1, self.q).astype(np.float64)
         filled = band > 0
-        tpr = torch.where(filled, named / band.clamp_min(1), torch.zeros(())).sum(1) / filled.sum(1).clamp_min(1)
+        tpr = np.where(filled, named / np.maximum(band, 1), 0.0).sum(1) / np.maximum(filled.sum(1), 1)
         fires = band.sum(1)
-        named_all = torch.zeros(self.n_features, dtype=torch.float64)
-        for g, toks in self.lists[which].items():
-            named_all[g] = float(self.token_counts[toks].sum()) if toks else 0.0
-        non_firing = (self.n - fires).clamp_min(1)
-        tnr = 1 - (named_all - named.sum(1)).clamp_min(0) / non_firing
+        keys = self.keys[which]
+        # every held-out token the label names, firing or not: its tokens' counts summed
+        named_all = np.bincount(keys // self.vocab, weights=self.token_counts[keys % self.vocab],
+                                minlength=self.n_features)
+        non_firing = np.maximum(self.n - fires, 1)
+        tnr = 1 - np.maximum(named_all - named.sum(1), 0) / non_firing
         out = 0.5 * (tpr + tnr)
-        return torch.where(fires > 0, out, torch.full_like(out, float("nan"))).numpy()
+        return np.where(fires > 0, out, np.nan)
 
 
-def _key_set(d: dict[int, list[int]], vocab: int) -> torch.Tensor:
-    keys = [g * vocab + t for g, toks in d.items() for t in toks]
-    return torch.tensor(sorted(set(keys)), dtype=torch.long)
+def _key_set(d: dict[int, list[int]], vocab: int) -> np.ndarray:
+    """The sorted distinct keys feature * vocab + token of {feature: tokens}."""
+    parts = [np.asarray(toks, dtype=np.int64) + g * vocab for g, toks in d.items() if len(toks)]
+    if not parts:
+        return np.zeros(0, np.int64)
+    keys = np.sort(np.concatenate(parts))  # np.unique hashes: 10x slower on millions of keys
+    return keys[np.r_[True, keys[1:] != keys[:-1]]]
 
 
 # --- the label table --------------------------------------------------------------------------------------------
@@ -261,11 +382,23 @@ class LabelTable:
                    json.loads((folder / "labels.json").read_text(encoding="utf-8")))
 
 
-def label_text(tokens: list[str]) -> str:
-    """'Texas / Dallas / Houston': the named tokens as read (labels._clean), each once."""
-    from .labels import _distinct
+def label_text(tokens: list[str], shown: int | None = None) -> str:
+    """'is / be / it / was (+38)': the first `shown` (SHOWN_TOKENS) of the named tokens as read (labels._clean),
+    each once, and how many more tokens the label names."""
+    from .labels import _clean
 
-    return " / ".join(_distinct(tokens, len(tokens))) or "(no tokens)"
+    shown = SHOWN_TOKENS if shown is None else shown
+    out: list[str] = []
+    used = 0
+    for t in tokens:
+        if len(out) == shown:
+            break
+        used += 1
+        c = _clean(t)
+        if c not in out:
+            out.append(c)
+    more = len(tokens) - used
+    return (" / ".join(out) or "(no tokens)") + (f" (+{more})" if more else "")
 
 
 # --- the documents ----------------------------------------------------------------------------------------------
@@ -371,7 +504,7 @@ def _run(model: Any, layers: list[int], coders: dict[int, Any], folder: Path, wo
     spec = ScanSpec(tuple(hooks), DEEP_TOP_K, window=min(256, model.cfg.context_length),
                     batch_tokens=batch_tokens, saes=saes)
     vocab = int(model.decoder.params.unembed.shape[0])
-    table = TokenTable(hooks, [features[h].n for h in hooks], vocab, keep=KEEP_TOKENS)
+    table = TokenTable(hooks, [features[h].n for h in hooks], vocab)
     acc = empty_partials(model, spec, features)
     done = {"shards": 0, "documents": 0, "windows": 0, "tokens": 0, "batches": 0, "seconds": 0.0}
     state_file = work / "state.safetensors"
@@ -418,29 +551,22 @@ def _run(model: Any, layers: list[int], coders: dict[int, Any], folder: Path, wo
             "tokens_per_s": done["tokens"] / done["seconds"] if done["seconds"] else 0.0, "window": spec.window,
             "batch_tokens": batch_tokens, "top_k": DEEP_TOP_K, "context_before": spec.context_before,
             "context_after": spec.context_after, "variants": [], "saes": [repr(s) for s in saes],
-            "sae_rows": hooks, "deep": True}
+            "sae_rows": hooks, "deep": True, "threads": torch.get_num_threads()}
     features_info = {h: {"axis": f.axis, "n": f.n, "what": f.what} for h, f in features.items()}
     s = Scan(info, features_info, acc, dict(zip(used, model.to_strings(used), strict=True)),
              pd.DataFrame(columns=DAMAGE_COLUMNS))
 
     # labels from the token table, baselines from each feature's top example
+    t_labels = time.perf_counter()
     label_part.say("choosing label tokens")
-    tc = table.token_counts.numpy()
-    labels: dict[int, list[int]] = {}
-    baseline: dict[int, list[int]] = {}
+    labels = label_tokens(table)
     before = spec.context_before
-    for h in hooks:
-        off = table.offset[h]
-        top_tok = acc[h].top_ids[:, 0, before]
-        fired = table.fires[off:off + features[h].n]
-        for f in range(features[h].n):
-            if int(fired[f]) == 0:
-                continue
-            toks, counts = table.top(off + f)
-            labels[off + f] = choose_label_tokens(toks, counts, int(fired[f]), tc, table.n)
-            baseline[off + f] = [int(top_tok[f])] if int(top_tok[f]) >= 0 else []
+    top_tok = torch.cat([acc[h].top_ids[:, 0, before] for h in hooks]).numpy()  # [n_features]
+    baseline = {g: ([int(top_tok[g])] if top_tok[g] >= 0 else []) for g in labels}
     label_part.finish()
+    label_s = time.perf_counter() - t_labels
 
+    t_scores = time.perf_counter()
     edges = torch.cat([quantile_edges(acc[h].hist) for h in hooks])
     scorer = LabelScorer(table.offset, table.n_features, vocab, edges, labels, baseline)
     held_spec = ScanSpec(tuple(hooks), 1, window=spec.window, batch_tokens=batch_tokens, saes=saes)
@@ -451,6 +577,8 @@ def _run(model: Any, layers: list[int], coders: dict[int, Any], folder: Path, wo
         if scorer.n >= heldout_tokens:
             break
     score, base = scorer.scores("label"), scorer.scores("baseline")
+    score_s = time.perf_counter() - t_scores
+    strings = model.to_strings(list(range(vocab)))  # once: a label's text reads a few of its tokens
     rows = []
     for h, L in zip(hooks, layers, strict=True):
         off = table.offset[h]
@@ -458,13 +586,14 @@ def _run(model: Any, layers: list[int], coders: dict[int, Any], folder: Path, wo
             g = off + f
             if g not in labels:
                 continue
-            rows.append({"layer": L, "feature": f, "hook": h, "label": label_text(model.to_strings(labels[g])),
-                         "tokens": labels[g], "score": float(score[g]), "baseline": float(base[g]),
+            toks = labels[g]
+            rows.append({"layer": L, "feature": f, "hook": h, "label": label_text([strings[t] for t in toks]),
+                         "tokens": toks, "score": float(score[g]), "baseline": float(base[g]),
                          "fires": int(table.fires[g])})
     frame = pd.DataFrame(rows, columns=["layer", "feature", "hook", "label", "tokens", "score", "baseline", "fires"])
     table_info = {"tokens": done["tokens"], "heldout_tokens": scorer.n, "quantiles": QUANTILES,
-                  "label_tokens": LABEL_TOKENS, "median_score": _median(frame.score),
-                  "median_baseline": _median(frame.baseline)}
+                  "label_tokens": LABEL_TOKENS, "keep_tokens": table.keep, "median_score": _median(frame.score),
+                  "median_baseline": _median(frame.baseline), "label_seconds": label_s, "score_seconds": score_s}
     score_part.finish()
     _save(s, read, LabelTable(frame, table_info), folder)
     shutil.rmtree(work, ignore_errors=True)
@@ -494,5 +623,112 @@ def _save(s: Any, docs: list[str], labels: LabelTable, folder: Path) -> None:
     swap_in_folder(tmp, folder)
 
 
-__all__ = ["DEEP_TOKENS", "DeepScanBusy", "LabelScorer", "LabelTable", "TokenTable", "choose_label_tokens", "deep_docs",
-           "quantile_edges", "run_deep_scan"]
+# --- the set's own corpus, and the scan in the background ------------------------------------------------------------
+def set_corpus(model: Any, kind: str) -> Any:
+    """The corpus the model's prepared `kind` set was trained on, which its deep scan reads: the name (or file) its
+    transcoder_set.json records ("quick", "mixed", ...); prepared_scans.CORPUS when it records none; None for a set
+    trained on a list of texts (recorded as "custom": nothing to read again).
+
+    Why not always CORPUS ("mixed"): the quick set trains on "quick", six of the model's chat seeds; reading "mixed"
+    would first write the other eighty-nine (about an hour on this CPU) for text the set never trained on."""
+    from ..corpora.named import NAMES
+    from ..loading.bundled import prepared_dir
+    from .prepared_scans import CORPUS
+
+    try:
+        meta = json.loads((prepared_dir(model, kind) / "transcoder_set.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return CORPUS
+    name = (meta.get("metadata") or {}).get("corpus_name", CORPUS)
+    if name == "custom":
+        return None
+    return name if name in NAMES or Path(str(name)).is_file() else CORPUS
+
+
+class DeepScanCancelled(Exception):
+    """Raised inside a background deep scan at its next progress report once it is cancelled (it resumes later)."""
+
+
+class BackgroundDeepScan:
+    """The deep scan of the model's prepared `kind` set (prepared_scans.prepare_deep_scan: resumable, cached) in a
+    daemon thread of its own, so the first graph never waits for it and no request queue holds it:
+
+        job = BackgroundDeepScan(m, ts, "plt-quick", on_done=use_it).start()
+        job.status()     # "deep scan 123,456 / 1,000,000 tok · 180 tok/s · 1h 20m left"
+        job.cancel()     # stops at its next progress report (every batch); the next start resumes it
+
+    Progress is slmviz.progress's: `update` is the latest ProgressUpdate, and `progress` (a sink) sees each one too.
+    The thread runs at nice BACKGROUND_NICE (Linux: the calling thread only; torch's own worker threads, if any, keep
+    theirs), so the app's requests get the cores first. Another process scanning the same set makes the run end
+    with DeepScanBusy as its `error` (nothing lost: that one finishes it). `on_done(Scan, docs)` runs in the thread
+    once the scan is there."""
+
+    def __init__(self, model: Any, ts: Any, kind: str, corpus: Any = None, tokens: int | None = None,
+                 on_done: Callable[[tuple[Any, list[str]]], None] | None = None,
+                 progress: Callable[[ProgressUpdate], None] | None = None):
+        self.model, self.ts, self.kind = model, ts, kind
+        self.corpus = set_corpus(model, kind) if corpus is None else corpus
+        self.tokens, self.on_done, self.progress = tokens, on_done, progress
+        self.update: ProgressUpdate | None = None
+        self.result: tuple[Any, list[str]] | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+        self.done = threading.Event()
+        self._cancel = threading.Event()
+        self._thread = threading.Thread(target=self._work, name=f"deep scan {kind}", daemon=True)
+
+    def start(self) -> BackgroundDeepScan:
+        self._thread.start()
+        return self
+
+    def cancel(self) -> None:
+        """Stop at the next progress report; what the finished shards scanned is kept, and a new start resumes."""
+        self._cancel.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def status(self) -> str:
+        """One line for a person: where it is, done, cancelled or why it stopped."""
+        if self.result is not None:
+            return f"deep scan done: {self.result[0].n_tokens:,} tokens"
+        if self.cancelled:
+            return "deep scan cancelled; it resumes from its last finished shard when started again"
+        if self.error is not None:
+            return f"deep scan stopped: {type(self.error).__name__}: {self.error}"
+        if self.update is None:
+            return "deep scan starting"
+        return self.update.text()
+
+    def _sink(self, update: ProgressUpdate) -> None:
+        self.update = update
+        if self.progress is not None:
+            self.progress(update)
+        if self._cancel.is_set():
+            raise DeepScanCancelled("the deep scan was cancelled")
+
+    def _work(self) -> None:
+        from .prepared_scans import prepare_deep_scan
+
+        with contextlib.suppress(AttributeError, OSError):  # Linux: a thread's id sets that thread's nice only
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+        try:
+            self.result = prepare_deep_scan(self.model, self.ts, self.kind, tokens=self.tokens, corpus=self.corpus,
+                                            progress=self._sink)
+            if self.on_done is not None:
+                self.on_done(self.result)
+        except DeepScanCancelled:
+            self.cancelled = True
+        except Exception as e:  # noqa: BLE001 - a background thread has no caller to raise to: status() says it
+            self.error = e
+        finally:
+            self.done.set()
+
+
+__all__ = ["DEEP_TOKENS", "BackgroundDeepScan", "DeepScanBusy", "DeepScanCancelled", "HeavyHitters", "LabelScorer",
+           "LabelTable", "TokenTable", "choose_label_tokens", "deep_docs", "label_tokens", "quantile_edges",
+           "run_deep_scan", "set_corpus"]

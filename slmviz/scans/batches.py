@@ -25,7 +25,7 @@ import torch
 from ..analysis.diff import kl_per_position
 from ..hooks import SAE_HOOKS, HookError, build_context, hook_dims
 from ..variants import resolve_variant
-from .reduce import DamagePartial, HookPartial, token_key
+from .reduce import DamagePartial, Fired, HookPartial, positive_entries, token_key
 from .units import Feature, identity
 
 PAD_ID = 0  # any valid id: causal attention keeps real positions from seeing it
@@ -33,6 +33,9 @@ SORT_BUFFER = 1024  # windows sorted by length together, so a batch holds window
 MAX_PAD_FRACTION = 0.1  # a batch ends before a window this much shorter than its longest (see plan_batches)
 MIN_BATCH_TOKENS = 256  # ... unless it holds fewer real tokens than this: small batches run slower per token
 BATCHED_DECODER = "batched" in inspect.signature(build_context).parameters
+
+
+Tap = Callable[[str, torch.Tensor, torch.Tensor, "Fired | None"], None]  # run_batch's: (hook, x, ids, fired)
 
 
 @dataclass(frozen=True)
@@ -149,10 +152,11 @@ class _Stop(Exception):
 
 
 def run_batch(model: Any, batch: Batch, spec: ScanSpec, features: dict[str, Feature],
-              tap: Callable[[str, torch.Tensor, torch.Tensor], None] | None = None) -> BatchResult:
+              tap: Tap | None = None) -> BatchResult:
     """Run one batch through the faithful model (and the variants, for damage) and reduce it. `tap(hook, x [N, F],
-    ids [N])`, if given, sees each hook's features of the batch's real tokens as they are reduced (the deep scan's
-    token tables, features.deep_scan: a reduction of its own, without a second forward)."""
+    ids [N], fired)`, if given, sees each hook's features of the batch's real tokens as they are reduced (the deep
+    scan's token tables, features.deep_scan: a reduction of its own, without a second forward), in (document,
+    position) order, with x's entries above 0 (reduce.Fired; None where x has entries below 0)."""
     windows = batch.windows
     lengths = torch.tensor([len(w.ids) for w in windows])  # [b]
     longest = int(lengths.max())
@@ -184,9 +188,10 @@ def run_batch(model: Any, batch: Batch, spec: ScanSpec, features: dict[str, Feat
         value = values[name]
         x = _rows(feat.fn(value).cpu(), flat)  # [b, L, F] -> [N, F]
         raw = (x if feat.fn is identity else _rows(value.cpu(), flat)) if feat.per_position_value else None
-        hooks[name] = HookPartial.of_tokens(x, keys, ctx_rows, flat_ids, raw, spec.top_k)
+        fired = positive_entries(x)  # a sparse coder's: found once for the reduction and the tap
+        hooks[name] = HookPartial.of_tokens(x, keys, ctx_rows, flat_ids, raw, spec.top_k, fired)
         if tap is not None:
-            tap(name, x, flat_ids)
+            tap(name, x, flat_ids, fired)
     damage = _damage(model, ids, lengths, windows, logits, spec) if spec.variants else None
     return BatchResult(batch.index, hooks, damage)
 
@@ -251,6 +256,9 @@ def _forward(model: Any, ids: torch.Tensor, lengths: torch.Tensor, hooks: Sequen
     a time (padded afterwards, so both give the same shapes).
     """
     faithful = resolve_variant(None)
+    plan = _encoder_plan(hooks, saes) if BATCHED_DECODER and not need_logits else None
+    if plan is not None:
+        return _forward_encoders(model, ids, hooks, plan), None
     last = max(hooks, key=lambda h: execution_order(h, model.hook_names))
     if BATCHED_DECODER:
         store, fns = _collector(hooks, last, need_logits)
@@ -269,6 +277,77 @@ def _forward(model: Any, ids: torch.Tensor, lengths: torch.Tensor, hooks: Sequen
             rows.append(_pad_dim(out, 0, ids.shape[1]))
     logits = torch.stack(rows) if rows else None
     return {h: torch.stack(v) for h, v in values.items()}, logits
+
+
+# The SAE hooks a scan can compute from the SAE's input alone: its encoder, not its decoder.
+ENCODER_HOOKS = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post")
+
+
+def _encoder_plan(hooks: Sequence[str], saes: Sequence[Any]) -> dict[str, Any] | None:
+    """{SAE hook name: its SAE} when the scanned SAE hooks can come from a plain forward plus each SAE's encoder, else
+    None (the spliced forward runs).
+
+    Why: with the error term on and nothing edited, a spliced SAE hands the model its own value back (features.splice:
+    recons + error == x_out bit for bit), so the model's forward is the plain one, and the SAE's decoder (its
+    reconstruction and error, as costly as its encoder, a third of a 30-layer set's forward) feeds nothing a scan
+    reads. So: every spliced SAE has the error term on, a scanned SAE hook is one of ENCODER_HOOKS, and the SAE
+    has the encoder methods the splice calls (encode_pre, activate). The values are the splice's, computed by the
+    same calls on the same input (tests/test_scan.py pins them equal)."""
+    plan: dict[str, Any] = {}
+    for sae in saes:
+        if not getattr(sae, "use_error_term", False):
+            return None  # without it the SAE's reconstruction flows on: the forward is not the plain one
+        for h in hooks:
+            parent, _, short = h.rpartition(".")
+            if parent != sae.hook_name_out or short not in SAE_HOOKS:
+                continue
+            if short not in ENCODER_HOOKS or not all(callable(getattr(sae, f, None)) for f in ("encode_pre",
+                                                                                                "activate")):
+                return None
+            plan[h] = sae
+    return plan
+
+
+def _forward_encoders(model: Any, ids: torch.Tensor, hooks: Sequence[str], plan: dict[str, Any]
+                      ) -> dict[str, torch.Tensor]:
+    """A plain forward (stopped after the last hook needed) with each planned SAE's encoder run on its input hook:
+    the values a spliced forward gives `hooks` (_encoder_plan), without the decoders."""
+    saes = list(dict.fromkeys(plan.values()))  # in splice order
+    model_hooks = [h for h in hooks if h not in plan]
+    reads = [sae.hook_name for sae in saes]
+    needed = list(dict.fromkeys([*model_hooks, *reads]))
+    last = max(needed, key=lambda h: execution_order(h, model.hook_names))
+    store: dict[str, torch.Tensor] = {}
+
+    def keep(x: torch.Tensor, name: str) -> None:
+        store[name] = x
+        if name == last:
+            raise _Stop
+
+    ctx = build_context(model.hook_names, [], {h: keep for h in needed}, batched=True)
+    _run(model, ids, ctx, resolve_variant(None))
+    values = {h: store[h] for h in model_hooks}
+    with torch.inference_mode():  # as inside the forward, where the splice runs: no autograd graph of the encoders
+        for sae in saes:
+            sae_in = _flat_input(store[sae.hook_name], sae.d_in).to(sae.dtype)  # the splice's clean_in
+            pre = sae.encode_pre(sae_in)
+            acts = sae.activate(pre)
+            for name, value in (("hook_sae_input", sae_in), ("hook_sae_acts_pre", pre),
+                                ("hook_sae_acts_post", acts)):
+                full = f"{sae.hook_name_out}.{name}"
+                if full in plan:
+                    values[full] = value
+    return values
+
+
+def _flat_input(x: torch.Tensor, width: int) -> torch.Tensor:
+    """The SAE's input as the splice reads it (features.splice._flat; scans may not import features): [..., width],
+    a per-head value [..., h, d_head] flattened."""
+    if x.shape[-1] == width:
+        return x
+    if x.dim() >= 2 and x.shape[-2] * x.shape[-1] == width:
+        return x.flatten(-2)
+    raise ValueError(f"an SAE reads {width} values per token, its input hook holds {tuple(x.shape)}")
 
 
 def execution_order(name: str, model_names: list[str]) -> tuple[int, int]:

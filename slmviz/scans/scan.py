@@ -303,23 +303,32 @@ class Scan:
         return folder
 
     def all_top_examples(self) -> pd.DataFrame:
-        """Every feature's top_examples in one frame (with hook and feature columns), built in one pass:
-        thousands of per-feature DataFrames would take longer than the scan of a small corpus."""
+        """Every feature's top_examples in one frame (with hook and feature columns), built with array lookups:
+        thousands of per-feature DataFrames, or a Python loop over every context token, would take longer than the
+        scan of a small corpus."""
+        import numpy as np
+
         before = self.info["context_before"]
-        rows = []
+        frames = []
         for hook, s in self.stats.items():
-            keys, vals = s.top_key.tolist(), s.top_val.tolist()
-            ids = s.top_ids.tolist()
-            for f, (fkeys, fvals, fids) in enumerate(zip(keys, vals, ids, strict=True)):
-                for rank, (key, val, ctx) in enumerate(zip(fkeys, fvals, fids, strict=True)):
-                    if key == EMPTY_KEY:
-                        break
-                    strings = [self.tokens.get(i, f"<{i}>") if i >= 0 else "" for i in ctx]
-                    token = strings[before]
-                    strings[before] = f"[[{token}]]"
-                    rows.append((hook, f, rank, key >> POSITION_BITS, key & ((1 << POSITION_BITS) - 1), token, val,
-                                 "".join(strings)))
-        return pd.DataFrame(rows, columns=["hook", "feature", *EXAMPLE_COLUMNS])
+            filled = (s.top_key != EMPTY_KEY).numpy()  # unused slots sort last: a feature's used ones come first
+            feature, rank = np.nonzero(filled)
+            keys = s.top_key.numpy()[filled]
+            ids = s.top_ids.numpy()[filled]  # [M, C]
+            uniq, inverse = np.unique(ids, return_inverse=True)
+            names = np.array([self.tokens.get(int(i), f"<{i}>") if i >= 0 else "" for i in uniq.tolist()],
+                             dtype=object)
+            strings = names[inverse.reshape(ids.shape)]  # [M, C]
+            token = strings[:, before].copy() if len(strings) else np.zeros(0, dtype=object)
+            if len(strings):
+                strings[:, before] = "[[" + token + "]]"
+            frames.append(pd.DataFrame({
+                "hook": hook, "feature": feature, "rank": rank, "doc": keys >> POSITION_BITS,
+                "position": keys & ((1 << POSITION_BITS) - 1), "token": token,
+                "activation": s.top_val.numpy()[filled].astype(np.float64),
+                "context": ["".join(row) for row in strings.tolist()]}))
+        out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        return out.reindex(columns=["hook", "feature", *EXAMPLE_COLUMNS])
 
     @classmethod
     def load(cls, folder: str | os.PathLike) -> Scan:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .batches import ScanSpec, iter_windows, plan_batches, run_batch
+from .batches import ScanSpec, Tap, iter_windows, plan_batches, run_batch
 from .reduce import DamagePartial, HookPartial
 from .units import Feature
 
@@ -86,7 +86,7 @@ def empty_partials(model: Any, spec: ScanSpec, features: dict[str, Feature]) -> 
 
 def run_shard(model: Any, shard: Shard, spec: ScanSpec, features: dict[str, Feature],
               on_batch: Callable[[float], None] | None = None,
-              tap: Callable[[str, torch.Tensor, torch.Tensor], None] | None = None) -> ShardResult:
+              tap: Tap | None = None) -> ShardResult:
     """Every batch of one shard, merged in batch order. on_batch(fraction of the shard's tokens done) is called
     after each batch (progress, and the app's Cancel); `tap` is run_batch's."""
     windows = list(iter_windows(model.tokenizer, shard.texts, spec.window, first_doc=shard.first_doc))
