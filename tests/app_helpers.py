@@ -97,6 +97,9 @@ SERVER_PRELOAD = [
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 def serve_forked(env: dict[str, str], launch_kwargs: dict, log: Path) -> ForkedServer:
     import multiprocessing
 
@@ -120,6 +123,18 @@ def stop_forkserver() -> None:
 
 def _forked_server(env: dict[str, str], launch_kwargs: dict, log: str) -> None:
     """In the forked process: become what `python -c "...; launch(...)"` would have been, then serve."""
+    # Ended with the forkserver, which ends once the test process has: a test worker killed (by the OOM killer, say)
+    # left its servers running, each holding a model, and their memory got the next worker killed too. The
+    # forkserver ends when every holder of its "alive" pipe has, and multiprocessing hands that pipe to each process
+    # it forks (for forks of its own, which a server never makes), so the server lets go of it.
+    import ctypes
+    from multiprocessing import forkserver
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    alive = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if alive is not None:
+        os.close(alive)
+        forkserver._forkserver._forkserver_alive_fd = None
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
