@@ -14,7 +14,10 @@ TEST_WORKERS ?= 2
 # Every test server and subprocess imports torch, transformers and gradio afresh: some 3,500 modules. With
 # PYTHONDONTWRITEBYTECODE set (as on these machines) Python compiled all of them again in each process, about half
 # of a server's 20 s start; the tests keep the compiled bytecode under .cache/, so a shared .venv is not written to.
+# The models' preparation and the docs build keep theirs there too: each preparing process compiled transformers
+# again, and on a fresh clone the tests then find it compiled (bench/results/notes.md, "make test's CPU").
 TEST_PYCACHE := $(CURDIR)/.cache/pycache
+BYTECODE := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(TEST_PYCACHE)
 
 .PHONY: app test lint bench model setup clean docs transcoders
 
@@ -34,7 +37,7 @@ setup: .venv/.installed
 
 # Dequantize each bundled GGUF (SmolLM2, Gemma 3) once into a transformers-format folder under $SLMVIZ_CACHE.
 model: setup
-	$(PY) -m slmviz.cli prepare
+	$(BYTECODE) $(PY) -m slmviz.cli prepare
 
 # The default model's full per-layer transcoder set, trained once into $SLMVIZ_CACHE (resumable; takes long on a
 # 2-core CPU: docs/features.md "Full transcoder sets").
@@ -46,7 +49,7 @@ app: model
 
 test: model
 	$(PY) -m ruff check .
-	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(TEST_PYCACHE) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25  # the slowest, so a CI log shows where its minutes go
+	$(BYTECODE) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25  # the slowest, so a CI log shows where its minutes go
 
 lint: setup
 	$(PY) -m ruff check .
@@ -58,7 +61,7 @@ bench: model
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on any broken link, anchor or API
 # reference. NO_MKDOCS_2_WARNING silences Material's banner about its end of life (docs/contributing.md).
 docs: setup
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+	$(BYTECODE) NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf .venv

@@ -137,13 +137,22 @@ def guard_number(box: gr.Number, what: str, lo: float | None = None, hi: float |
     box.blur(check, [box, last], [box, last], api_visibility="private")  # queued: a warning travels on the queue
 
 
-def busy_while(button: gr.Button, job: Any, cancel: gr.Button) -> None:
-    """`button` disabled from its press until the event `job` it started ends (done, failed or cancelled), so a
-    long job is not asked for twice; Cancel stays enabled throughout."""
+def busy_while(button: gr.Button, cancel: gr.Button, start: Callable[[], Any]) -> Any:
+    """Bind a long job to `button` with `start()` (which calls `button.click(...)`) and return its event, with
+    `button` disabled from its press until the job ends (done, failed or cancelled), so it is not asked for twice;
+    Cancel stays enabled throughout.
+
+    The listener that disables the button is bound before the job's own, because the page runs the listeners of one
+    trigger in the order they were bound, each to its end (Gradio 6's frontend, Blocks.dispatch: it awaits a queued
+    listener's whole stream before it starts the next). Bound after the job, it disabled the button only once the
+    job had ended, at the moment the job's `.then` enabled it again; the two unqueued requests raced, and Run often
+    stayed disabled after the run (tests/test_busy_browser.py)."""
     off, on = (lambda: gr.update(interactive=False)), (lambda: gr.update(interactive=True))
     button.click(off, None, button, api_visibility="private", queue=False)
+    job = start()
     job.then(on, None, button, api_visibility="private", queue=False)
     cancel.click(on, None, button, api_visibility="private", queue=False)
+    return job
 
 
 # --- figures and tables --------------------------------------------------------------------------

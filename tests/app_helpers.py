@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,27 +43,33 @@ def app_server(env: dict[str, str] | None = None, **launch_kwargs) -> Iterator[s
 
 
 @contextmanager
-def app_process(env: dict[str, str] | None = None, **launch_kwargs) -> Iterator[tuple[subprocess.Popen, str]]:
-    """Serve app.main.launch(port=<free>, **launch_kwargs) from a subprocess; yield (the process, its URL).
+def app_process(env: dict[str, str] | None = None, fresh: bool = False,
+                **launch_kwargs) -> Iterator[tuple[subprocess.Popen | ForkedServer, str]]:
+    """Serve app.main.launch(port=<free>, **launch_kwargs) from a process of its own; yield (the process, its URL).
 
     `env`: variables set for the server on top of this process's environment. Corpus scans (Corpus tab, mean
     ablation) go to a temporary folder and cover TEST_CORPUS_DOCS verses unless `env` says otherwise: tests
     never write into the user's cache, nor wait for the app's 1000-verse scan.
+    The server is forked from a process that has imported the heavy libraries once (serve_forked), or with `fresh`
+    started as a new interpreter, as `slmviz app` starts (for what only a whole process shows: its exit).
     The server's output goes to a log file that is shown if it fails to start. The process is
     stopped (stop_server) on exit, whatever the tests did.
     """
     port = free_port()
-    launch_kwargs = {"exit_on_interrupt": True, **launch_kwargs}  # as `slmviz app` serves it
-    kwargs = ", ".join([f"port={port}"] + [f"{k}={v!r}" for k, v in launch_kwargs.items()])
+    launch_kwargs = {"exit_on_interrupt": True, "port": port, **launch_kwargs}  # as `slmviz app` serves it
     with tempfile.NamedTemporaryFile(prefix="slmviz-app-", suffix=".log") as log, \
             tempfile.TemporaryDirectory(prefix="slmviz-scans-") as scans:
         server_env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1",
                       "SLMVIZ_CORPUS_DOCS": str(TEST_CORPUS_DOCS), "SLMVIZ_SCAN_CACHE": scans, **(env or {})}
         server_env.pop("SPACE_ID", None)
-        proc = subprocess.Popen(
-            [sys.executable, "-c", f"{ANSWER_CTRL_C}; from app.main import launch; launch({kwargs})"],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=server_env,
-        )
+        if fresh:
+            kwargs = ", ".join(f"{k}={v!r}" for k, v in launch_kwargs.items())
+            proc = subprocess.Popen(
+                [sys.executable, "-c", f"{ANSWER_CTRL_C}; from app.main import launch; launch({kwargs})"],
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=server_env,
+            )
+        else:
+            proc = serve_forked(server_env, launch_kwargs, Path(log.name))
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_until_serving(proc, url, Path(log.name))
@@ -71,13 +78,119 @@ def app_process(env: dict[str, str] | None = None, **launch_kwargs) -> Iterator[
             stop_server(proc)
 
 
+# --- servers forked from a preloaded process -------------------------------------------------------------------
+# A server's start spent most of its CPU importing torch, transformers (and, on the model's load, the parts of it
+# that it imports lazily) and gradio, and `make test` starts some twenty (bench/results/notes.md, "make test's
+# CPU"). The test servers fork instead from one process per test process that has imported those once
+# (multiprocessing's forkserver); each then imports only slmviz and app, with its own environment set first, so
+# whatever reads a server's settings ($SLMVIZ_*) reads its own. Nothing preloaded reads them, nor starts a thread
+# (so the fork is safe). The names are modules: the forkserver of Python 3.11 ignores sys.path, so it cannot
+# import one of tests/.
+SERVER_PRELOAD = [
+    "torch", "gradio", "gradio_client", "plotly.graph_objects", "transformers", "transformers.tokenization_utils_fast",
+    # the config modules of the models the test servers load (the tiny models and SmolLM2 are llama's, the other
+    # bundled one Gemma 3's): the first import of either pulls in transformers' loading and torch.distributed
+    "transformers.models.llama.configuration_llama", "transformers.models.gemma3.configuration_gemma3",
+]
+# as app/main.py sets it before it imports gradio: the forkserver, started with this process's environment,
+# imports gradio before any app module runs (gradio reads it only when a page is built, but no telemetry, ever)
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def serve_forked(env: dict[str, str], launch_kwargs: dict, log: Path) -> ForkedServer:
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(SERVER_PRELOAD)
+    proc = context.Process(target=_forked_server, args=(env, launch_kwargs, str(log)), name="slmviz test server")
+    proc.start()
+    return ForkedServer(proc)
+
+
+def stop_forkserver() -> None:
+    """End the forkserver and wait for it (conftest, at the session's end): unwaited, it would outlive this process
+    for a moment, and the CPU time of the servers it forked would be missing from this process's children's (what
+    `time make test` reports)."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)  # private, but what the standard library's tests use
+    if stop is not None:
+        stop()
+
+
+def _forked_server(env: dict[str, str], launch_kwargs: dict, log: str) -> None:
+    """In the forked process: become what `python -c "...; launch(...)"` would have been, then serve."""
+    # Ended with the forkserver, which ends once the test process has: a test worker killed (by the OOM killer, say)
+    # left its servers running, each holding a model, and their memory got the next worker killed too. The
+    # forkserver ends when every holder of its "alive" pipe has, and multiprocessing hands that pipe to each process
+    # it forks (for forks of its own, which a server never makes), so the server lets go of it.
+    import ctypes
+    from multiprocessing import forkserver
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    alive = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if alive is not None:
+        os.close(alive)
+        forkserver._forkserver._forkserver_alive_fd = None
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True)  # PYTHONUNBUFFERED is read only at an interpreter's start
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(REPO)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the forkserver ignores Ctrl-C (ANSWER_CTRL_C)
+    import atexit
+
+    from app.main import launch
+
+    launch(**launch_kwargs)
+    atexit._run_exitfuncs()  # multiprocessing ends its processes with os._exit, past the app's atexit cleanup
+
+
+class ForkedServer:
+    """A forked server as stop_server and the tests use a subprocess.Popen: pid, poll, wait, send_signal, ..."""
+
+    def __init__(self, proc: Any):
+        self._proc = proc
+        self.pid = proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.exitcode
+
+    def poll(self) -> int | None:
+        return self._proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired("slmviz test server", timeout)
+        return self._proc.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._proc.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 # Ctrl-C raises KeyboardInterrupt in the server whatever this process inherited. A shell starts a background job
 # (`make test &`, `nohup .ci/run &`) with SIGINT ignored, every child inherits that, and Python then installs no
 # handler: each server sat out stop_server's 15 s before SIGTERM, and the shutdown test failed.
 ANSWER_CTRL_C = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)"
 
 
-def stop_server(proc: subprocess.Popen) -> None:
+def stop_server(proc: subprocess.Popen | ForkedServer) -> None:
     """Ctrl-C first, so the app closes and its atexit cleanup of saved traces runs (it exits within a second:
     tests/test_app_shutdown.py); then harder."""
     for send in (lambda: proc.send_signal(signal.SIGINT), proc.terminate, proc.kill):
@@ -90,7 +203,7 @@ def stop_server(proc: subprocess.Popen) -> None:
             continue
 
 
-def _wait_until_serving(proc: subprocess.Popen, url: str, log: Path) -> None:
+def _wait_until_serving(proc: subprocess.Popen | ForkedServer, url: str, log: Path) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -101,7 +214,7 @@ def _wait_until_serving(proc: subprocess.Popen, url: str, log: Path) -> None:
                     return
         except OSError:
             pass
-        time.sleep(1)
+        time.sleep(0.25)  # a forked server answers within seconds, so a whole second's poll was a good part of it
     raise RuntimeError(f"The app did not answer within {STARTUP_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
 
 

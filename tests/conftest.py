@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,11 @@ def page(request, browser, server):
 
     with recording_page(browser, server, height=getattr(request.module, "PAGE_HEIGHT", 1100)) as pg:
         yield pg
+
+
+def pytest_sessionfinish(session):
+    if "app_helpers" in sys.modules:  # only where a test started an app server
+        sys.modules["app_helpers"].stop_forkserver()
 
 
 def pytest_report_header(config):

@@ -118,6 +118,31 @@ def test_two_threads_preparing_at_once_dequantize_once(fake_gemma):
     assert fake_gemma.calls == 1 and len(set(results)) == 1
 
 
+def test_a_preparation_parses_each_gguf_once_and_leaves_gguf_as_it_was(monkeypatch):
+    """transformers opens a gguf.GGUFReader for the config, the weights and the tokenizer: inside _one_gguf_parse
+    the three share one reader per file, and after it gguf's own class is back. (What a preparation writes is
+    checked by the tests that read the prepared folders back, e.g. Gemma's greedy continuation below.)"""
+    import gguf
+
+    opened = []
+
+    class Reader:
+        def __init__(self, path, mode="r"):
+            opened.append((path, mode))
+
+    monkeypatch.setattr(gguf, "GGUFReader", Reader)
+    with bundled._one_gguf_parse():
+        from gguf import GGUFReader  # as transformers' loader imports it, at each load
+
+        first, second, other = GGUFReader("a.gguf"), GGUFReader(Path("a.gguf")), GGUFReader("b.gguf")
+        assert first is second and other is not first
+    assert opened == [("a.gguf", "r"), ("b.gguf", "r")]
+    assert gguf.GGUFReader is Reader
+    with pytest.raises(RuntimeError), bundled._one_gguf_parse():
+        raise RuntimeError("a failed load")
+    assert gguf.GGUFReader is Reader  # put back after a failure too
+
+
 def test_a_missing_package_says_how_to_install_it(monkeypatch, tmp_path):
     import sys
 

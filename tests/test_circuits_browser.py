@@ -1,6 +1,6 @@
 """The Circuits tab in headless Chromium: run EAP on the example IOI pair, see the graph beside the faithfulness curve,
 move the top-n slider, select an edge in the table and see its exact patches; a bad pair shows an error and keeps
-the last circuit.
+the last circuit. Run is disabled while its job runs, and back after.
 
 Saves assets/screenshot-circuits.png for the docs. Does not check the numbers (tests/test_circuits_app.py compares
 them with the library).
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 from app_helpers import CHROMIUM, NO_CHROMIUM, tick_one_bundled_transcoder
+from playwright.sync_api import expect
 from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server
 
 pytestmark = pytest.mark.browser
@@ -23,9 +24,13 @@ def test_run_see_the_graph_and_the_curve_and_select_an_edge(page, server):
     page.wait_for_selector("#circuit-clean textarea")
     assert "John gave" in page.locator("#circuit-clean textarea").input_value()
     assert "Mary gave" in page.locator("#circuit-corrupted textarea").input_value()
-    page.click("#circuit-run")
+    run = page.locator("#circuit-run")
+    run.click()
+    expect(run).to_be_disabled(timeout=30_000)  # while its job runs (app.shared.busy_while)...
+    assert "Scored in" not in page.locator("#circuit-status").inner_text()  # ...not only once it has ended
     page.wait_for_function("document.querySelector('#circuit-status').innerText.includes('Scored in')",
                            timeout=PLOT_TIMEOUT_MS)
+    expect(run).to_be_enabled(timeout=60_000)  # and back once it has (the second run below needs it)
     page.wait_for_selector("#circuit-graph .js-plotly-plot .nsewdrag")
     page.wait_for_selector("#circuit-faithfulness .js-plotly-plot .nsewdrag")
     assert "Top 30 of 70651 edges (eap)" in page.locator("#circuit-graph").inner_text()

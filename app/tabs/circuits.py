@@ -41,6 +41,7 @@ from ..shared import (
     EXAMPLE_ANSWER,
     EXAMPLE_WRONG,
     Queues,
+    busy_while,
     display_frame,
     guard_number,
     prompt_pair,
@@ -354,17 +355,15 @@ def build_circuits_tab(ctx: AppContext, source: gr.State, queues: Queues) -> Non
     fill_outputs = [clean, corrupted, answer, wrong, bound, status]
     gr.on([fill_btn.click, task.input], ch.fill, [task, pair, source], fill_outputs, api_name="circuit_task",
           **queues.light)
-    ran = run_btn.click(ch.run, [clean, corrupted, answer, wrong, method, steps, top_n, bound, source],
-                        [graph_plot, curve_plot, status, found, edges, answer, wrong], api_name="circuit_run",
-                        **queues.jobs)
+    ran = busy_while(run_btn, cancel_btn, lambda: run_btn.click(
+        ch.run, [clean, corrupted, answer, wrong, method, steps, top_n, bound, source],
+        [graph_plot, curve_plot, status, found, edges, answer, wrong], api_name="circuit_run", **queues.jobs))
 
     def cancel(request: gr.Request) -> str:
         RUNNER.leave(session(request), kind=JOB_KIND)  # also for an API client, whose request Gradio cannot stop
         return "Cancelled."
 
     cancel_btn.click(cancel, None, status, cancels=[ran], api_name="circuit_cancel", **queues.light)
-    # not busy_while(run_btn, ran, cancel_btn): here Run stayed disabled after the run ended (a Chromium test caught
-    # it, tests/test_circuits_browser.py); the job runner still refuses a second run of the same job
     top_n.release(ch.redraw, [found, top_n], [graph_plot, curve_plot, edges], api_name="circuit_top", **queues.light)
     edges.select(ch.select_edge, [found, top_n], [edge_box, edge_text, edge_table], api_visibility="private",
                  **queues.model)

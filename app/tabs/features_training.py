@@ -25,7 +25,16 @@ from slmviz.progress import ProgressUpdate
 from ..jobs import RUNNER, JobProgress
 from ..models import AppContext
 from ..saes import SAEStore
-from ..shared import Queues, guard_number, progress_line, readable_errors, session, wait_or_say, write_model_corpus
+from ..shared import (
+    Queues,
+    busy_while,
+    guard_number,
+    progress_line,
+    readable_errors,
+    session,
+    wait_or_say,
+    write_model_corpus,
+)
 
 MAX_TRAIN_TOKENS = 500_000  # what the app trains on: minutes on 2 cores (the bundled SAEs took CPU-hours)
 MAX_TRAIN_WIDTH = 16_384
@@ -158,10 +167,8 @@ def build_training_panel(ctx: AppContext, saes: SAEStore, source: gr.State, pick
         guard_number(k, "k", lo=1, whole=True)
         guard_number(tokens, "The tokens", lo=1, hi=MAX_TRAIN_TOKENS, whole=True)
 
-    trained = train_btn.click(th.train, [hook, hook_out, width, k, tokens, corpus, source], [status, picker],
-                              api_name="sae_train", show_progress="hidden", **queues.jobs)
     # Train is disabled while its job runs (the status line is its progress); done, failed or cancelled, it is back
-    train_btn.click(lambda: gr.update(interactive=False), None, train_btn, api_visibility="private", queue=False)
-    trained.then(lambda: gr.update(interactive=True), None, train_btn, api_visibility="private", queue=False)
+    trained = busy_while(train_btn, cancel_btn, lambda: train_btn.click(
+        th.train, [hook, hook_out, width, k, tokens, corpus, source], [status, picker], api_name="sae_train",
+        show_progress="hidden", **queues.jobs))
     cancel_btn.click(th.cancel, None, status, cancels=[trained], api_name="sae_train_cancel", **queues.light)
-    cancel_btn.click(lambda: gr.update(interactive=True), None, train_btn, api_visibility="private", queue=False)

@@ -291,8 +291,9 @@ def build_patch_tab(ctx: AppContext, source: gr.State, queues: Queues) -> None:
                                         elem_id="patch-ablate-text")
 
     suggest_btn.click(ph.suggest, [clean, corrupted, source], [answer, wrong], api_name="patch_suggest", **queues.model)
-    swept = run_btn.click(ph.sweep, [clean, corrupted, answer, wrong, site, direction, method, fast, source],
-                          [patch_plot, status, result, answer, wrong], api_name="patch_sweep", **queues.jobs)
+    swept = busy_while(run_btn, cancel_btn, lambda: run_btn.click(
+        ph.sweep, [clean, corrupted, answer, wrong, site, direction, method, fast, source],
+        [patch_plot, status, result, answer, wrong], api_name="patch_sweep", **queues.jobs))
     swept.success(ph.heads_and_attribution, [clean, corrupted, answer, wrong, direction, fast, source],
                   [heads_plot, dla_plot, dla_heads_plot], api_name="patch_heads", **queues.jobs)
 
@@ -301,7 +302,6 @@ def build_patch_tab(ctx: AppContext, source: gr.State, queues: Queues) -> None:
         return "Cancelled."
 
     cancel_btn.click(cancel, None, status, cancels=[swept], api_name="patch_cancel", **queues.light)
-    busy_while(run_btn, swept, cancel_btn)
     patch_plot.change(None, None, None, js=CLICK_JS)
     gr.on([cell_btn.click, cell.submit], ph.cell, [result, cell], [cell_top, cell_text], api_name="patch_cell",
           **queues.model)

@@ -175,12 +175,40 @@ def _dequantize(gguf: Path, out: Path, log: Log) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log(f"dequantizing {gguf.name} through transformers' GGUF loader (fp32; under a minute)")
-    hf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    with _one_gguf_parse():
+        hf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     log("saving config.json, model.safetensors and the tokenizer")
     out.mkdir(parents=True)
     _save_dequantized(hf_model, out)
     tokenizer.save_pretrained(out)
+
+
+_GGUF_PATCH_LOCK = threading.Lock()  # one patched gguf.GGUFReader at a time (two app threads preparing two models)
+
+
+@contextmanager
+def _one_gguf_parse() -> Iterator[None]:
+    """Inside: each GGUF file is parsed once. transformers opens a new gguf.GGUFReader for the config, the weights
+    and the tokenizer, and a reader parses the whole metadata eagerly, the tokenizer's vocabulary item by item
+    (Gemma's 262,144 tokens: most of its preparation's CPU); the loader only reads a reader's fields and tensors,
+    so one reader per file serves all three."""
+    import gguf
+
+    with _GGUF_PATCH_LOCK:
+        real, readers = gguf.GGUFReader, {}
+
+        def reader(path: Any, *args: Any, **kwargs: Any) -> Any:
+            key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
+            if key not in readers:
+                readers[key] = real(path, *args, **kwargs)
+            return readers[key]
+
+        gguf.GGUFReader = reader  # transformers imports the name from gguf at each load
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = real
 
 
 def _save_dequantized(model, folder: Path) -> None:
