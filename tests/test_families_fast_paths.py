@@ -81,3 +81,38 @@ def test_hooked_norms_keep_every_thread_for_rows_past_the_grain():
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("family-fast")
     return {arch: slmviz.load(build_family_model(root / arch, arch)) for arch in FAMILIES}
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_a_soft_capped_decoding_step_takes_the_one_query_kernel_with_the_eager_values(window):
+    """Gemma 2's decoding step caps its scores in the one-query kernel (attention._one_query_attention) instead of
+    taking the eager path: the same z to fp32 rounding, with scores far past the cap, GQA groups and a window."""
+    from slmviz.model.attention import attention_mask, eager_attention, fused_attention, gather_kv
+
+    torch.manual_seed(0)
+    h, g, dh, n_k, cap, scale = 8, 4, 16, 12, 50.0, 16**-0.5
+    q, k, v = 30 * torch.randn(1, h, 1, dh), 30 * torch.randn(1, g, n_k, dh), torch.randn(1, g, n_k, dh)
+    allowed = attention_mask(1, n_k, True, window)
+    kv_index = torch.arange(g).repeat_interleave(h // g)
+    scores, pattern = eager_attention(q, gather_kv(k, kv_index, True), allowed, scale, cap)
+    assert scores[torch.isfinite(scores)].abs().max() > 0.9 * cap  # the cap is what decides these scores
+    eager_z = torch.matmul(pattern, gather_kv(v, kv_index, True))
+    torch.testing.assert_close(fused_attention(q, k, v, allowed, scale, cap), eager_z, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="soft-cap"):
+        fused_attention(q.expand(1, h, 2, dh), k, v, None, scale, cap)
+
+
+def test_gemma2_decodes_through_the_one_query_kernel(models, monkeypatch):
+    """No hook reads Gemma 2's scores during plain generation, so its steps skip the eager path (which a prompt of
+    several tokens still takes), and decode the same tokens as the full forward's greedy argmax."""
+    from slmviz.model import block
+
+    m = models["gemma2"]
+    eager_calls = []
+    real = block.eager_attention
+    monkeypatch.setattr(block, "eager_attention", lambda q, *a: eager_calls.append(q.shape[2]) or real(q, *a))
+    ids = torch.arange(3, 12)
+    new = m.generate_ids(ids, 6, stop_at_eos=False)
+    assert eager_calls and set(eager_calls) == {len(ids)}  # the prefill only
+    full = torch.cat([ids, torch.tensor(new)])
+    assert m.logits(full)[len(ids) - 1:-1].argmax(-1).tolist() == new
