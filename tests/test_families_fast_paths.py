@@ -18,21 +18,11 @@ from slmviz.model.norm import normalize
 FAMILIES = list(NEW_FAMILIES)
 
 
-@contextlib.contextmanager
-def threads(n: int):
-    saved = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
-
-
 @pytest.mark.parametrize(("norm_type", "bias", "in_fp32", "dtype"), [
     ("layer", True, False, torch.float32), ("rms", False, True, torch.float32), ("rms", False, False, torch.bfloat16),
     ("layer", True, False, torch.bfloat16),
 ])
-def test_hooked_norms_give_the_same_values_on_one_thread(monkeypatch, norm_type, bias, in_fp32, dtype):
+def test_hooked_norms_give_the_same_values_on_one_thread(two_threads, monkeypatch, norm_type, bias, in_fp32, dtype):
     """norm.hooked_norm_threads runs a hooked norm's ops on one thread: its scale, normalized value and output equal
     those of the same ops on every thread bit for bit, on rows far past ATen's grain in all (so that the ops on
     every thread do split), and the hook fns themselves still run on every thread."""
@@ -57,24 +47,22 @@ def test_hooked_norms_give_the_same_values_on_one_thread(monkeypatch, norm_type,
         out = normalize(x, weight, 1e-5, norm_type, keep("scale"), keep("normalized"), in_fp32, b)
         return out, seen["scale"], seen["normalized"], counts
 
-    with threads(2):
-        *one, hook_threads = run()
-        monkeypatch.setattr(norm, "hooked_norm_threads", lambda x: contextlib.nullcontext())
-        *every, _ = run()
+    *one, hook_threads = run()
+    monkeypatch.setattr(norm, "hooked_norm_threads", lambda x: contextlib.nullcontext())
+    *every, _ = run()
     assert hook_threads == [2, 2]
     for a, e in zip(one, every, strict=True):
         assert torch.equal(a, e)
 
 
-def test_hooked_norms_keep_every_thread_for_rows_past_the_grain():
+def test_hooked_norms_keep_every_thread_for_rows_past_the_grain(two_threads):
     """A row longer than ATen's grain is summed in pieces by several threads; on one thread it would round
     otherwise, so such rows keep every thread."""
-    with threads(2):
-        with norm.hooked_norm_threads(torch.zeros(1, 2, 768)):
-            assert torch.get_num_threads() == 1
-        with norm.hooked_norm_threads(torch.zeros(1, 1, norm._GRAIN)):
-            assert torch.get_num_threads() == 2
+    with norm.hooked_norm_threads(torch.zeros(1, 2, 768)):
+        assert torch.get_num_threads() == 1
+    with norm.hooked_norm_threads(torch.zeros(1, 1, norm._GRAIN)):
         assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == 2
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +104,64 @@ def test_gemma2_decodes_through_the_one_query_kernel(models, monkeypatch):
     assert eager_calls and set(eager_calls) == {len(ids)}  # the prefill only
     full = torch.cat([ids, torch.tensor(new)])
     assert m.logits(full)[len(ids) - 1:-1].argmax(-1).tolist() == new
+
+
+def _threads_per_forward(m, monkeypatch) -> list[tuple[int, int]]:
+    """(positions, torch's thread count) of each forward the decoder runs from now on."""
+    seen: list[tuple[int, int]] = []
+    real = m.decoder._run
+    monkeypatch.setattr(m.decoder, "_run", lambda x, *a: seen.append((x.shape[1], torch.get_num_threads())) or
+                        real(x, *a))
+    return seen
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_decoding_steps_measure_one_thread_against_every_thread(two_threads, models, monkeypatch, arch):
+    """A plain decoding step runs on every thread or on one, as params.StepThreads measures (Decoder.is_plain_step):
+    the prompt keeps every thread, the steps try both, and the tokens are transformers' greedy ones either way."""
+    from slmviz.loading.reference import load_reference, reference_generate
+    from slmviz.model.params import StepThreads
+
+    m = models[arch]
+    monkeypatch.setattr(m.decoder, "_step_threads", StepThreads())
+    seen = _threads_per_forward(m, monkeypatch)
+    ids, n = torch.arange(3, 12), 2 * StepThreads.EXPLORE
+    new = m.generate_ids(ids, n, stop_at_eos=False)
+    assert seen[0] == (len(ids), 2)  # the prompt
+    steps = [threads for positions, threads in seen[1:] if positions == 1]
+    assert len(steps) == n - 1 and set(steps) == {1, 2}
+    assert torch.get_num_threads() == 2
+    assert new == reference_generate(load_reference(m.path), ids, n)[:n]
+    assert all(cost < float("inf") for cost in m.decoder._step_threads.cost.values())
+
+
+def test_hooked_decoding_steps_keep_every_thread(two_threads, models, monkeypatch):
+    """A step whose hook points someone reads is not timed, and runs on every thread (its hook fns with it)."""
+    m = models["gpt2"]
+    monkeypatch.setattr(m.decoder._step_threads, "cost", {"one": 0.0, "every": 1.0})  # one thread would win
+    seen = _threads_per_forward(m, monkeypatch)
+    hook_threads: list[int] = []
+    m.generate_ids(torch.arange(3, 8), 4, stop_at_eos=False,
+                   hooks={"blocks.0.hook_resid_post": lambda x, name: hook_threads.append(torch.get_num_threads())})
+    assert {threads for _, threads in seen} == {2} and set(hook_threads) == {2}
+    m.generate_ids(torch.arange(3, 8), 4, stop_at_eos=False)
+    assert {threads for positions, threads in seen[-3:]} == {1}
+
+
+def test_step_threads_retry_the_slower_way_rarely_when_it_is_much_slower():
+    """StepThreads' retries of the slower way cost at most OVERHEAD of the steps between them: with every thread
+    four times slower, the next run of them comes hundreds of steps later, not after EXPLORE."""
+    from slmviz.model.params import StepThreads
+
+    choice = StepThreads()
+    picks = []
+    for _ in range(600):
+        kernel = choice.pick()
+        picks.append(kernel)
+        choice.record(kernel, 4.0 if kernel == "every" else 1.0)
+    assert picks[: StepThreads.EXPLORE - 1] == ["every"] * (StepThreads.EXPLORE - 1)  # unmeasured: every thread
+    first_one = picks.index("one")
+    retries = [i for i in range(first_one + 1, len(picks)) if picks[i] == "every" and picks[i - 1] == "one"]
+    ratio_bound = StepThreads.RUN * (4.0 - 1) / StepThreads.OVERHEAD
+    assert retries and all(b - a >= ratio_bound for a, b in zip([first_one, *retries], retries, strict=False))
+    assert picks.count("every") <= StepThreads.EXPLORE + 3 * StepThreads.RUN
