@@ -119,7 +119,8 @@ def softmax_pattern(scores: torch.Tensor) -> torch.Tensor:
 
 
 def fused_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, scale: float,
+    cap: float | None = None,
 ) -> torch.Tensor:
     """z [b, h, pos_q, dh] through PyTorch's fused SDPA kernel, used when nobody asked for scores or patterns.
 
@@ -129,10 +130,14 @@ def fused_attention(
     `reads_contiguous_groups`). Only 4-D inputs reach the CPU flash-attention kernel (3-D ones fall back to
     the unfused math path, ~3x slower at 512 tokens). A plain causal prefill goes through `is_causal=True`
     (no mask tensor is materialised).
+    `cap`: soft-capped scores (Gemma 2, `softcap`), which SDPA cannot compute: a single query only (a decoding step,
+    where the one-query path caps them itself); several queries with a cap take `eager_attention`.
     """
     n_q, n_k = q.shape[-2], k.shape[-2]
     if n_q == 1:
-        return _one_query_attention(q, k, v, allowed, scale)
+        return _one_query_attention(q, k, v, allowed, scale, cap)
+    if cap is not None:
+        raise ValueError("SDPA cannot soft-cap scores: several queries with a cap take eager_attention")
     grouped = k.shape[1] != q.shape[1]
     if allowed is not None and n_q == n_k and torch.equal(allowed, _lower_triangle(n_q, allowed.device)):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=grouped)
@@ -140,13 +145,16 @@ def fused_attention(
 
 
 def _one_query_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, scale: float,
+    cap: float | None = None,
 ) -> torch.Tensor:
     """`fused_attention` for a single query (a decoding step): two small batched matmuls.
 
     SDPA's per-call setup costs more than the whole product for one query (~50 vs ~20 µs, 30 times a step).
     The h query heads are viewed as g groups of n_rep, the heads of one KV head side by side (`kv_head_of`),
-    so each KV head is read once and never copied.
+    so each KV head is read once and never copied. A soft cap (Gemma 2) applies to the scaled scores before the
+    mask, in `eager_attention`'s order; taking the eager path instead would copy every cached key and value per
+    query head (gather_kv) at every step.
     """
     b, h, _, dh = q.shape
     g, n_k = k.shape[1], k.shape[2]
@@ -154,6 +162,8 @@ def _one_query_attention(
     keys = k.reshape(b * g, n_k, dh)  # a view for the cache's [1, g, pos_k, dh] slice
     with one_thread(q.device):
         scores = torch.baddbmm(_empty(q), grouped_q, keys.transpose(1, 2), beta=0, alpha=scale)  # [b·g, n_rep, pos_k]
+        if cap is not None:
+            scores = softcap(scores, cap)
         if allowed is not None:  # [1, pos_k], e.g. a sliding window
             scores.masked_fill_(~allowed, float("-inf"))
         z = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(b * g, n_k, dh))  # [b·g, n_rep, dh]

@@ -335,8 +335,10 @@ class Block:
         q = q.transpose(1, 2)  # [b, h, pos, dh]
         scale = attention_scale(dh, cfg.query_pre_attn_scalar)
 
-        if hook.wants("attn.hook_attn_scores") or hook.wants("attn.hook_pattern") or c.attn_softcap is not None:
-            # Soft-capped scores (Gemma 2) have no fused kernel: the eager path caps them (attention.softcap).
+        # Soft-capped scores (Gemma 2) have no fused kernel for several queries: the eager path caps them
+        # (attention.softcap); a decoding step's single query caps them in the one-query kernel.
+        capped_prompt = c.attn_softcap is not None and n_pos > 1
+        if hook.wants("attn.hook_attn_scores") or hook.wants("attn.hook_pattern") or capped_prompt:
             kv_index, grouped = inputs.kv_index, inputs.kv_grouped
             k, v = gather_kv(k, kv_index, grouped), gather_kv(v, kv_index, grouped)  # [b, h, pos_k, dh]
             scores, pattern = eager_attention(q, k, inputs.allowed, scale, c.attn_softcap)
@@ -348,7 +350,7 @@ class Block:
         else:
             if not inputs.kv_grouped:
                 k, v = k[:, inputs.kv_index], v[:, inputs.kv_index]  # [b, g, pos_k, dh] -> [b, h, pos_k, dh]
-            z = fused_attention(q, k, v, inputs.allowed, scale)  # [b, h, pos, dh]
+            z = fused_attention(q, k, v, inputs.allowed, scale, c.attn_softcap)  # [b, h, pos, dh]
         z = hook("attn.hook_z", z.transpose(1, 2))  # [b, pos, h, dh]
 
         if hook.edits("attn.hook_result"):

@@ -7,6 +7,7 @@ Inside, every activation has a leading batch dimension [b, pos, ...]; `forward` 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 
 import torch
@@ -18,7 +19,7 @@ from .attention import attention_mask, kv_head_index, reads_contiguous_groups, s
 from .block import AttentionInputs, Block
 from .kv_cache import KVCache
 from .norm import norm_weight, normalize, skip_norm, unhooked
-from .params import DecoderParams, linear
+from .params import DecoderParams, StepThreads, linear
 from .rope import rope_angles, rope_inv_freq
 
 
@@ -91,6 +92,7 @@ class Decoder:
         self._kv_grouped = {m: reads_contiguous_groups(i.cpu(), cfg.n_kv_heads) for m, i in self._kv_index.items()}
         self._conventions: dict[Variant, Conventions] = {}
         self._final_norm: dict[float, torch.Tensor] = {}
+        self._step_threads = StepThreads()  # one thread or every thread for a decoding step, measured per model
 
     @property
     def device(self) -> torch.device:
@@ -137,7 +139,10 @@ class Decoder:
         """
         single = input_ids.dim() == 1
         ids = input_ids[None] if single else input_ids  # [b, pos]
-        with _autograd(grad):
+        timed = self.is_plain_step(ids, ctx, cache, grad)
+        threads = self._step_threads.pick() if timed else "every"
+        start = time.perf_counter()
+        with _autograd(grad), self._step_threads.threads(threads, self.device):
             c = self.conventions(variant)
             p = self.params
             x = p.embed[ids.to(self.device)]  # [b, pos, d_model]
@@ -147,7 +152,22 @@ class Decoder:
             if self.cfg.positions == "learned":
                 x = x + ctx("hook_pos_embed", self.position_embedding(ids.shape[1], c, cache, x))
             logits = self._run(x, 0, ctx, c, cache, last_only, stop_after_layer)
+        if timed:
+            self._step_threads.record(threads, (time.perf_counter() - start) / ids.shape[0])
         return logits[0] if single else logits
+
+    def is_plain_step(self, ids: torch.Tensor, ctx: HookContext, cache: KVCache | None, grad: bool) -> bool:
+        """True for a forward whose threads StepThreads chooses: one new position per row after a cache that
+        holds positions already (a decoding step), on a CPU with several threads, with no autograd and no hook
+        point read or replaced.
+
+        Hooked steps keep every thread: a hook fn (user code, a spliced SAE) would otherwise run on one thread,
+        and its cost would blur the two timings. Prompts (prefill, traces) keep every thread: their matrix
+        products are large enough for every thread to pay.
+        """
+        return (ids.shape[1] == 1 and cache is not None and cache.length > 0 and not grad
+                and self.device.type == "cpu" and torch.get_num_threads() > 1
+                and not ctx.wants_any(self.hook_names))
 
     def position_embedding(self, n_new: int, c: Conventions, cache: KVCache | None, like: torch.Tensor) -> torch.Tensor:
         """`hook_pos_embed` [b, pos, d_model]: the learned position rows the new tokens read (`learned_positions`);

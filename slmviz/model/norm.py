@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
+
+from .params import one_thread
 
 
 def rms_statistics(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,30 +90,55 @@ def normalize(
     """
     statistics = NORM_STATISTICS[norm_type]
     hooked = on_scale is not unhooked or on_normalized is not unhooked
-    if bias is not None:
-        if not hooked and statistics is layer_statistics and x.dtype == torch.float32:
-            return torch.layer_norm(x, weight.shape, weight, bias, eps)  # transformers' nn.LayerNorm, bit for bit
-        return normalize(x, weight, eps, norm_type, on_scale, on_normalized, weight_in_fp32) + bias
+    if bias is not None and not hooked and statistics is layer_statistics and x.dtype == torch.float32:
+        return torch.layer_norm(x, weight.shape, weight, bias, eps)  # transformers' nn.LayerNorm, bit for bit
     if not hooked and statistics is rms_statistics:
         if x.dtype == torch.float32:
-            return torch.rms_norm(x, weight.shape, weight, eps)
-        normalized = torch.rms_norm(x.float(), weight.shape, None, eps)
-        return (weight * normalized).to(x.dtype) if weight_in_fp32 else weight * normalized.to(x.dtype)
+            out = torch.rms_norm(x, weight.shape, weight, eps)
+        else:
+            normalized = torch.rms_norm(x.float(), weight.shape, None, eps)
+            out = (weight * normalized).to(x.dtype) if weight_in_fp32 else weight * normalized.to(x.dtype)
+        return out if bias is None else out + bias  # a bias only with rms_for_layernorm on a LayerNorm family
     dtype = x.dtype
-    centred, var = statistics(x.float())
-    var_eps = var + eps
+    with hooked_norm_threads(x):
+        centred, var = statistics(x.float())
+        var_eps = var + eps
+        scale = torch.sqrt(var_eps).to(dtype) if on_scale is not unhooked else None
     replaced_scale = None
-    if on_scale is not unhooked:
-        scale = torch.sqrt(var_eps).to(dtype)
-        hooked_scale = on_scale(scale)
+    if scale is not None:
+        hooked_scale = on_scale(scale)  # a hook fn (user code, an SAE) runs on every thread, outside the block
         replaced_scale = None if hooked_scale is scale else hooked_scale
-    # Multiply by the reciprocal like the reference; only a replaced scale divides.
-    normalized = centred * torch.rsqrt(var_eps) if replaced_scale is None else centred / replaced_scale.float()
-    shown = normalized.to(dtype)
+    with hooked_norm_threads(x):
+        # Multiply by the reciprocal like the reference; only a replaced scale divides.
+        normalized = centred * torch.rsqrt(var_eps) if replaced_scale is None else centred / replaced_scale.float()
+        shown = normalized.to(dtype)
     seen = on_normalized(shown)
-    if weight_in_fp32:
-        return (weight * (normalized if seen is shown else seen.float())).to(dtype)
-    return weight * seen
+    with hooked_norm_threads(x):
+        weighted = normalized if seen is shown else seen.float()
+        out = (weight * weighted).to(dtype) if weight_in_fp32 else weight * seen
+        return out if bias is None else out + bias
+
+
+# ATen splits an elementwise op or a reduction over threads only past this many elements (at::internal::GRAIN_SIZE),
+# and a reduction over the last dim splits one row over threads only when that row alone is longer.
+_GRAIN = 32768
+
+
+def hooked_norm_threads(x: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Where the hooked norm's own ops run: on one thread (params.one_thread) when each row is shorter than
+    ATen's grain; otherwise on every thread.
+
+    A trace that reads ln1/ln2's scale or normalized value computes each norm as ~7 ops over [pos, d_model]
+    (mean, centring, square, mean, rsqrt, weight, bias) where transformers' LayerNorm is one kernel. Each op over
+    more than the grain is an OpenMP fork/join; on a busy machine (more runnable processes than cores) each join
+    waits until the OS runs the other thread again: with two norms a layer, that is what put a LayerNorm family's
+    trace behind transformers' eager forward (bench/results/families.md). On one thread the values
+    are the same bit for bit: elementwise ops do not depend on the split, and a reduction over the last dim gives
+    each row to one thread either way while rows are shorter than the grain (past it ATen splits a row, and the
+    sums would round differently, so such rows keep every thread).
+    Pinned by tests/test_families_fast_paths.py::test_hooked_norms_give_the_same_values_on_one_thread.
+    """
+    return one_thread(x.device) if x.shape[-1] < _GRAIN else contextlib.nullcontext()
 
 
 def skip_norm(x: torch.Tensor, on_scale: Callable[[torch.Tensor], torch.Tensor] = unhooked,

@@ -12,6 +12,7 @@ layer instead of 7. Only slmviz/loading/weights.py knows how HF names map onto t
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -142,8 +143,10 @@ def last_level_cache_bytes() -> int:
 
 
 class OnlineChoice:
-    """The two one-row kernels' recent cost, seconds per weight element, each an exponential moving average of
-    its own timed calls. `pick` returns the cheaper one, and now and then the other so that its cost stays
+    """Two ways of doing the same work, named as keywords with their starting costs, and each one's recent cost: an
+    exponential moving average of its own timed calls (for the one-row kernels, `split` and `linear`, seconds per
+    weight element). A cost of math.inf is not yet measured, and its first counted call sets it; on a tie `best` is
+    the second name. `pick` returns the cheaper one, and now and then the other so that its cost stays
     current: a run of RUN consecutive calls after EXPLORE calls, then after twice as many each time the retried
     kernel is still the slower one (up to MAX_INTERVAL: on a busy machine a retried split can cost a few ms),
     and again after EXPLORE once the choice flips. Both kernels give the same values to fp32 rounding (see
@@ -163,8 +166,10 @@ class OnlineChoice:
     DECAY = 0.2
     CLIP = 4.0
 
-    def __init__(self, split: float, linear: float):
-        self.cost = {"split": split, "linear": linear}
+    def __init__(self, **cost: float):
+        if len(cost) != 2:
+            raise ValueError(f"OnlineChoice chooses between two kernels, got {list(cost)}")
+        self.cost = dict(cost)
         self.calls = 0
         self.interval = self.EXPLORE
         self.next_try = self.EXPLORE
@@ -173,12 +178,14 @@ class OnlineChoice:
         self.last: str | None = None  # the kernel of the previous call
 
     def best(self) -> str:
-        return "split" if self.cost["split"] < self.cost["linear"] else "linear"
+        first, second = self.cost
+        return first if self.cost[first] < self.cost[second] else second
 
     def pick(self) -> str:
         self.calls += 1
         if self.retry is None and self.calls >= self.next_try:
-            self.retry = "linear" if self.best() == "split" else "split"
+            best = self.best()
+            self.retry = next(kernel for kernel in self.cost if kernel != best)
             self.retry_left = self.RUN
         return self.retry or self.best()
 
@@ -188,14 +195,59 @@ class OnlineChoice:
             # One call preempted by the OS can take 50x its time; clipped at CLIP x the average, a lone outlier moves
             # it by at most (CLIP - 1) * DECAY, while a kernel that stays slower (a busy machine) still wins the
             # average over within a few calls.
-            sample = min(seconds_per_element, self.CLIP * self.cost[kernel])
-            self.cost[kernel] += self.DECAY * (sample - self.cost[kernel])
+            if self.cost[kernel] == math.inf:  # never measured: this first counted call is its cost
+                self.cost[kernel] = seconds_per_element
+            else:
+                sample = min(seconds_per_element, self.CLIP * self.cost[kernel])
+                self.cost[kernel] += self.DECAY * (sample - self.cost[kernel])
         if kernel == self.retry:
             self.retry_left -= 1
             if self.retry_left == 0:  # the run is over: back off while the other kernel stays ahead
-                self.interval = self.EXPLORE if self.best() == kernel else min(2 * self.interval, self.MAX_INTERVAL)
+                self.interval = self.next_interval(kernel)
                 self.next_try = self.calls + self.interval
                 self.retry = None
+
+    def next_interval(self, retried: str) -> int:
+        """Calls until the next retry, after a run of the `retried` kernel: EXPLORE once it has become the
+        choice, twice the last interval (up to MAX_INTERVAL) while it stays the slower one."""
+        return self.EXPLORE if self.best() == retried else min(2 * self.interval, self.MAX_INTERVAL)
+
+
+class StepThreads(OnlineChoice):
+    """Whether a decoding step runs on every thread torch has ("every") or on one ("one"), measured per model as
+    seconds per step and row (Decoder.is_plain_step says which forwards are steps). Unmeasured, a step runs on
+    every thread; "one" is tried after EXPLORE steps, in runs as OnlineChoice's.
+
+    Why measured: a decoding step is a few hundred small ops, and its weight matrix-vector products and the
+    unembedding are each split over the threads (the row split, or MKL's own threads). On a quiet machine every
+    thread streams the weights faster. On a busy one (more runnable processes than cores, as on a shared machine)
+    each split is an OpenMP fork/join whose join waits until the OS runs the other thread again, and a whole step
+    on one thread is several times faster than on two (bench/results/families.md). Neither is right everywhere,
+    and a machine's load changes while it decodes. The values differ only as the one-row kernels do (`linear`).
+    Pinned by tests/test_families_fast_paths.py::test_decoding_steps_measure_one_thread_against_every_thread.
+    """
+
+    EXPLORE = 8  # steps: a step is a whole forward, hundreds of times a one-row product
+    RUN = 4
+    MAX_INTERVAL = 512
+    OVERHEAD = 0.05  # the share of decoding time the retries of the slower way may cost
+
+    def __init__(self):
+        super().__init__(one=math.inf, every=math.inf)
+
+    def next_interval(self, retried: str) -> int:
+        """OnlineChoice's interval, but at least long enough that the retries cost at most OVERHEAD of the time:
+        on a busy machine a step on every thread can take several times one on one thread, and retrying it
+        every few steps (a run each time) would eat much of what the choice saves."""
+        interval = super().next_interval(retried)
+        costs = sorted(self.cost.values())
+        if math.inf in costs:
+            return interval
+        return min(max(interval, math.ceil(self.RUN * (costs[1] / costs[0] - 1) / self.OVERHEAD)), self.MAX_INTERVAL)
+
+    def threads(self, kernel: str, device: torch.device) -> contextlib.AbstractContextManager:
+        """The context a step picked as `kernel` runs in."""
+        return one_thread(device) if kernel == "one" else contextlib.nullcontext()
 
 
 _row_split_wins: bool | None = None  # measured on first use; tests set it to exercise one kernel
@@ -254,7 +306,7 @@ def row_split_wins() -> bool:
                 elements = sum(w.numel() for w in ws)
                 split_cost, plain_cost = (statistics.median(times[k]) / elements for k in ("split", "plain"))
                 _row_split_wins = split_cost < plain_cost
-                _online = OnlineChoice(split_cost, plain_cost)
+                _online = OnlineChoice(split=split_cost, linear=plain_cost)
     return _row_split_wins
 
 
