@@ -206,3 +206,18 @@ def test_a_background_deep_scan_runs_off_the_callers_thread_cancels_and_resumes(
     assert again.wait(600) and again.error is None and got == [again.result]
     assert "done" in again.status() and load_set_scan(m, "plt")[0].n_tokens == again.result[0].n_tokens
     assert all(u.fraction <= 1 for u in updates) and not again.running
+
+
+def test_a_preview_of_a_stopped_deep_scan_labels_what_its_last_shard_left(tiny, tmp_path, monkeypatch):
+    """preview_labels reads the work folder's state: after the whole text it gives the finished scan's labels."""
+    m, coders = tiny
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
+    prepare_deep_scan(m, coders, "plt", tokens=10_000, corpus=CORPUS, progress=False)
+    done = load_deep_labels(m, "plt").frame
+    monkeypatch.setattr(ds.shutil, "rmtree", lambda *a, **k: None)  # keep the work folder of a second run
+    monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path / "again"))
+    prepare_deep_scan(m, coders, "plt", tokens=10_000, corpus=CORPUS, progress=False)
+    work = deep_scan_dir(m, "plt").with_name(ds.WORK_FOLDER)
+    preview = ds.preview_labels(m, dict(enumerate(coders)), work, CORPUS).frame
+    assert preview.drop(columns=["tokens"]).equals(done.drop(columns=["tokens"]))
+    assert [list(t) for t in preview.tokens] == [list(t) for t in done.tokens]

@@ -9,9 +9,11 @@ scores beside the top-token baseline.
 `--set plt-quick` (a prepared set) writes the set's own deep scan where the app and g.label_scores read it
 (prepared_scans.deep_scan_dir; resumable: run the same line again after a stop), over the corpus the set trained on
 (deep_scan.set_corpus); `--scratch` scans it into a scratch folder instead (a short measuring run that must not stand
-in for the set's deep scan); `--set bundled` scans the model's bundled transcoders into a scratch folder. Label
-scores are reported over every labelled feature and over the features in graph summaries
-(bench/studies/deep_scan_members.py's file, when it is there: the issue's goal is over these), beside the top-token
+in for the set's deep scan); `--preview` reads the labels and scores the set's running deep scan would give now,
+from its last saved shard (features.deep_scan.preview_labels: the held-out pass only, nothing written but the JSON
+line); `--set bundled` scans the model's bundled transcoders into a scratch folder. Label scores are reported over
+every labelled feature and over the features in graph summaries (bench/studies/deep_scan_members.py's file, when it
+is there: the issue's goal is over these), beside the top-token
 baseline. Appends one JSON line to bench/results/deep_scan.jsonl and prints it.
 """
 
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py, which puts this checkout first
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # deep_scan_members.py
@@ -63,6 +66,8 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=ds.HELDOUT_TOKENS)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--scratch", action="store_true", help="a prepared set's scan into a scratch folder, not the cache")
+    ap.add_argument("--preview", action="store_true",
+                    help="the labels and scores of the set's running deep scan as its last saved shard leaves them")
     ap.add_argument("--shard-docs", type=int, default=ds.DEEP_SHARD_DOCS,
                     help="documents per resumable step (a short measuring run stops at the first shard past --tokens)")
     args = ap.parse_args()
@@ -92,6 +97,14 @@ def main() -> None:
         s, _ = ds.run_deep_scan(m, ts.coders, folder, ds.set_corpus(m, args.set), tokens=args.tokens,
                                 heldout_tokens=args.heldout, progress=show)
         table = ds.LabelTable.load(folder)
+    elif args.preview:
+        ts = slmviz.load_transcoders(args.set, model=m)
+        work = deep_scan_dir(m, args.set).with_name(ds.WORK_FOLDER)
+        done = json.loads((work / "state.json").read_text())
+        table = ds.preview_labels(m, ts.coders, work, ds.set_corpus(m, args.set), heldout_tokens=args.heldout)
+        s = SimpleNamespace(hooks=list(ts.coders), n_tokens=done["tokens"], info={"seconds": done["seconds"]},
+                            features={h: {"n": ts.d_sae} for h in ts.coders})
+        folder = work
     else:
         ts = slmviz.load_transcoders(args.set, model=m)
         s, _ = prepare_deep_scan(m, ts, args.set, tokens=args.tokens, corpus=ds.set_corpus(m, args.set),
@@ -120,7 +133,8 @@ def main() -> None:
         "corpus": str(ds.set_corpus(m, args.set)) if args.set != "bundled" else "quick",
         "folder": str(folder), "cpu": common.cpu_model(), "load_before": load_before,
         "load_after": common.load_average(), "threads": torch.get_num_threads(),
-        "batch_tokens": s.info.get("batch_tokens"),
+        "batch_tokens": s.info.get("batch_tokens"), "preview": args.preview,
+        "label_tokens": ds.LABEL_TOKENS, "keep_tokens": ds.KEEP_TOKENS,
     }
     with (common.RESULTS / "deep_scan.jsonl").open("a") as out:
         out.write(json.dumps(row) + "\n")

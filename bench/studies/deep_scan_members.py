@@ -23,6 +23,8 @@ from summary import CANDIDATES, answers  # noqa: E402
 
 import slmviz  # noqa: E402
 
+MAX_FEATURE_NODES = 4096  # app/transcoder_sets.py's
+
 
 def members_path(model: str, set_name: str) -> Path:
     return common.RESULTS / f"deep_scan_members_{model}-{set_name}.jsonl"
@@ -52,11 +54,13 @@ def main() -> None:
         if prompt in done:
             continue
         t0 = time.perf_counter()
-        p = slmviz.attribution_graph(prompt, transcoders=ts, model=m, progress=False).prune()
+        p = slmviz.attribution_graph(prompt, transcoders=ts, model=m, progress=False,
+                                     max_feature_nodes=MAX_FEATURE_NODES).prune()
         s = p.summarize(max_groups=12, apply=False)
         feats = p.nodes[p.nodes.kind == "feature"].drop_duplicates("node_id").set_index("node_id")
         members = [[int(feats.layer[n]), int(feats.feature[n])] for ms in s.feature_groups.members for n in ms]
         row = {"prompt": prompt, "answer": token, "answer_prob": prob, "members": members,
+               "max_feature_nodes": MAX_FEATURE_NODES,
                "seconds": time.perf_counter() - t0, "load": common.load_average()}
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -382,9 +382,10 @@ class LabelTable:
                    json.loads((folder / "labels.json").read_text(encoding="utf-8")))
 
 
-def label_text(tokens: list[str], shown: int | None = None) -> str:
+def label_text(tokens: list[str], shown: int | None = None, total: int | None = None) -> str:
     """'is / be / it / was (+38)': the first `shown` (SHOWN_TOKENS) of the named tokens as read (labels._clean),
-    each once, and how many more tokens the label names."""
+    each once, and how many more tokens the label names (of `total`, default len(tokens): a caller may pass the
+    first few strings only)."""
     from .labels import _clean
 
     shown = SHOWN_TOKENS if shown is None else shown
@@ -397,7 +398,7 @@ def label_text(tokens: list[str], shown: int | None = None) -> str:
         c = _clean(t)
         if c not in out:
             out.append(c)
-    more = len(tokens) - used
+    more = (len(tokens) if total is None else total) - used
     return (" / ".join(out) or "(no tokens)") + (f" (+{more})" if more else "")
 
 
@@ -556,11 +557,29 @@ def _run(model: Any, layers: list[int], coders: dict[int, Any], folder: Path, wo
     s = Scan(info, features_info, acc, dict(zip(used, model.to_strings(used), strict=True)),
              pd.DataFrame(columns=DAMAGE_COLUMNS))
 
-    # labels from the token table, baselines from each feature's top example
+    labels = label_and_score(model, layers, hooks, features, saes, acc, table, corpus, heldout_tokens, batch_tokens,
+                             spec.window, heldout, label_part, score_part, tokens_scanned=done["tokens"])
+    _save(s, read, labels, folder)
+    shutil.rmtree(work, ignore_errors=True)
+    p.finish(f"{done['tokens']:,} tokens in {done['seconds']:.0f} s")
+    return s, read
+
+
+def label_and_score(model: Any, layers: list[int], hooks: list[str], features: dict[str, Any], saes: tuple[Any, ...],
+                    acc: dict[str, Any], table: TokenTable, corpus: Any, heldout_tokens: int, batch_tokens: int,
+                    window: int, heldout: Any = None, label_part: Any = None, score_part: Any = None,
+                    tokens_scanned: int | None = None) -> LabelTable:
+    """The labels of a scan's token table (label_tokens), the top-token baselines from its top examples (`acc`: the
+    scan's HookPartials), both scored on held-out text (LabelScorer over heldout_docs, or `heldout`)."""
+    from ..scans.batches import ScanSpec
+    from ..scans.shards import iter_shards, run_shard
+
+    label_part = label_part if label_part is not None else as_progress(None, "labels")
+    score_part = score_part if score_part is not None else as_progress(None, "scores")
     t_labels = time.perf_counter()
     label_part.say("choosing label tokens")
     labels = label_tokens(table)
-    before = spec.context_before
+    before = ScanSpec.context_before  # the deep scan's contexts are ScanSpec's default: the example's token
     top_tok = torch.cat([acc[h].top_ids[:, 0, before] for h in hooks]).numpy()  # [n_features]
     baseline = {g: ([int(top_tok[g])] if top_tok[g] >= 0 else []) for g in labels}
     label_part.finish()
@@ -568,8 +587,8 @@ def _run(model: Any, layers: list[int], coders: dict[int, Any], folder: Path, wo
 
     t_scores = time.perf_counter()
     edges = torch.cat([quantile_edges(acc[h].hist) for h in hooks])
-    scorer = LabelScorer(table.offset, table.n_features, vocab, edges, labels, baseline)
-    held_spec = ScanSpec(tuple(hooks), 1, window=spec.window, batch_tokens=batch_tokens, saes=saes)
+    scorer = LabelScorer(table.offset, table.n_features, table.vocab, edges, labels, baseline)
+    held_spec = ScanSpec(tuple(hooks), 1, window=window, batch_tokens=batch_tokens, saes=saes)
     held = iter(heldout if heldout is not None else heldout_docs(model, corpus))
     for shard in iter_shards(held, DEEP_SHARD_DOCS):
         run_shard(model, shard, held_spec, features, lambda fr: score_part.update(scorer.n, heldout_tokens, "tok"),
@@ -578,7 +597,7 @@ def _run(model: Any, layers: list[int], coders: dict[int, Any], folder: Path, wo
             break
     score, base = scorer.scores("label"), scorer.scores("baseline")
     score_s = time.perf_counter() - t_scores
-    strings = model.to_strings(list(range(vocab)))  # once: a label's text reads a few of its tokens
+    strings = model.to_strings(list(range(table.vocab)))  # once: a label's text reads a few of its tokens
     rows = []
     for h, L in zip(hooks, layers, strict=True):
         off = table.offset[h]
@@ -587,18 +606,41 @@ def _run(model: Any, layers: list[int], coders: dict[int, Any], folder: Path, wo
             if g not in labels:
                 continue
             toks = labels[g]
-            rows.append({"layer": L, "feature": f, "hook": h, "label": label_text([strings[t] for t in toks]),
+            rows.append({"layer": L, "feature": f, "hook": h, "label": label_text([strings[t] for t in toks[:16]],
+                                                                                  total=len(toks)),
                          "tokens": toks, "score": float(score[g]), "baseline": float(base[g]),
                          "fires": int(table.fires[g])})
     frame = pd.DataFrame(rows, columns=["layer", "feature", "hook", "label", "tokens", "score", "baseline", "fires"])
-    table_info = {"tokens": done["tokens"], "heldout_tokens": scorer.n, "quantiles": QUANTILES,
-                  "label_tokens": LABEL_TOKENS, "keep_tokens": table.keep, "median_score": _median(frame.score),
-                  "median_baseline": _median(frame.baseline), "label_seconds": label_s, "score_seconds": score_s}
+    info = {"tokens": table.n if tokens_scanned is None else tokens_scanned, "heldout_tokens": scorer.n,
+            "quantiles": QUANTILES, "label_tokens": LABEL_TOKENS, "keep_tokens": table.keep,
+            "median_score": _median(frame.score), "median_baseline": _median(frame.baseline),
+            "label_seconds": label_s, "score_seconds": score_s}
     score_part.finish()
-    _save(s, read, LabelTable(frame, table_info), folder)
-    shutil.rmtree(work, ignore_errors=True)
-    p.finish(f"{done['tokens']:,} tokens in {done['seconds']:.0f} s")
-    return s, read
+    return LabelTable(frame, info)
+
+
+def preview_labels(model: Any, coders: dict[int, Any], work: Path, corpus: Any,
+                   heldout_tokens: int = HELDOUT_TOKENS, batch_tokens: int = DEEP_BATCH_TOKENS) -> LabelTable:
+    """The labels and scores a running (or stopped) deep scan would give now: label_and_score over the state its
+    work folder `work` holds after its last finished shard (read while it runs: the state is swapped in whole).
+    What a measuring run reads hours before the scan ends; nothing is written."""
+    from safetensors.torch import load_file
+
+    from ..hooks import checked_saes
+    from ..scans.reduce import HookPartial
+    from ..scans.units import feature_of
+    from .dashboard import acts_hook
+
+    layers = layers_of(coders)
+    saes = tuple(checked_saes([coders[L] for L in layers], model.hook_names))
+    hooks = [acts_hook(coders[L]) for L in layers]
+    features = {h: feature_of(h, model.hook_names, model.cfg, saes) for h in hooks}
+    t = load_file(str(work / "state.safetensors"))
+    acc = {h: HookPartial.from_tensors(t, h) for h in hooks}
+    table = TokenTable(hooks, [features[h].n for h in hooks], int(model.decoder.params.unembed.shape[0]))
+    table.load_state(t)
+    return label_and_score(model, layers, hooks, features, saes, acc, table, corpus, heldout_tokens, batch_tokens,
+                           min(256, model.cfg.context_length))
 
 
 def _median(x: pd.Series) -> float:
@@ -730,5 +772,5 @@ class BackgroundDeepScan:
 
 
 __all__ = ["DEEP_TOKENS", "BackgroundDeepScan", "DeepScanBusy", "DeepScanCancelled", "HeavyHitters", "LabelScorer",
-           "LabelTable", "TokenTable", "choose_label_tokens", "deep_docs", "label_tokens", "quantile_edges",
-           "run_deep_scan", "set_corpus"]
+           "LabelTable", "TokenTable", "choose_label_tokens", "deep_docs", "label_and_score", "label_tokens",
+           "preview_labels", "quantile_edges", "run_deep_scan", "set_corpus"]
