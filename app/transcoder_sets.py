@@ -49,8 +49,8 @@ from typing import Any
 import gradio as gr
 
 import slmviz
-from slmviz.features.deep_scan import DEEP_TOKENS, BackgroundDeepScan, set_corpus
-from slmviz.features.prepared_scans import load_deep_labels, load_set_scan
+from slmviz.features.deep_scan import DEEP_TOKENS
+from slmviz.features.prepared_scans import BackgroundDeepScan, load_deep_labels, load_set_scan, set_corpus
 from slmviz.formats.checkpoint import trained_tokens
 from slmviz.progress import Progress
 from slmviz.replacement.prepared import prepared_dir, prepared_ready

@@ -15,6 +15,7 @@ from conftest import build_tiny_model
 
 import slmviz
 from slmviz.features import deep_scan as ds
+from slmviz.features import prepared_scans as ps
 from slmviz.features.dashboard import acts_hook
 from slmviz.features.prepared_scans import (
     deep_scan_dir,
@@ -178,12 +179,12 @@ def test_the_deep_scan_reads_the_corpus_its_set_trained_on(tmp_path, monkeypatch
     from slmviz.loading.bundled import prepared_dir
 
     monkeypatch.setenv("SLMVIZ_CACHE", str(tmp_path))
-    assert ds.set_corpus("M", "plt-quick") == CORPUS  # no set there: the prepared sets' corpus
+    assert ps.set_corpus("M", "plt-quick") == CORPUS  # no set there: the prepared sets' corpus
     folder = prepared_dir("M", "plt-quick")
     folder.mkdir(parents=True)
     for recorded, read in (("quick", "quick"), ("custom", None), ("no such corpus", CORPUS)):
         (folder / "transcoder_set.json").write_text(json.dumps({"metadata": {"corpus_name": recorded}}))
-        assert ds.set_corpus("M", "plt-quick") == read
+        assert ps.set_corpus("M", "plt-quick") == read
 
 
 def test_a_background_deep_scan_runs_off_the_callers_thread_cancels_and_resumes(tiny, tmp_path, monkeypatch):
@@ -196,13 +197,13 @@ def test_a_background_deep_scan_runs_off_the_callers_thread_cancels_and_resumes(
         if u.phase == "scan" and "shard 2" in u.detail:
             job.cancel()
 
-    job = ds.BackgroundDeepScan(m, coders, "plt", corpus=CORPUS, tokens=10_000, progress=cancel_in_the_second_shard)
+    job = ps.BackgroundDeepScan(m, coders, "plt", corpus=CORPUS, tokens=10_000, progress=cancel_in_the_second_shard)
     assert job.start().wait(600) and job.cancelled and job.result is None and job.error is None
     assert "cancelled" in job.status() and load_set_scan(m, "plt") is None
     work = deep_scan_dir(m, "plt").with_name(ds.WORK_FOLDER)
     assert json.loads((work / "state.json").read_text())["shards"] == 1  # the first shard is kept
     got = []
-    again = ds.BackgroundDeepScan(m, coders, "plt", corpus=CORPUS, tokens=10_000, on_done=got.append).start()
+    again = ps.BackgroundDeepScan(m, coders, "plt", corpus=CORPUS, tokens=10_000, on_done=got.append).start()
     assert again.wait(600) and again.error is None and got == [again.result]
     assert "done" in again.status() and load_set_scan(m, "plt")[0].n_tokens == again.result[0].n_tokens
     assert all(u.fraction <= 1 for u in updates) and not again.running

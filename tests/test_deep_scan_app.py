@@ -15,6 +15,7 @@ from app import transcoder_sets as sets_module
 from app.saes import SAEStore
 from app.transcoder_sets import TranscoderSets
 from slmviz.features import deep_scan as ds
+from slmviz.features import prepared_scans as ps
 from slmviz.training.prepare import prepare_transcoders
 
 CORPUS = [" ".join(f"w{(i * 7 + j * 3) % 120}" for j in range(20 + i % 13)) for i in range(40)]
@@ -85,7 +86,7 @@ def test_cancel_stops_the_background_deep_scan_and_a_new_start_resumes_it(prepar
     monkeypatch.setattr(sets_module, "set_corpus", lambda model, kind: CORPUS)
     running, go_on = threading.Event(), threading.Event()
 
-    class Held(ds.BackgroundDeepScan):  # holds at its first report in the second shard, until the test goes on
+    class Held(ps.BackgroundDeepScan):  # holds at its first report in the second shard, until the test goes on
         def _sink(self, update):
             if update.phase == "scan" and "shard 2" in update.detail and not go_on.is_set():
                 running.set()

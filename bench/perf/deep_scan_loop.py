@@ -62,6 +62,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import slmviz
     from slmviz.features import deep_scan as ds
+    from slmviz.features.prepared_scans import set_corpus
 
     base = import_base(args.base, Path(tempfile.mkdtemp()))
     sides = {}
@@ -69,7 +70,7 @@ def main() -> None:
         m = pkg.load(args.model)
         ts = pkg.load_transcoders(args.set, model=m)
         sides[name] = (pkg, m, ts.coders)
-    corpus = ds.set_corpus(sides["new"][1], args.set)
+    corpus = set_corpus(sides["new"][1], args.set)
     docs, heldout = [], list(ds.heldout_docs(sides["new"][1], corpus))[:2]
     for d in ds.deep_docs(sides["new"][1], corpus):
         docs.append(d)

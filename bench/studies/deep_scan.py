@@ -35,7 +35,12 @@ import torch  # noqa: E402
 
 import slmviz  # noqa: E402
 from slmviz.features import deep_scan as ds  # noqa: E402
-from slmviz.features.prepared_scans import deep_scan_dir, load_deep_labels, prepare_deep_scan  # noqa: E402
+from slmviz.features.prepared_scans import (  # noqa: E402
+    deep_scan_dir,
+    load_deep_labels,
+    prepare_deep_scan,
+    set_corpus,
+)
 
 
 def in_summaries(frame, model: str, set_name: str) -> dict | None:
@@ -94,20 +99,20 @@ def main() -> None:
     elif args.scratch:
         ts = slmviz.load_transcoders(args.set, model=m)
         folder = Path(tempfile.mkdtemp()) / ds.DEEP_FOLDER
-        s, _ = ds.run_deep_scan(m, ts.coders, folder, ds.set_corpus(m, args.set), tokens=args.tokens,
+        s, _ = ds.run_deep_scan(m, ts.coders, folder, set_corpus(m, args.set), tokens=args.tokens,
                                 heldout_tokens=args.heldout, progress=show)
         table = ds.LabelTable.load(folder)
     elif args.preview:
         ts = slmviz.load_transcoders(args.set, model=m)
         work = deep_scan_dir(m, args.set).with_name(ds.WORK_FOLDER)
         done = json.loads((work / "state.json").read_text())
-        table = ds.preview_labels(m, ts.coders, work, ds.set_corpus(m, args.set), heldout_tokens=args.heldout)
+        table = ds.preview_labels(m, ts.coders, work, set_corpus(m, args.set), heldout_tokens=args.heldout)
         s = SimpleNamespace(hooks=list(ts.coders), n_tokens=done["tokens"], info={"seconds": done["seconds"]},
                             features={h: {"n": ts.d_sae} for h in ts.coders})
         folder = work
     else:
         ts = slmviz.load_transcoders(args.set, model=m)
-        s, _ = prepare_deep_scan(m, ts, args.set, tokens=args.tokens, corpus=ds.set_corpus(m, args.set),
+        s, _ = prepare_deep_scan(m, ts, args.set, tokens=args.tokens, corpus=set_corpus(m, args.set),
                                  progress=show)
         table = load_deep_labels(m, args.set)
         folder = deep_scan_dir(m, args.set)
@@ -130,7 +135,7 @@ def main() -> None:
                       "baseline": r.baseline} for r in f.sort_values("fires", ascending=False).head(8).itertuples()],
         "label_tokens_median": float(f.tokens.map(len).median()) if len(f) else None,
         "in_summaries": in_summaries(f, args.model, args.set),
-        "corpus": str(ds.set_corpus(m, args.set)) if args.set != "bundled" else "quick",
+        "corpus": str(set_corpus(m, args.set)) if args.set != "bundled" else "quick",
         "folder": str(folder), "cpu": common.cpu_model(), "load_before": load_before,
         "load_after": common.load_average(), "threads": torch.get_num_threads(),
         "batch_tokens": s.info.get("batch_tokens"), "preview": args.preview,

@@ -1,11 +1,11 @@
 """The deep scan of a prepared transcoder set: a million tokens or more of the set's own kind of text, the labels
 drawn from it, and a measured score for each label.
 
-    s, docs = prepare_deep_scan(m, ts, "plt-quick", corpus=set_corpus(m, "plt-quick"))   # resumable; cached
+    s, docs = prepare_deep_scan(m, ts, "plt-quick", corpus=set_corpus(m, "plt-quick"))   # (prepared_scans) cached
     load_set_scan(m, "plt-quick")[0].n_tokens             # >= 1,000,000 once it exists (prepared_scans)
     table = load_deep_labels(m, "plt-quick")              # LabelTable: layer, feature, label, tokens, score, baseline
     g.use_labels(table); g.labels; g.label_scores
-    job = BackgroundDeepScan(m, ts, "plt-quick").start()  # the same, in a thread of its own (the app's); cancellable
+    job = BackgroundDeepScan(m, ts, "plt-quick").start()  # prepared_scans': in a thread of its own; cancellable
 
 **The scan.** The set's feature Scan (statistics, histograms, top contexts: what a card shows), over the set
 corpus's training split and then the broad corpus's (DEEP_CHARS of each document) until `tokens` are read, with a
@@ -37,14 +37,11 @@ naming only the feature's single top token (the token of its top example).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import shutil
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +51,7 @@ import pandas as pd
 import torch
 
 from ..formats.files import swap_in_folder
-from ..progress import ProgressLike, ProgressUpdate, as_progress
+from ..progress import ProgressLike, as_progress
 
 DEEP_TOKENS = 1_000_000
 DEEP_FOLDER, WORK_FOLDER = "scan-deep", ".scan-deep-work"
@@ -70,7 +67,6 @@ QUANTILES = 5  # activation bands the firing contexts are weighed across
 HELDOUT_TOKENS = 65_536  # held-out tokens a score reads
 HELDOUT_SKIP_DOCS = 200  # the small scan's documents (prepared_scans.SCAN_DOCS): never scored on
 PENDING_PAIRS = 4_000_000  # (feature, token) pairs gathered before they are merged into the table
-BACKGROUND_NICE = 10  # a background deep scan's thread yields the cores to the app's requests
 _PACK_BITS = 63  # bits of the packed (group, count, place) key HeavyHitters sorts by
 
 
@@ -665,112 +661,6 @@ def _save(s: Any, docs: list[str], labels: LabelTable, folder: Path) -> None:
     swap_in_folder(tmp, folder)
 
 
-# --- the set's own corpus, and the scan in the background ------------------------------------------------------------
-def set_corpus(model: Any, kind: str) -> Any:
-    """The corpus the model's prepared `kind` set was trained on, which its deep scan reads: the name (or file) its
-    transcoder_set.json records ("quick", "mixed", ...); prepared_scans.CORPUS when it records none; None for a set
-    trained on a list of texts (recorded as "custom": nothing to read again).
-
-    Why not always CORPUS ("mixed"): the quick set trains on "quick", six of the model's chat seeds; reading "mixed"
-    would first write the other eighty-nine (about an hour on this CPU) for text the set never trained on."""
-    from ..corpora.named import NAMES
-    from ..loading.bundled import prepared_dir
-    from .prepared_scans import CORPUS
-
-    try:
-        meta = json.loads((prepared_dir(model, kind) / "transcoder_set.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return CORPUS
-    name = (meta.get("metadata") or {}).get("corpus_name", CORPUS)
-    if name == "custom":
-        return None
-    return name if name in NAMES or Path(str(name)).is_file() else CORPUS
-
-
-class DeepScanCancelled(Exception):
-    """Raised inside a background deep scan at its next progress report once it is cancelled (it resumes later)."""
-
-
-class BackgroundDeepScan:
-    """The deep scan of the model's prepared `kind` set (prepared_scans.prepare_deep_scan: resumable, cached) in a
-    daemon thread of its own, so the first graph never waits for it and no request queue holds it:
-
-        job = BackgroundDeepScan(m, ts, "plt-quick", on_done=use_it).start()
-        job.status()     # "deep scan 123,456 / 1,000,000 tok · 180 tok/s · 1h 20m left"
-        job.cancel()     # stops at its next progress report (every batch); the next start resumes it
-
-    Progress is slmviz.progress's: `update` is the latest ProgressUpdate, and `progress` (a sink) sees each one too.
-    The thread runs at nice BACKGROUND_NICE (Linux: the calling thread only; torch's own worker threads, if any, keep
-    theirs), so the app's requests get the cores first. Another process scanning the same set makes the run end
-    with DeepScanBusy as its `error` (nothing lost: that one finishes it). `on_done(Scan, docs)` runs in the thread
-    once the scan is there."""
-
-    def __init__(self, model: Any, ts: Any, kind: str, corpus: Any = None, tokens: int | None = None,
-                 on_done: Callable[[tuple[Any, list[str]]], None] | None = None,
-                 progress: Callable[[ProgressUpdate], None] | None = None):
-        self.model, self.ts, self.kind = model, ts, kind
-        self.corpus = set_corpus(model, kind) if corpus is None else corpus
-        self.tokens, self.on_done, self.progress = tokens, on_done, progress
-        self.update: ProgressUpdate | None = None
-        self.result: tuple[Any, list[str]] | None = None
-        self.error: BaseException | None = None
-        self.cancelled = False
-        self.done = threading.Event()
-        self._cancel = threading.Event()
-        self._thread = threading.Thread(target=self._work, name=f"deep scan {kind}", daemon=True)
-
-    def start(self) -> BackgroundDeepScan:
-        self._thread.start()
-        return self
-
-    def cancel(self) -> None:
-        """Stop at the next progress report; what the finished shards scanned is kept, and a new start resumes."""
-        self._cancel.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self.done.wait(timeout)
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def status(self) -> str:
-        """One line for a person: where it is, done, cancelled or why it stopped."""
-        if self.result is not None:
-            return f"deep scan done: {self.result[0].n_tokens:,} tokens"
-        if self.cancelled:
-            return "deep scan cancelled; it resumes from its last finished shard when started again"
-        if self.error is not None:
-            return f"deep scan stopped: {type(self.error).__name__}: {self.error}"
-        if self.update is None:
-            return "deep scan starting"
-        return self.update.text()
-
-    def _sink(self, update: ProgressUpdate) -> None:
-        self.update = update
-        if self.progress is not None:
-            self.progress(update)
-        if self._cancel.is_set():
-            raise DeepScanCancelled("the deep scan was cancelled")
-
-    def _work(self) -> None:
-        from .prepared_scans import prepare_deep_scan
-
-        with contextlib.suppress(AttributeError, OSError):  # Linux: a thread's id sets that thread's nice only
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
-        try:
-            self.result = prepare_deep_scan(self.model, self.ts, self.kind, tokens=self.tokens, corpus=self.corpus,
-                                            progress=self._sink)
-            if self.on_done is not None:
-                self.on_done(self.result)
-        except DeepScanCancelled:
-            self.cancelled = True
-        except Exception as e:  # noqa: BLE001 - a background thread has no caller to raise to: status() says it
-            self.error = e
-        finally:
-            self.done.set()
-
-
-__all__ = ["DEEP_TOKENS", "BackgroundDeepScan", "DeepScanBusy", "DeepScanCancelled", "HeavyHitters", "LabelScorer",
-           "LabelTable", "TokenTable", "choose_label_tokens", "deep_docs", "label_and_score", "label_tokens",
-           "preview_labels", "quantile_edges", "run_deep_scan", "set_corpus"]
+__all__ = ["DEEP_TOKENS", "DeepScanBusy", "HeavyHitters", "LabelScorer", "LabelTable", "TokenTable",
+           "choose_label_tokens", "deep_docs", "label_and_score", "label_tokens", "preview_labels", "quantile_edges",
+           "run_deep_scan"]

@@ -12,15 +12,20 @@ at an L0 of 64 over 4,096 features a feature still fires hundreds of times in th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..formats.files import swap_in_folder
 from ..loading.bundled import cache_dir, prepared_dir
+from ..progress import ProgressUpdate
 from ..scans.scan import ScanFormatError
 
 CORPUS = "mixed"  # the corpus the prepared sets train on (training.prepare), whose held-out split the scans read
@@ -214,3 +219,109 @@ def _load_scan(folder: Path) -> tuple[Any, list[str]] | None:
         return Scan.load(folder), docs
     except Exception as e:  # noqa: BLE001 - safetensors, pyarrow and json each raise their own
         raise ScanFormatError(f"the prepared scan in {folder} could not be read ({type(e).__name__}: {e})") from e
+
+
+BACKGROUND_NICE = 10  # a background deep scan's thread yields the cores to the app's requests
+
+
+# --- the set's own corpus, and the deep scan in the background (here, above features.deep_scan, which it runs) ----
+def set_corpus(model: Any, kind: str) -> Any:
+    """The corpus the model's prepared `kind` set was trained on, which its deep scan reads: the name (or file) its
+    transcoder_set.json records ("quick", "mixed", ...); prepared_scans.CORPUS when it records none; None for a set
+    trained on a list of texts (recorded as "custom": nothing to read again).
+
+    Why not always CORPUS ("mixed"): the quick set trains on "quick", six of the model's chat seeds; reading "mixed"
+    would first write the other eighty-nine (about an hour on this CPU) for text the set never trained on."""
+    from ..corpora.named import NAMES
+    from ..loading.bundled import prepared_dir
+
+    try:
+        meta = json.loads((prepared_dir(model, kind) / "transcoder_set.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return CORPUS
+    name = (meta.get("metadata") or {}).get("corpus_name", CORPUS)
+    if name == "custom":
+        return None
+    return name if name in NAMES or Path(str(name)).is_file() else CORPUS
+
+
+class DeepScanCancelled(Exception):
+    """Raised inside a background deep scan at its next progress report once it is cancelled (it resumes later)."""
+
+
+class BackgroundDeepScan:
+    """The deep scan of the model's prepared `kind` set (prepared_scans.prepare_deep_scan: resumable, cached) in a
+    daemon thread of its own, so the first graph never waits for it and no request queue holds it:
+
+        job = BackgroundDeepScan(m, ts, "plt-quick", on_done=use_it).start()
+        job.status()     # "deep scan 123,456 / 1,000,000 tok · 180 tok/s · 1h 20m left"
+        job.cancel()     # stops at its next progress report (every batch); the next start resumes it
+
+    Progress is slmviz.progress's: `update` is the latest ProgressUpdate, and `progress` (a sink) sees each one too.
+    The thread runs at nice BACKGROUND_NICE (Linux: the calling thread only; torch's own worker threads, if any, keep
+    theirs), so the app's requests get the cores first. Another process scanning the same set makes the run end
+    with DeepScanBusy as its `error` (nothing lost: that one finishes it). `on_done(Scan, docs)` runs in the thread
+    once the scan is there."""
+
+    def __init__(self, model: Any, ts: Any, kind: str, corpus: Any = None, tokens: int | None = None,
+                 on_done: Callable[[tuple[Any, list[str]]], None] | None = None,
+                 progress: Callable[[ProgressUpdate], None] | None = None):
+        self.model, self.ts, self.kind = model, ts, kind
+        self.corpus = set_corpus(model, kind) if corpus is None else corpus
+        self.tokens, self.on_done, self.progress = tokens, on_done, progress
+        self.update: ProgressUpdate | None = None
+        self.result: tuple[Any, list[str]] | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+        self.done = threading.Event()
+        self._cancel = threading.Event()
+        self._thread = threading.Thread(target=self._work, name=f"deep scan {kind}", daemon=True)
+
+    def start(self) -> BackgroundDeepScan:
+        self._thread.start()
+        return self
+
+    def cancel(self) -> None:
+        """Stop at the next progress report; what the finished shards scanned is kept, and a new start resumes."""
+        self._cancel.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def status(self) -> str:
+        """One line for a person: where it is, done, cancelled or why it stopped."""
+        if self.result is not None:
+            return f"deep scan done: {self.result[0].n_tokens:,} tokens"
+        if self.cancelled:
+            return "deep scan cancelled; it resumes from its last finished shard when started again"
+        if self.error is not None:
+            return f"deep scan stopped: {type(self.error).__name__}: {self.error}"
+        if self.update is None:
+            return "deep scan starting"
+        return self.update.text()
+
+    def _sink(self, update: ProgressUpdate) -> None:
+        self.update = update
+        if self.progress is not None:
+            self.progress(update)
+        if self._cancel.is_set():
+            raise DeepScanCancelled("the deep scan was cancelled")
+
+    def _work(self) -> None:
+        with contextlib.suppress(AttributeError, OSError):  # Linux: a thread's id sets that thread's nice only
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+        try:
+            self.result = prepare_deep_scan(self.model, self.ts, self.kind, tokens=self.tokens, corpus=self.corpus,
+                                            progress=self._sink)
+            if self.on_done is not None:
+                self.on_done(self.result)
+        except DeepScanCancelled:
+            self.cancelled = True
+        except Exception as e:  # noqa: BLE001 - a background thread has no caller to raise to: status() says it
+            self.error = e
+        finally:
+            self.done.set()
