@@ -165,3 +165,28 @@ def test_step_threads_retry_the_slower_way_rarely_when_it_is_much_slower():
     ratio_bound = StepThreads.RUN * (4.0 - 1) / StepThreads.OVERHEAD
     assert retries and all(b - a >= ratio_bound for a, b in zip([first_one, *retries], retries, strict=False))
     assert picks.count("every") <= StepThreads.EXPLORE + 3 * StepThreads.RUN
+
+
+def test_a_step_on_one_thread_leaves_other_python_threads_on_theirs(two_threads):
+    """torch's thread count is OpenMP's, per Python thread, once that thread has run torch: a decoding step on one
+    thread (params.one_thread) in one request of the app leaves a concurrent request's forwards on every thread.
+    (A thread whose very first torch call falls inside such a step starts from the process-wide count, 1 then.)"""
+    import threading
+
+    from slmviz.model.params import one_thread
+
+    started, step_open, seen = threading.Event(), threading.Event(), []
+
+    def other_request() -> None:
+        seen.append(torch.get_num_threads())  # this thread's first torch call: it takes the process's count
+        started.set()
+        step_open.wait(timeout=30)
+        seen.append(torch.get_num_threads())
+
+    worker = threading.Thread(target=other_request)
+    worker.start()
+    assert started.wait(timeout=30)
+    with one_thread(torch.device("cpu")):
+        step_open.set()
+        worker.join(timeout=30)
+    assert seen == [2, 2] and torch.get_num_threads() == 2

@@ -224,6 +224,8 @@ class StepThreads(OnlineChoice):
     each split is an OpenMP fork/join whose join waits until the OS runs the other thread again, and a whole step
     on one thread is several times faster than on two (bench/results/families.md). Neither is right everywhere,
     and a machine's load changes while it decodes. The values differ only as the one-row kernels do (`linear`).
+    torch's thread count is per Python thread once a thread has run torch, so a step on one thread leaves the
+    app's other requests on theirs; a thread whose first torch call falls inside such a step starts on one.
     Pinned by tests/test_families_fast_paths.py::test_decoding_steps_measure_one_thread_against_every_thread.
     """
 
