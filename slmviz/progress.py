@@ -21,7 +21,6 @@ bar "go backwards" (200/200, then 54/200) with no word of the passes.
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -132,8 +131,7 @@ class Progress:
 def as_progress(progress: ProgressLike, job: str) -> Progress:
     """The Progress a long job reports to, from what its caller passed:
     True -> one tqdm bar (tqdm.auto: a widget in notebooks); False or None -> nothing;
-    fn(ProgressUpdate) -> that function, called at every report; a Progress (a caller's part) -> itself.
-    A function of two required arguments is the older fn(done, total) shape, called with the phase's counts."""
+    fn(ProgressUpdate) -> that function, called at every report; a Progress (a caller's part) -> itself."""
     if isinstance(progress, Progress):
         return progress
     if progress is True:
@@ -141,23 +139,9 @@ def as_progress(progress: ProgressLike, job: str) -> Progress:
     if progress is None or progress is False:
         return Progress(_Root(job, None))
     if callable(progress):
-        return Progress(_Root(job, _two_counts(progress) or progress))
+        return Progress(_Root(job, progress))
     raise TypeError(f"progress must be True, False, None, a function of a ProgressUpdate or a Progress; got "
                     f"{type(progress).__name__}")
-
-
-def _two_counts(fn: Callable[..., Any]) -> Sink | None:
-    """The older callback shape fn(done, total), still taken while its last callers move to fn(ProgressUpdate): a
-    sink that calls it with the phase's counts. None for any other function."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin (list.append): the one-argument shape
-        return None
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = [p for p in positional if p.default is p.empty]
-    if len(required) != 2 or any(p.kind == p.VAR_POSITIONAL for p in params):
-        return None
-    return lambda u: fn(u.done, u.total)
 
 
 class TqdmSink:

@@ -182,7 +182,7 @@ class Stop(Exception):
 
 @pytest.mark.parametrize("vmap", [True, False])
 def test_progress_counts_every_target_and_a_raising_callable_stops_the_graph(models, vmap):
-    """progress(done, total) after each backward batch: done grows to total = logits + features (the adjacency rows
+    """progress(update) after each backward batch: done grows to total = logits + features (the adjacency rows
     attributed); reporting changes no number. A callable that raises stops the computation at that batch, the
     exception propagates as it is, and the frames it unwound keep nothing large alive (the adjacency, the
     autograd graph) once raised."""
@@ -191,7 +191,7 @@ def test_progress_counts_every_target_and_a_raising_callable_stops_the_graph(mod
     plain = attribution_graph(PROMPT, transcoders=tcs, model=m, batch_size=7, vmap=vmap, progress=False)
     calls: list[tuple[int, int]] = []
     g = attribution_graph(PROMPT, transcoders=tcs, model=m, batch_size=7, vmap=vmap,
-                          progress=lambda done, total: calls.append((done, total)))
+                          progress=lambda u: calls.append((u.done, u.total)) if u.unit == "target" else None)
     kinds = g.nodes["kind"]
     total = int((kinds == "logit").sum() + (kinds == "feature").sum())
     n_logits = int((kinds == "logit").sum())
@@ -204,10 +204,12 @@ def test_progress_counts_every_target_and_a_raising_callable_stops_the_graph(mod
 
     seen: list[int] = []
 
-    def stop_at_the_second(done: int, total: int) -> None:
-        seen.append(done)
+    def stop_at_the_second(u) -> None:
+        if u.unit != "target":
+            return
+        seen.append(u.done)
         if len(seen) == 2:
-            raise Stop(f"stopped at {done} of {total}")
+            raise Stop(f"stopped at {u.done:g} of {u.total:g}")
 
     with pytest.raises(Stop, match=f"stopped at {done[1]} of {total}") as e:
         attribution_graph(PROMPT, transcoders=tcs, model=m, batch_size=7, vmap=vmap, progress=stop_at_the_second)

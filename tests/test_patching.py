@@ -151,8 +151,9 @@ def test_small_batches_with_their_own_shared_prefix_still_equal_one_forward_per_
 
 def test_progress_is_reported_up_to_every_cell(m):
     seen = []
-    r = _sweep(m, "resid_pre", engine="per_cell", progress=lambda done, total: seen.append((done, total)))
-    assert seen[0] == (0, r.total) and seen[-1] == (r.total, r.total)
+    r = _sweep(m, "resid_pre", engine="per_cell", progress=lambda u: seen.append((u.done, u.total, u.unit)))
+    assert seen[0] == (0, r.total, "cell") and seen[-1] == (r.total, r.total, "cell")
+    assert [d for d, _, _ in seen] == sorted(d for d, _, _ in seen)
 
 
 # --- errors --------------------------------------------------------------------------------------------

@@ -73,3 +73,26 @@ def test_the_terminal_bar_is_one_bar_of_the_whole_job(capsys):
     p.part("a", 0.5).update(1, 1)
     p.part("b", 0.5).update(1, 2)
     assert p._root.sink.bar.n == 750
+
+
+def test_every_library_function_takes_progress_as_the_one_contract():
+    """Each long job's `progress` parameter is annotated ProgressLike (one contract; the issue found four aliases of
+    different shapes), and no module defines a callback alias of its own."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "slmviz"
+    wrong, aliases = [], []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            if isinstance(node, ast.Assign) and "Progress" in names:
+                aliases.append(f"{path.relative_to(root)}:{node.lineno}")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+                for a in node.args.args + node.args.kwonlyargs:
+                    if a.arg == "progress" and a.annotation is not None and ast.unparse(a.annotation) not in (
+                            "ProgressLike", "Progress"):
+                        wrong.append(f"{path.relative_to(root)}:{node.lineno} {node.name}: {ast.unparse(a.annotation)}")
+    assert not aliases, aliases
+    assert not wrong, wrong

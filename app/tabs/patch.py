@@ -100,7 +100,7 @@ class PatchHandlers:
                 estimate_s = time.perf_counter() - started
                 sweep = progress.part("the exact sweep, to measure the estimate", 1.0)
                 exact = slmviz.patch(clean, corrupted, **kw,
-                                     progress=lambda done, total: sweep.update(done, total, unit="cell"))
+                                     progress=sweep)
                 note = (f"Attribution estimate in {estimate_s:.1f} s; its correlation with the exact sweep "
                         f"(computed too, {time.perf_counter() - started - estimate_s:.1f} s) is "
                         f"r = {exact_correlation(result, exact):.2f}.")
@@ -164,7 +164,7 @@ class PatchHandlers:
             patched.say("")
             heads = slmviz.patch(clean, corrupted, answer=ans, wrong=wro or None, site="heads", model=model,
                                  direction=direction,
-                                 progress=lambda done, total: patched.update(done, total, unit="head"))
+                                 progress=patched)
             progress.part("direct logit attribution on the clean prompt", 1.0).say("")
             trace = model.trace(clean)
             by_layer = trace.logit_attribution(ans, wro or None, by="layer")

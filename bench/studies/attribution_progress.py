@@ -37,7 +37,7 @@ def main() -> None:
     stamps: list[float] = []
     start = time.perf_counter()
     g = slmviz.attribution_graph(PROMPT, transcoders=tcs, model=m,
-                                 progress=lambda done, total: stamps.append(time.perf_counter()))
+                                 progress=lambda u: stamps.append(time.perf_counter()) if u.unit == "target" else None)
     seconds = time.perf_counter() - start
     gaps = sorted(b - a for a, b in zip(stamps, stamps[1:], strict=False))
     print(f"{len(g.tokens)} tokens (with the BOS), {len(g.nodes):,} nodes: {len(stamps)} progress reports in "

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..progress import ProgressLike
+
 NAMES = ("broad", "chat", "mixed", "balanced", "quick")
 MODEL_WRITTEN = ("chat", "mixed", "balanced", "quick")  # need the model's chat text (corpora.generated) first
 
 
-def resolve_corpus(corpus: Any, model: Any = None, split: str = "train", progress: Any = True) -> Any:
+def resolve_corpus(corpus: Any, model: Any = None, split: str = "train", progress: ProgressLike = True) -> Any:
     """A corpus name -> the path of its `split` ("train" | "heldout"); anything else unchanged. `progress`
     (slmviz.progress's contract) reports the writing of a corpus the model writes itself, the first time."""
     if not isinstance(corpus, str) or corpus not in NAMES:

@@ -35,7 +35,6 @@ from ..variants import resolve_variant
 from .activations import batch_ids, sae_rows
 
 DENSE_FRACTION = 0.1  # SAEBench: a feature active on more than 10 % of tokens is dense
-Progress = ProgressLike  # slmviz.progress's contract: True (a tqdm bar), False/None, fn(ProgressUpdate), a Progress
 
 
 class Totals:
@@ -94,7 +93,7 @@ def evaluate_sae(
     tokens: int | None = 100_000,
     window: int = 128,
     batch_tokens: int = 512,
-    progress: Progress = True,
+    progress: ProgressLike = True,
 ) -> dict[str, float]:
     """SAEBench's core metrics (module docstring) of `sae` on `corpus`, read by `model` (default: the model the
     SAE was loaded with). tokens: stop after this many real tokens (None: the whole corpus). window: tokens per
@@ -161,7 +160,7 @@ def evaluate_batch(sae: Any, model: Any, ids: torch.Tensor, real: torch.Tensor, 
 
 
 def evaluation_batches(model: Any, corpus: Any, tokens: int | None, window: int, batch_tokens: int,
-                       progress: Progress, desc: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                       progress: ProgressLike, desc: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(ids [b, T], real [b, T]) of the corpus's windows, batch by batch, until `tokens` real tokens (None: all);
     progress: slmviz.progress's contract, a job named `desc` counted in tokens (True: a tqdm bar)."""
     bar = as_progress(progress, desc)

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..formats.files import swap_in_folder
 from ..loading.bundled import cache_dir, prepared_dir
-from ..progress import ProgressUpdate
+from ..progress import ProgressLike, ProgressUpdate
 from ..scans.scan import ScanFormatError
 
 CORPUS = "mixed"  # the corpus the prepared sets train on (training.prepare), whose held-out split the scans read
@@ -42,7 +42,7 @@ def scan_docs(model: Any, corpus: Any = CORPUS, n: int = SCAN_DOCS, chars: int =
 
 
 def prepare_set_scan(model: Any, ts: Any, kind: str = "plt", corpus: Any = CORPUS, n_docs: int = SCAN_DOCS,
-                     progress: Any = True) -> tuple[Any, list[str]]:
+                     progress: ProgressLike = True) -> tuple[Any, list[str]]:
     """The feature scan of every coder of the prepared set `ts` (slmviz.scan, the set spliced: error terms on, so
     each coder reads the model's own input, as when scanned alone), kept beside the set in
     $SLMVIZ_CACHE/transcoders/{model}/{kind}/scan with the documents it read; computed once, then read. A scan
@@ -95,7 +95,7 @@ def set_scan_source(model: Any, kind: str = "plt") -> str | None:
 
 
 def prepare_deep_scan(model: Any, ts: Any, kind: str = "plt", tokens: int | None = None, corpus: Any = CORPUS,
-                      progress: Any = True, batch_tokens: int | None = None) -> tuple[Any, list[str]]:
+                      progress: ProgressLike = True, batch_tokens: int | None = None) -> tuple[Any, list[str]]:
     """The deep scan of the prepared set `ts` (features.deep_scan: at least `tokens`, default DEEP_TOKENS, of the
     set's own kind of text, with labels and their measured scores), kept in deep_scan_dir; computed once, then read.
     Resumable: a run that stopped (Cancel, a crash) goes on from the last shard it wrote. A deep scan there that
@@ -146,7 +146,7 @@ def weights_digest(sae: Any) -> str:
 
 
 def prepare_sae_scans(model: Any, saes: dict[str, Any] | None = None, corpus: Any = CORPUS, n_docs: int = SCAN_DOCS,
-                      progress: Any = True) -> dict[str, Path]:
+                      progress: ProgressLike = True) -> dict[str, Path]:
     """The feature scan of each SAE in `saes` ({name: SAE}; default: the model's bundled ones) over the same
     documents as a set's scan (scan_docs), kept in sae_scan_dir with its weights' digest; computed once per
     weights (and again when the one there cannot be read). Returns {name: folder}."""

@@ -27,7 +27,6 @@ the seam for other targets), `backward` (the backward passes), `selection` (a ca
 
 from __future__ import annotations
 
-import inspect
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -110,8 +109,7 @@ def attribution_graph(
     `progress`: slmviz.progress's contract (True: a tqdm bar; False / None: nothing; fn(ProgressUpdate); a Progress
     part of a caller's job), reported after each backward batch with the targets (adjacency rows: logits, then
     features) attributed so far, in a part named "attribution" (unit "target"); the backwards are nearly all of
-    the time. The older fn(done, total) is still called as before (one release; `legacy_progress`). An
-    exception raised by the sink stops the computation there and propagates as it is (the app's Cancel:
+    the time. An exception raised by the sink stops the computation there and propagates as it is (the app's Cancel:
     app/jobs.py's JobCancelled); the frames it unwound are cleared on the way out, so the exception a caller
     keeps does not keep the adjacency or the autograd graph alive.
 
@@ -183,7 +181,7 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
     # Phase 1 and 2, once for the logits (every layer) and once for the features (up to the last transcoder's
     # layer only): one forward of the batch, a zero leaf added wherever a source writes to read gradients at, then
     # one backward per batch of targets, row b's gradient injected at its own target only.
-    job = legacy_progress(progress, "attribution_graph")
+    job = as_progress(progress, "attribution_graph")
     with _Reporter(job.part("attribution", 0.97), n_logits + cap) as report:
         adjacency = ctx.attribute_all(report) if cap == n_feat else ctx.attribute_capped(cap, update_interval, report)
     job.part("constant", 0.03).say("each target's constant")
@@ -196,30 +194,6 @@ def _attribution_graph(prompt: Any, transcoders: Any, model: Any, max_n_logits: 
         transcoder_names=ts.names, model=model, transcoders=ts)
     job.finish()
     return graph
-
-
-def legacy_progress(progress: Any, job: str) -> Progress:
-    """as_progress, and the contract before slmviz.progress: fn(done, total) of two positional arguments is called
-    with the targets attributed and their total (only the "attribution" part's counts), as before. Kept one
-    release for callers written against it."""
-    if callable(progress) and not isinstance(progress, Progress) and _two_arguments(progress):
-        fn = progress
-
-        def sink(u: Any) -> None:
-            if u.unit == "target" and u.total:
-                fn(int(u.done), int(u.total))
-
-        return as_progress(sink, job)
-    return as_progress(progress, job)
-
-
-def _two_arguments(fn: Callable[..., Any]) -> bool:
-    try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
-    except (TypeError, ValueError):
-        return False
-    return len(params) == 2
 
 
 class _Reporter:

@@ -15,10 +15,10 @@ from .frozen import PromptState, Writes
 def attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple], adjacency: torch.Tensor,
                    batch_size: int, f_pos: torch.Tensor, writes: Writes, errors: torch.Tensor,
                    token_vecs: torch.Tensor, err_off: int, tok_off: int, logit_off: int, vmap: bool = True,
-                   progress: Callable[[int], None] | None = None) -> None:
+                   report: Callable[[int], None] | None = None) -> None:
     """Fill adjacency's rows of `targets` [(layer read, position, read vector, node index)]: one forward of the
     replacement model up to the deepest layer they read, then one backward per `batch_size` of them, each row's
-    gradient injected at its own target. `progress(n)` after each backward: n rows of `targets` are filled
+    gradient injected at its own target. `report(n)` after each backward: n rows of `targets` are filled
     (called outside the vmap fallback's `except`, so whatever it raises propagates as it is).
 
     `vmap=True`: the forward runs one copy of the prompt and each backward is vmapped over its rows
@@ -40,8 +40,8 @@ def attribute_rows(model: Any, state: PromptState, ts: Any, targets: list[tuple]
                     if not one_row or ("vmap" not in str(e) and "batch" not in str(e).lower()):
                         raise
                     break
-                if progress is not None:
-                    progress(done)
+                if report is not None:
+                    report(done)
         finally:
             batches.close()  # a stop mid-way: the suspended backward's autograd graph goes now
 

@@ -107,7 +107,7 @@ class AttributionContext:
         for base, rows in ((0, self.logit_rows()), (self.n_targets, feature_rows)):
             if rows:
                 attribute_rows(self.model, self.state, self.ts, rows, adjacency, *self._args(), vmap=self.vmap,
-                               progress=lambda n, base=base: report(base + n))
+                               report=lambda n, base=base: report(base + n))
         return adjacency
 
     def attribute_capped(self, cap: int, update_interval: int, report: Callable[[int], None]) -> torch.Tensor:

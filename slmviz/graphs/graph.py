@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..progress import ProgressLike
 from . import workbench as wb
 from .graph_json import graph_json
 from .head_loadings import head_loadings as edge_head_loadings
@@ -249,7 +250,7 @@ class AttributionGraph:
         return self
 
     def summarize(self, max_groups: int = 12, method: str | None = None, apply: bool = True,
-                  progress: Any = None) -> Any:
+                  progress: ProgressLike = None) -> Any:
         """A short story of this graph (graphs.summary.GraphSummary): its kept features in at most `max_groups`
         supernodes plus the embedding, error and logit groups, the edges between groups (sums of the member
         edges), and `check()` to turn each group off. `apply`: the groups become the workbench's supernodes (a

@@ -59,7 +59,7 @@ def attribute_most_influential(model: Any, state: PromptState, ts: Any, logit_ta
     rows = torch.zeros(cap + n_logits, n_nodes)
     row_node = torch.zeros(cap + n_logits, dtype=torch.long)
     attribute_rows(model, state, ts, [(*t[:3], i) for i, t in enumerate(logit_targets)], rows, *args, vmap=vmap,
-                   progress=report)
+                   report=report)
     row_node[:n_logits] = torch.tensor([t[3] for t in logit_targets])
     visited = torch.zeros(n_feat, dtype=torch.bool)
     st = n_logits
@@ -69,7 +69,7 @@ def attribute_most_influential(model: Any, state: PromptState, ts: Any, logit_ta
         pending = rank[~visited[rank]][: min(update_interval * batch_size, cap - (st - n_logits))]
         targets = [(int(f_layer[i]), int(f_pos[i]), f_enc[i], st + j) for j, i in enumerate(pending.tolist())]
         attribute_rows(model, state, ts, targets, rows, *args, vmap=vmap,
-                       progress=lambda n, st=st: report(st + n))
+                       report=lambda n, st=st: report(st + n))
         row_node[st:st + len(pending)] = pending
         visited[pending] = True
         st += len(pending)

@@ -33,13 +33,14 @@ position before the prompts' first differing token) is the identity patch, whose
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from ..hooks import HookFn, build_context
 from ..metrics import Metric, as_float, check_same_length, first_difference, logit_diff, single_token_id
+from ..progress import ProgressLike, as_progress
 from ..variants import Variant, VariantLike, resolve_variant
 from .attribution import attribution_sweep
 from .features import SITE as FEATURE_SITE
@@ -67,7 +68,7 @@ def patch(
     engine: str | None = None,
     variant: VariantLike = None,
     chat: bool = False,
-    progress: Callable[[int, int], None] | None = None,
+    progress: ProgressLike = None,
     saes: Sequence[Any] | None = None,
     top: int | None = None,
 ) -> PatchResult:
@@ -78,17 +79,19 @@ def patch(
     direction: "denoise" runs corrupted and patches in clean (TL's default); "noise" the reverse.
     method: "exact" (one patched run per cell) or "attribution" (a first-order estimate for every cell
     from one forward and one backward pass; see slmviz.interventions.attribution).
-    progress(done, total) is called as cells finish. The prompts must have the same number of tokens.
+    progress: slmviz.progress's contract (True: a tqdm bar; fn(ProgressUpdate); a caller's Progress part), one
+    report as each cell finishes (unit "cell"); a sink that raises stops the sweep there.
+    The prompts must have the same number of tokens.
     saes: SAEs spliced into every run (clean, corrupted and patched), as in `Model.trace`.
     site="sae" patches the SAEs' features (slmviz.interventions.features): one cell per (SAE, feature, position)
     active in either run, each estimated by attribution, and the `top` cells (default 20; 0 with
     method="attribution") also run exactly; returns a FeaturePatchResult.
     """
+    job = as_progress(progress, "patch")
     result = None
     for result in patch_steps(clean, corrupted, answer, wrong, site, model, metric, direction, method, engine,
                               variant, chat, saes, top):
-        if progress is not None:
-            progress(result.done, result.total)
+        job.update(result.done, result.total, unit="cell")
     assert result is not None
     return result
 

@@ -25,15 +25,16 @@ import torch
 
 from ..corpora.reading import CorpusError
 from ..features.activations import sae_rows
-from ..features.evaluate import Progress, Totals, evaluation_batches
+from ..features.evaluate import Totals, evaluation_batches
 from ..hooks import build_context
+from ..progress import ProgressLike
 from ..variants import resolve_variant
 from .base import ReplacementSet
 from .transcoder_set import as_replacement
 
 
 def evaluate_transcoders(ts: Any, corpus: Any, model: Any, tokens: int | None = 20_000, window: int = 128,
-                         batch_tokens: int = 512, progress: Progress = True) -> dict[str, Any]:
+                         batch_tokens: int = 512, progress: ProgressLike = True) -> dict[str, Any]:
     """Per-layer metrics and the all-layers-replaced run of set `ts` on `corpus` (module docstring)."""
     ts = as_replacement(ts)
     ts.check_model(model)

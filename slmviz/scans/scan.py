@@ -45,7 +45,6 @@ DEFAULT_BATCH_TOKENS = 1024  # padded tokens per forward: this CPU's peak tokens
 # x 4 bytes = 0.2 GB on SmolLM2, where 2048 tokens would need 0.8 GB.
 DAMAGE_BATCH_TOKENS = 512
 FORMAT_VERSION = 1
-Progress = ProgressLike  # True (a tqdm bar), False/None, fn(ProgressUpdate), or a caller's Progress part
 
 
 class ScanFormatError(ValueError):
@@ -63,7 +62,7 @@ def scan(
     batch_tokens: int | None = None,
     limit: int | None = None,
     workers: int = 1,
-    progress: Progress = True,
+    progress: ProgressLike = True,
     context: tuple[int, int] = (12, 4),
     saes: Sequence[Any] | None = None,
 ) -> Scan:

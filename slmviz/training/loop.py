@@ -34,10 +34,11 @@ import torch
 
 from ..corpora.reading import CorpusError
 from ..formats.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
+from ..progress import ProgressLike
 from .clt_objective import CLTObjective
 from .config import Cursor, TrainConfig, autocast
 from .objective import Objective
-from .report import Progress, Report, summary
+from .report import Report, summary
 from .results import coder_metadata, package, save_result, to_device
 from .rows import Rows, block_rows, count_blocks, plan_blocks, threshold_rows
 from .sae_objective import SAEObjective
@@ -184,7 +185,7 @@ class Run:
         write_checkpoint(out, Checkpoint(self.cfg.to_json(), {n: t.header() for n, t in self.trainers.items()},
                                          tensors))
 
-    def train(self, model: Any, corpus: Any, out: Path, progress: Progress, checkpoint_every: float) -> Any:
+    def train(self, model: Any, corpus: Any, out: Path, progress: ProgressLike, checkpoint_every: float) -> Any:
         """Train every coder to `tokens` rows from where its cursor stands, then finish (thresholds), save the object
         in `out` with the finished checkpoint, and return it on the model's device."""
         cfg, trainers = self.cfg, self.trainers

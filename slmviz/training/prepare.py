@@ -107,7 +107,7 @@ def prepare_transcoders(model: Any, kind: str = "plt", progress: ProgressLike = 
     return ts
 
 
-def start_deep_scan(model: Any, ts: Any, kind: str, progress: Any = None) -> threading.Thread:
+def start_deep_scan(model: Any, ts: Any, kind: str, progress: ProgressLike = None) -> threading.Thread:
     """The set's deep scan (prepare_deep_scan: resumable, read once made) in a daemon thread, started now; returns
     the thread. A second start while one runs for the same set is refused by its work folder's lock (DeepScanBusy
     as the thread's error, nothing lost)."""

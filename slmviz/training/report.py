@@ -17,7 +17,6 @@ from typing import Any
 
 from ..progress import ProgressLike, as_progress
 
-Progress = ProgressLike
 SUMMARY = ("explained_variance", "worst_explained_variance", "l0", "l0_total", "dead_fraction")
 
 
@@ -32,7 +31,7 @@ def summary(layers: dict[Any, dict[str, float]]) -> dict[str, float]:
 class Report:
     """Collects each coder's latest step figures (loop.Trainer.step) into the run's stats and reports them."""
 
-    def __init__(self, progress: Progress, trainers: dict[str, Any], desc: str):
+    def __init__(self, progress: ProgressLike, trainers: dict[str, Any], desc: str):
         self.progress, self.trainers = as_progress(progress, desc), trainers
         self.total = sum(t.cfg.tokens for t in trainers.values())
         self.latest: dict[str, dict[str, Any]] = {}

@@ -28,12 +28,12 @@ from ..corpora.named import resolve_corpus
 from ..features.activations import MASSIVE_FACTOR
 from ..features.sae import SAE
 from ..formats.checkpoint import CHECKPOINT, CheckpointError, read_checkpoint
+from ..progress import ProgressLike
 from ..replacement.base import READ_HOOK, WRITE_HOOK
 from ..replacement.clt import CrossLayerTranscoder
 from ..replacement.transcoder_set import TranscoderSet
 from .config import TrainConfig, check_same_run, fastest_dtype
 from .loop import Run
-from .report import Progress
 from .results import load_result
 from .rows import checked_corpus, corpus_fingerprint
 
@@ -43,7 +43,7 @@ SET_KINDS = ("plt", "clt")
 def train_sae(model: Any, hook: str, corpus: Any, d_sae: int, k: int, tokens: int, out: str | os.PathLike,
               hook_out: str | None = None, architecture: str = "topk", lr: float = 1e-3, batch_tokens: int = 4096,
               seed: int = 0, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-              progress: Progress = True, window: int = 128, forward_tokens: int = 1024, buffer_tokens: int = 65_536,
+              progress: ProgressLike = True, window: int = 128, forward_tokens: int = 1024, buffer_tokens: int = 65_536,
               dead_window: int = 500_000, aux_coefficient: float = 1.0, lr_decay: float = 0.2,
               checkpoint_every: float = 120.0, metadata: dict[str, Any] | None = None, skip: bool = False) -> SAE:
     """Train an SAE on `hook` (a transcoder predicting `hook_out`) over `corpus`, checkpointing to `out`.
@@ -77,7 +77,7 @@ def train_transcoders(model: Any, layers: str | Sequence[int] = "all", corpus: A
                       k: int = 64, tokens: int = 1_000_000, out: str | os.PathLike = "transcoders", kind: str = "plt",
                       skip: bool = True, architecture: str = "batchtopk", lr: float = 1e-3, batch_tokens: int = 512,
                       seed: int = 0, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-                      progress: Progress = True, window: int = 128, forward_tokens: int = 1024,
+                      progress: ProgressLike = True, window: int = 128, forward_tokens: int = 1024,
                       buffer_tokens: int = 16_384, dead_window: int = 500_000, aux_coefficient: float = 1.0,
                       lr_decay: float = 0.2, checkpoint_every: float = 600.0, name: str = "",
                       metadata: dict[str, Any] | None = None, pre_act_coefficient: float = 0.0
@@ -137,7 +137,7 @@ def resolve_layers(layers: str | Sequence[int], n_layers: int) -> tuple[int, ...
 
 def run_training(model: Any, kind: str, hooks: list[tuple[str, str]], corpus: Any, out: str | os.PathLike,
                  device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-                 progress: Progress = True, checkpoint_every: float = 600.0, metadata: dict[str, Any] | None = None,
+                 progress: ProgressLike = True, checkpoint_every: float = 600.0, metadata: dict[str, Any] | None = None,
                  **arguments: Any) -> Any:
     """The path every public trainer takes: the configuration from its `arguments` (TrainConfig's fields, by name),
     then a finished run in `out` loaded, an interrupted one resumed, or a new one trained; a checkpoint of another
