@@ -23,6 +23,7 @@ from typing import Any
 from slmviz import Scan
 from slmviz import scan as scan_corpus
 from slmviz.corpora.verses import bundled_corpus
+from slmviz.hooks import layer_hook_name, layer_of
 from slmviz.loading.bundled import cache_dir
 from slmviz.progress import Progress
 from slmviz.scans.scan import FORMAT_VERSION
@@ -44,13 +45,13 @@ def scan_hooks(model: Any) -> list[str]:
     """An MLP, a z and a pattern hook at a quarter and at half of the depth: the forward stops at half."""
     n = model.cfg.n_layers
     layers = sorted({n // 4, n // 2})
-    return [f"blocks.{layer}.{kind}" for layer in layers for kind in HOOK_KINDS]
+    return [layer_hook_name(layer, kind) for layer in layers for kind in HOOK_KINDS]
 
 
 def all_hooks(model: Any) -> list[str]:
     """Every layer's MLP, z and pattern hook, as the Corpus tab offers them (the tab scan's layers first)."""
     first = scan_hooks(model)
-    every = [f"blocks.{layer}.{kind}" for layer in range(model.cfg.n_layers) for kind in HOOK_KINDS]
+    every = [layer_hook_name(layer, kind) for layer in range(model.cfg.n_layers) for kind in HOOK_KINDS]
     return first + [h for h in every if h not in first]
 
 
@@ -59,8 +60,8 @@ def hooks_for(model: Any, hook: str) -> list[str]:
     scan on demand: the forward stops after that layer)."""
     if hook in scan_hooks(model):
         return scan_hooks(model)
-    layer = int(hook.split(".")[1])
-    return [f"blocks.{layer}.{kind}" for kind in HOOK_KINDS]
+    layer = layer_of(hook)
+    return [layer_hook_name(layer, kind) for kind in HOOK_KINDS]
 
 
 def corpus_docs(n: int) -> list[str]:
@@ -151,7 +152,7 @@ def _on_disk(folder: Path) -> bool:
 
 def _layers(hooks: list[str]) -> str:
     """'layers 7 and 15' for the progress line (the hook names are in the tab's dropdown)."""
-    layers = sorted({int(h.split(".")[1]) for h in hooks if h.startswith("blocks.")})
+    layers = sorted({layer_of(h) for h in hooks if h.startswith("blocks.")})
     if not layers:
         return ", ".join(hooks)
     return ("layer " if len(layers) == 1 else "layers ") + " and ".join(map(str, layers))

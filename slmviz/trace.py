@@ -19,7 +19,7 @@ from .analysis.diff import trace_diff
 from .analysis.lens import logit_lens
 from .analysis.logit_attribution import logit_attribution
 from .config import ArchConfig
-from .hooks import RESIDUAL_STAGES, check_names, hook_names
+from .hooks import RESIDUAL_STAGES, check_names, hook_names, layer_hook_name, layer_of
 from .variants import BASE, Variant
 
 FORMAT_VERSION = 1
@@ -72,7 +72,7 @@ class Trace:
             raise RuntimeError(f"{name} is derived from hook_z and the model's weights, and this trace has no model")
         source = self.derived[name]
         z = self.cache[source] if source in self.cache else self._sources[source]
-        layer = int(name.split(".")[1])
+        layer = layer_of(name)
         w_o = self._model.decoder.params.layers[layer].w_o
         with torch.inference_mode():
             return per_head_result(z, w_o, self.config)
@@ -125,7 +125,7 @@ class Trace:
         rows = []
         for layer in range(self.n_layers):
             for stage, local in RESIDUAL_STAGES.items():
-                name = f"blocks.{layer}.{local}"
+                name = layer_hook_name(layer, local)
                 if name not in self.cache:
                     continue
                 norms = self.cache[name].float().norm(dim=-1)

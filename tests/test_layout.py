@@ -211,3 +211,19 @@ def test_the_app_has_no_import_circle_and_imports_no_private_name_across_modules
     assert not private, f"private names imported across app modules: {private}"
     graph = {src: {dst for dst, _ in edges if dst in found and dst != src} for src, edges in found.items()}
     assert_no_cycle(graph, "app import cycle")
+
+
+def test_hook_names_are_built_and_read_by_the_hooks_helpers():
+    """A layer's hook name is made by hooks.layer_hook_name and its layer read by hooks.layer_of, never by an
+    f"blocks.{L}..." string or split(".")[1] of its own: one place to change if a family's names ever differ (the
+    families issue counted 64 f-strings against 7 uses of the helper)."""
+    import re
+
+    root = PACKAGE.parent
+    made = re.compile(r"""f["']blocks\.\{""")
+    read = re.compile(r"""\.split\(["']\.["']\)\[1\]""")
+    found = [f"{path.relative_to(root)}:{i}" for part in ("slmviz", "app")
+             for path in sorted((root / part).rglob("*.py")) if path.name != "hooks.py"
+             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if made.search(line) or read.search(line)]
+    assert not found, f"use hooks.layer_hook_name / hooks.layer_of: {found}"

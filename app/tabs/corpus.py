@@ -18,6 +18,7 @@ from typing import Any
 import gradio as gr
 
 from slmviz import Scan
+from slmviz.hooks import layer_of
 from slmviz.plots.scan import STRIP_CLASS, examples_html, histogram
 
 from ..fast_mode import SCAN_COST, dtype_for, fast_checkbox
@@ -67,7 +68,7 @@ def build_corpus_tab(ctx: AppContext, prompt: gr.Textbox, source: gr.State, queu
         m = ctx.model(source_name, dtype=dtype_for(fast_scan))
         names = all_hooks(m)
         hook_name = hook_name if hook_name in names else names[0]
-        layer = hook_name.split(".")[1]
+        layer = layer_of(hook_name)
         running = (f"Scanning the corpus at layer {layer} (once per model and layer; everyone else's requests go "
                    "on). **Cancel** stops waiting.", gr.skip(), gr.skip(), gr.skip(), gr.skip())
         s, docs = yield from wait_for_scan(lambda who: SCANS.hook_scan(m, hook_name, who), session(request),

@@ -20,6 +20,7 @@ import gradio as gr
 
 import slmviz
 from slmviz.corpora.named import MODEL_WRITTEN
+from slmviz.hooks import layer_hook_name
 from slmviz.progress import ProgressUpdate
 
 from ..jobs import RUNNER, JobProgress
@@ -149,10 +150,11 @@ def build_training_panel(ctx: AppContext, saes: SAEStore, source: gr.State, pick
     layer = ctx.store.get().cfg.n_layers // 2
     with gr.Accordion("Train an SAE on this model (minutes; other sessions keep being served)", open=False):
         with gr.Row():
-            hook = gr.Textbox(value=f"blocks.{layer}.hook_resid_post", label="hook it reads",
+            hook = gr.Textbox(value=layer_hook_name(layer, "hook_resid_post"), label="hook it reads",
                               elem_id="sae-train-hook", scale=3)
             hook_out = gr.Textbox(value="", label="hook it predicts (a transcoder; empty: an SAE)",
-                                  placeholder=f"blocks.{layer}.hook_mlp_out", elem_id="sae-train-hook-out", scale=3)
+                                  placeholder=layer_hook_name(layer, "hook_mlp_out"), elem_id="sae-train-hook-out",
+                                  scale=3)
         with gr.Row():
             width = gr.Number(value=2048, precision=0, label="width (features)", elem_id="sae-train-width")
             k = gr.Number(value=32, precision=0, label="k (active per token)", elem_id="sae-train-k")

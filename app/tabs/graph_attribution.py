@@ -25,6 +25,7 @@ import pandas as pd
 
 import slmviz
 from slmviz.graphs.attribution import DEFAULT_MEMORY_BUDGET_GB, prepend_special
+from slmviz.hooks import layer_of
 from slmviz.progress import ProgressUpdate, format_seconds
 
 from ..jobs import RUNNER
@@ -172,7 +173,7 @@ class AttributionHandlers:
         entries = [] if full else [self.saes.get(model, n) for n in names]
         layers: dict[int, str] = {}
         for entry in entries:
-            layer = int(entry.sae.hook_name.split(".")[1])
+            layer = layer_of(entry.sae.hook_name)
             if layer in layers:
                 raise ValueError(f"{layers[layer]} and {entry.name} both read layer {layer}; pick one per layer")
             layers[layer] = entry.name

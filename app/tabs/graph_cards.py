@@ -13,6 +13,7 @@ import torch
 
 from slmviz.features.dashboard import top_contexts
 from slmviz.graphs.workbench import WorkbenchError, feature_labels, node_index
+from slmviz.hooks import layer_hook_name
 
 TOP_LOGITS = 10
 EDGES_SHOWN = 6
@@ -99,10 +100,10 @@ def _error_norms(found: Any) -> tuple[torch.Tensor, torch.Tensor]:
     if found.error_norms is None:
         graph, model = found.graph, found.model
         coders = dict(getattr(graph.transcoders, "coders", {}) or {})
-        names = [f"blocks.{L}.hook_mlp_out" for L in range(graph.n_layers)]
+        names = [layer_hook_name(L, "hook_mlp_out") for L in range(graph.n_layers)]
         names += [f"{sae.hook_name_out}.hook_sae_error" for sae in coders.values()]
         t = model.trace(graph.input_ids, saes=list(coders.values()), names=names)
-        out = torch.stack([t[f"blocks.{L}.hook_mlp_out"].float().norm(dim=-1) for L in range(graph.n_layers)])
+        out = torch.stack([t[layer_hook_name(L, "hook_mlp_out")].float().norm(dim=-1) for L in range(graph.n_layers)])
         err = out.clone()
         for L, sae in coders.items():
             err[L] = t[f"{sae.hook_name_out}.hook_sae_error"].float().norm(dim=-1)

@@ -22,6 +22,7 @@ import pandas as pd
 
 import slmviz
 from slmviz import plots
+from slmviz.hooks import layer_hook_name
 from slmviz.interventions.attribution import exact_correlation
 from slmviz.interventions.patching import DIRECTIONS, patch_steps, suggest_answers
 from slmviz.interventions.sites import SITES
@@ -220,8 +221,8 @@ class PatchHandlers:
 
 def ablated_hooks(heads: str | None, neurons: str | None) -> list[str]:
     """The hooks an ablation of these heads (z) and neurons (MLP post) replaces, sorted."""
-    return sorted({f"blocks.{layer}.attn.hook_z" for layer, _ in parse_pairs(heads, "heads")}
-                  | {f"blocks.{layer}.mlp.hook_post" for layer, _ in parse_pairs(neurons, "neurons")})
+    return sorted({layer_hook_name(layer, "attn.hook_z") for layer, _ in parse_pairs(heads, "heads")}
+                  | {layer_hook_name(layer, "mlp.hook_post") for layer, _ in parse_pairs(neurons, "neurons")})
 
 
 def parse_pairs(text: str | None, what: str) -> list[tuple[int, int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from ..hooks import RESIDUAL_STAGES, hook_names
+from ..hooks import RESIDUAL_STAGES, hook_names, layer_hook_name
 from .traced import Traced
 
 DIVERGENCE_THRESHOLD = 0.01  # 1 % relative change of the residual stream
@@ -33,7 +33,7 @@ def trace_diff(reference: Traced, other: Traced) -> pd.DataFrame:
     rows = []
     for layer in range(reference.n_layers):
         for stage, local in RESIDUAL_STAGES.items():
-            name = f"blocks.{layer}.{local}"
+            name = layer_hook_name(layer, local)
             if name in reference and name in other:
                 rel = relative_difference(reference[name], other[name])
                 rows += [(layer, stage, pos, reference.tokens[pos], float(r)) for pos, r in enumerate(rel)]
@@ -43,7 +43,7 @@ def trace_diff(reference: Traced, other: Traced) -> pd.DataFrame:
 def first_divergent_layer(reference: Traced, other: Traced, threshold: float = DIVERGENCE_THRESHOLD) -> int | None:
     """First layer whose resid_post differs by more than `threshold` (relative) at any position."""
     for layer in range(reference.n_layers):
-        name = f"blocks.{layer}.hook_resid_post"
+        name = layer_hook_name(layer, "hook_resid_post")
         if float(relative_difference(reference[name], other[name]).max()) > threshold:
             return layer
     return None

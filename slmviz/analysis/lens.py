@@ -7,6 +7,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from ..hooks import layer_hook_name
 from .traced import Traced
 
 ROWS_PER_CHUNK = 2048  # [rows, vocab] fp32 logits per matmul: 2048 × 49152 × 4 B ≈ 400 MB at most
@@ -19,7 +20,7 @@ def _lens_inputs(trace: Traced, layers: list[int], start: int) -> tuple[torch.Te
         raise RuntimeError("The logit lens needs the model's weights: this trace was loaded from disk; "
                            "re-trace the prompt with a model")
     p = model.decoder.params
-    resid = torch.stack([trace[f"blocks.{layer}.hook_resid_post"][start:] for layer in layers])  # [L, pos, d]
+    resid = torch.stack([trace[layer_hook_name(layer, "hook_resid_post")][start:] for layer in layers])  # [L, pos, d]
     # The trace's own variant decides the final norm (a no-norm trace is read without one, Gemma's with 1 + w).
     decoder = model.decoder
     x = decoder.final_norm(resid.flatten(0, 1), decoder.conventions(trace.variant))

@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from ..hooks import layer_hook_name
 from ..metrics import single_token_id
 from ..model.norm import normalize
 from .traced import Traced
@@ -62,9 +63,9 @@ def logit_attribution(trace: Traced, answer: str | int, wrong: str | int | None 
     w = None if wrong is None else single_token_id(model.tokenizer, wrong, cfg.vocab_size, "wrong")
     positions = ["hook_pos_embed"] if "hook_pos_embed" in model.hook_names else []
     need = ["hook_embed", *positions, "ln_final.hook_scale"] + [
-        f"blocks.{L}.{hook}" for L in range(cfg.n_layers) for hook in ("hook_attn_out", "hook_mlp_out")]
-    need += [f"blocks.{L}.attn.hook_z" for L in range(cfg.n_layers)] if by == "head" else []
-    need += [f"blocks.{L}.mlp.hook_post" for L in range(cfg.n_layers)] if by == "neuron" else []
+        layer_hook_name(L, hook) for L in range(cfg.n_layers) for hook in ("hook_attn_out", "hook_mlp_out")]
+    need += [layer_hook_name(L, "attn.hook_z") for L in range(cfg.n_layers)] if by == "head" else []
+    need += [layer_hook_name(L, "mlp.hook_post") for L in range(cfg.n_layers)] if by == "neuron" else []
     missing = [n for n in need if n not in trace]
     if missing and not (missing == ["ln_final.hook_scale"] and conv["norm"] == "none"):
         raise KeyError(f"Logit attribution by {by} reads {len(need)} hooks; this trace lacks {missing[:3]}"
@@ -91,16 +92,16 @@ def logit_attribution(trace: Traced, answer: str | int, wrong: str | int | None 
         attn_bias = float(d_attn @ lp.b_o.double()) if lp.b_o is not None else 0.0
         mlp_bias = float(d_mlp @ lp.b_down.double()) if lp.b_down is not None else 0.0
         remainder += attn_bias + mlp_bias
-        attn = float(direction @ at(f"blocks.{L}.hook_attn_out")) - attn_bias
-        mlp = float(direction @ at(f"blocks.{L}.hook_mlp_out")) - mlp_bias
+        attn = float(direction @ at(layer_hook_name(L, "hook_attn_out"))) - attn_bias
+        mlp = float(direction @ at(layer_hook_name(L, "hook_mlp_out"))) - mlp_bias
         if by == "head":
             per_dim = (d_attn @ lp.w_o.double()).view(h, dh)  # [h * dh] -> [h, dh]: direction read back per head
-            heads = (per_dim * at(f"blocks.{L}.attn.hook_z")).sum(-1)  # [h]
+            heads = (per_dim * at(layer_hook_name(L, "attn.hook_z"))).sum(-1)  # [h]
             rows += [(f"L{L}H{i}", "head", L, i, None, float(v)) for i, v in enumerate(heads)]
         else:
             rows.append((f"L{L} attn", "attn", L, None, None, attn))
         if by == "neuron":
-            per_neuron = (d_mlp @ lp.w_down.double()) * at(f"blocks.{L}.mlp.hook_post")  # [d_mlp]
+            per_neuron = (d_mlp @ lp.w_down.double()) * at(layer_hook_name(L, "mlp.hook_post"))  # [d_mlp]
             rows += [(f"L{L}N{n}", "neuron", L, None, n, float(v)) for n, v in enumerate(per_neuron)]
         else:
             rows.append((f"L{L} mlp", "mlp", L, None, None, mlp))
@@ -112,7 +113,7 @@ def logit_attribution(trace: Traced, answer: str | int, wrong: str | int | None 
     frame.attrs["logit_diff"] = float(logits[a] - (logits[w] if w is not None else 0.0))
     c = model.decoder.conventions(trace.variant)
     if c.final_softcap is not None:  # Gemma 2: the rows split the difference before cap · tanh(logits / cap)
-        final = trace[f"blocks.{cfg.n_layers - 1}.hook_resid_post"][pos][None].double()
+        final = trace[layer_hook_name(cfg.n_layers - 1, "hook_resid_post")][pos][None].double()
         normed = normalize(final, model.decoder.final_norm_factor(c).double(), cfg.norm_eps, c.norm_type,
                            weight_in_fp32=c.norm_weight_in_fp32)[0]
         frame.attrs["logit_diff_before_cap"] = float(readout @ normed)
@@ -138,7 +139,7 @@ def _branch_direction(trace: Traced, direction: torch.Tensor, lp: Any, slot: str
     weight = getattr(lp, slot, None)
     if weight is None or conv["norm"] not in ("output", "sandwich"):
         return direction
-    name = f"blocks.{layer}.{slot}.hook_scale"
+    name = layer_hook_name(layer, f"{slot}.hook_scale")
     if name not in trace:
         raise KeyError(f"Splitting a post-normed branch into heads or neurons needs {name!r}; trace with names=None")
     return _through_norm(direction, _weight(weight, conv), trace[name][pos], conv["norm_type"])

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..hooks import build_context
+from ..hooks import build_context, layer_hook_name, layer_of
 from ..metrics import Metric, as_float
 from ..model.block import norm_slots
 from ..progress import ProgressLike, as_progress
@@ -143,7 +143,7 @@ def post_scale_hook(model: Any, layer: int) -> str | None:
     if c.norm == "pre":
         return None
     slot = norm_slots(c.norm, "ln1", model.cfg.has_pre_norms, model.cfg.has_post_norms)[1]
-    return f"blocks.{layer}.{slot}.hook_scale"
+    return layer_hook_name(layer, f"{slot}.hook_scale")
 
 
 def capture(model: Any, graph: ComponentGraph, ids: torch.Tensor, reads: str = "all"
@@ -164,17 +164,17 @@ def capture(model: Any, graph: ComponentGraph, ids: torch.Tensor, reads: str = "
     hooks: dict[str, Callable] = {"hook_embed": _put(sources, 0)}
     for layer in range(n_layers):
         scale = post_scale_hook(model, layer)
-        hooks[f"blocks.{layer}.attn.hook_result"] = _keep(stash)
+        hooks[layer_hook_name(layer, "attn.hook_result")] = _keep(stash)
         if scale is not None:
             hooks[scale] = _keep(stash)
-        hooks[f"blocks.{layer}.hook_attn_out"] = _write_heads(model, layer, graph, sources, stash, scale)
-        hooks[f"blocks.{layer}.hook_mlp_out"] = _put(sources, graph.mlp_source(layer))
-        hooks[f"blocks.{layer}.hook_resid_pre"] = _put(resid_pre, layer)
-        hooks[f"blocks.{layer}.hook_resid_mid"] = _put(resid_mid, layer)
-        hooks[f"blocks.{layer}.attn.hook_rot_k"] = _put(keys, layer, transpose=True)
-        hooks[f"blocks.{layer}.attn.hook_v"] = _put(values, layer, transpose=True)
+        hooks[layer_hook_name(layer, "hook_attn_out")] = _write_heads(model, layer, graph, sources, stash, scale)
+        hooks[layer_hook_name(layer, "hook_mlp_out")] = _put(sources, graph.mlp_source(layer))
+        hooks[layer_hook_name(layer, "hook_resid_pre")] = _put(resid_pre, layer)
+        hooks[layer_hook_name(layer, "hook_resid_mid")] = _put(resid_mid, layer)
+        hooks[layer_hook_name(layer, "attn.hook_rot_k")] = _put(keys, layer, transpose=True)
+        hooks[layer_hook_name(layer, "attn.hook_v")] = _put(values, layer, transpose=True)
     final: dict[str, torch.Tensor] = {}
-    hooks[f"blocks.{n_layers - 1}.hook_resid_post"] = lambda x, name: final.__setitem__("x", x)
+    hooks[layer_hook_name(n_layers - 1, "hook_resid_post")] = lambda x, name: final.__setitem__("x", x)
     ctx = build_context(model.hook_names, [], hooks, batched=True)
     outputs = model.decoder.forward(ids, ctx, resolve_variant(None, cfg), **metric_outputs(model, reads))
     writes = [Writes(sources[i], resid_pre[i], resid_mid[i], final["x"][i], keys[i], values[i]) for i in range(b)]
@@ -249,7 +249,7 @@ def _keep(stash: dict[str, torch.Tensor]) -> Callable:
 def _write_heads(model: Any, layer: int, graph: ComponentGraph, into: torch.Tensor, stash: dict[str, torch.Tensor],
                  scale_name: str | None) -> Callable:
     """A hook on hook_attn_out that writes layer L's head writes (from the stashed result and post-norm scale)."""
-    result_name = f"blocks.{layer}.attn.hook_result"
+    result_name = layer_hook_name(layer, "attn.hook_result")
     heads = slice(graph.head_source(layer, 0), graph.head_source(layer, 0) + graph.n_heads)
 
     def fn(x: torch.Tensor, name: str) -> None:
@@ -341,18 +341,18 @@ def _patched_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], m
         splits = {"q": (0, cfg.n_heads), "k": (cfg.n_heads, cfg.n_kv_heads),
                   "v": (cfg.n_heads + cfg.n_kv_heads, cfg.n_kv_heads)}
         for kind, (offset, count) in splits.items():
-            hooks[f"blocks.{layer}.hook_{kind}_input"] = reader.part(offset, count)
+            hooks[layer_hook_name(layer, f"hook_{kind}_input")] = reader.part(offset, count)
         scale = post_scale_hook(model, layer)
-        hooks[f"blocks.{layer}.attn.hook_result"] = _keep(stash)
+        hooks[layer_hook_name(layer, "attn.hook_result")] = _keep(stash)
         if scale is not None:
             hooks[scale] = _keep(stash)
-        hooks[f"blocks.{layer}.hook_attn_out"] = _write_heads(model, layer, graph, sources, stash, scale)
+        hooks[layer_hook_name(layer, "hook_attn_out")] = _write_heads(model, layer, graph, sources, stash, scale)
         mlp_reads = "resid_pre" if graph.parallel else "resid_mid"  # a parallel block's MLP reads its input
         mlp = _Reader(m[:, :graph.mlp_prefix(layer), slices["mlp"]], diff, corrupted_input(mlp_reads, layer))
-        hooks[f"blocks.{layer}.hook_mlp_in"] = mlp.part(0, 1)
-        hooks[f"blocks.{layer}.hook_mlp_out"] = _put(sources, graph.mlp_source(layer))
+        hooks[layer_hook_name(layer, "hook_mlp_in")] = mlp.part(0, 1)
+        hooks[layer_hook_name(layer, "hook_mlp_out")] = _put(sources, graph.mlp_source(layer))
     logits_reader = _Reader(m[:, :, graph.logits_target:], diff, lambda: _rows(pairs, lambda r: r.corrupted.final[at]))
-    hooks[f"blocks.{n_layers - 1}.hook_resid_post"] = logits_reader.part(0, 1)
+    hooks[layer_hook_name(n_layers - 1, "hook_resid_post")] = logits_reader.part(0, 1)
     ctx = build_context(model.hook_names, [], hooks, batched=True)
     x = torch.stack([r.clean.resid_pre[start, at] for r in pairs])  # [b, pos', d]
     cache = None
@@ -524,8 +524,8 @@ def _gradient_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], 
     hooks: dict[str, Callable] = {}
     for layer in range(cfg.n_layers):
         for kind in ("hook_q_input", "hook_k_input", "hook_v_input", "hook_mlp_in"):
-            hooks[f"blocks.{layer}.{kind}"] = grab
-    last = f"blocks.{cfg.n_layers - 1}.hook_resid_post"
+            hooks[layer_hook_name(layer, kind)] = grab
+    last = layer_hook_name(cfg.n_layers - 1, "hook_resid_post")
     hooks[last] = grab
     ctx = build_context(model.hook_names, [], hooks, batched=True)
     cache = None
@@ -560,7 +560,7 @@ def _gradient_batch(model: Any, graph: ComponentGraph, runs: Sequence[PairRun], 
         if name == last:
             targets = slice(graph.logits_target, graph.logits_target + 1)
         else:
-            layer, kind = int(name.split(".")[1]), name.split(".")[2]
+            layer, kind = layer_of(name), name.split(".")[2]
             targets = graph.target_slices(layer)["mlp" if kind == "hook_mlp_in" else kind.split("_")[1]]
         if per_pair.dim() == 3:
             per_pair = per_pair[:, :, None]  # [P, pos, 1, d]

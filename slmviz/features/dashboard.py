@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from ..errors import SAEError, check_feature, check_k
+from ..hooks import layer_of
 
 BANDS = 5  # quantile bands of the feature's max activation: 0-20 %, ..., 80-100 %
 SEARCH_MODES = ("promotes", "fires")
@@ -201,7 +202,7 @@ def _promoting(sae: Any, model: Any, token: str, k: int) -> pd.DataFrame:
                          "leading space: ' the' and 'the' are different tokens)")
     directions = sae.W_dec.detach().float()  # [d_sae, d_out]
     if sae.hook_name_out.endswith("attn.hook_z"):  # through W_O, as SAE.residual_direction
-        layer = int(sae.hook_name_out.split(".")[1])
+        layer = layer_of(sae.hook_name_out)
         directions = directions @ model.decoder.params.layers[layer].w_o.float().T.to(directions.device)
     if directions.shape[-1] != model.cfg.d_model:
         raise SAEError(f"{sae!r} does not write the residual stream, so it has no logit effects")

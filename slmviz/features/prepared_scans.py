@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..formats.files import swap_in_folder
+from ..hooks import layer_of
 from ..loading.bundled import cache_dir, prepared_dir
 from ..progress import ProgressLike, ProgressUpdate
 from ..scans.scan import ScanFormatError
@@ -111,7 +112,7 @@ def prepare_deep_scan(model: Any, ts: Any, kind: str = "plt", tokens: int | None
         return found
     coders = getattr(ts, "coders", None)
     if coders is None:  # a list of transcoders: each at the layer it reads
-        coders = {int(c.hook_name.split(".")[1]): c for c in ts}
+        coders = {layer_of(c.hook_name): c for c in ts}
     return run_deep_scan(model, coders, deep_scan_dir(model, kind), corpus, tokens=tokens,
                          batch_tokens=batch_tokens or DEEP_BATCH_TOKENS, progress=progress)
 

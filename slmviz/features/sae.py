@@ -32,7 +32,7 @@ import torch
 from ..errors import SAEError, check_feature, check_k
 from ..formats import saelens
 from ..formats.saelens import canonical_architecture
-from ..hooks import hook_shape
+from ..hooks import hook_shape, layer_of
 
 
 def _topk(h: torch.Tensor, k: int) -> torch.Tensor:
@@ -148,7 +148,7 @@ class SAE(torch.nn.Module):
         for what, name, width in (("reads", self.hook_name, self.d_in), ("writes", self.hook_name_out, self.d_out)):
             if name not in valid:
                 local = name.split(".", 2)[-1]
-                layers = sorted({int(n.split(".")[1]) for n in valid if n.endswith("." + local)})
+                layers = sorted({layer_of(n) for n in valid if n.endswith("." + local)})
                 hint = (f"; this model has {local} at layers 0..{layers[-1]}" if layers
                         else f"; {family} models have no '{local}' hook (see model.hook_names)")
                 raise SAEError(f"{self!r} {what} {name!r}, which {model.name!r} ({family}) does not have{hint}")
@@ -250,7 +250,7 @@ class SAE(torch.nn.Module):
         if self.hook_name_out.endswith("attn.hook_z"):
             if model is None:
                 raise SAEError("an attn.hook_z SAE's residual direction needs the model's W_O: pass model=")
-            layer = int(self.hook_name_out.split(".")[1])
+            layer = layer_of(self.hook_name_out)
             w_o = model.decoder.params.layers[layer].w_o
             return w_o.float() @ row.to(w_o.device)  # [d_model, h*d_head] @ [h*d_head]
         if model is not None and row.numel() != model.cfg.d_model:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..errors import SAEError
+from ..hooks import layer_hook_name
 
 CHECKPOINT = "checkpoint.safetensors"
 HEADER_KEY = "slmviz_train"
@@ -111,7 +112,8 @@ def upgrade_0_2(key: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor]
         coders = {f"L{L}": v for L, v in layers.items()}
     elif key == "slmviz_train_clt_state":
         old = meta["config"]
-        hooks = [[f"blocks.{L}.{old['input_hook']}", f"blocks.{L}.hook_mlp_out"] for L in range(old["n_layers"])]
+        hooks = [[layer_hook_name(L, old["input_hook"]), layer_hook_name(L, "hook_mlp_out")]
+                 for L in range(old["n_layers"])]
         config = {**_without(old, "n_layers", "d_model", "input_hook"), "kind": "clt", "hooks": hooks,
                   "d_in": old["d_model"], "d_out": old["d_model"]}
         coders = {"clt": meta}

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..errors import TranscoderSetError
-from ..hooks import build_context
+from ..hooks import build_context, layer_hook_name
 from ..replacement.base import ReplacementSet
 from ..replacement.transcoder_set import as_replacement
 from ..variants import resolve_variant
@@ -70,8 +70,10 @@ def prompt_state(model: Any, ids: torch.Tensor, transcoders: Any = None) -> Prom
     set's, `blocks.L.mlp.hook_in` without one)."""
     cfg, dec = model.cfg, model.decoder
     n = cfg.n_layers
-    reads = [transcoders.read_hook(L) if transcoders is not None else f"blocks.{L}.mlp.hook_in" for L in range(n)]
-    names = [*frozen_names(model.hook_names), "hook_embed", *reads, *[f"blocks.{L}.hook_mlp_out" for L in range(n)]]
+    reads = [transcoders.read_hook(L) if transcoders is not None else layer_hook_name(L, "mlp.hook_in")
+             for L in range(n)]
+    outs = [layer_hook_name(L, "hook_mlp_out") for L in range(n)]
+    names = [*frozen_names(model.hook_names), "hook_embed", *reads, *outs]
     names = [x for x in names if x != "ln_final.hook_scale"]
     ctx = build_context(model.hook_names, names, batched=True)
     v = resolve_variant(None, cfg)
@@ -93,7 +95,7 @@ def prompt_state(model: Any, ids: torch.Tensor, transcoders: Any = None) -> Prom
         ids=ids, logits=logits[0].clone(),
         frozen={k: s[k] for k in names if k in s and k.endswith(("pattern", "scale"))},
         embed=s["hook_embed"][0], mlp_in=[s[r][0] for r in reads],
-        mlp_out=[s[f"blocks.{L}.hook_mlp_out"][0] for L in range(n)], final_scale=scales[0].clone(),
+        mlp_out=[s[layer_hook_name(L, "hook_mlp_out")][0] for L in range(n)], final_scale=scales[0].clone(),
     )
 
 

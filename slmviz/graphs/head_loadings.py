@@ -40,6 +40,7 @@ import pandas as pd
 import torch
 import torch.autograd.forward_ad as fwAD
 
+from ..hooks import layer_hook_name
 from .derived import node_index
 from .frozen import AttributionGraphError, demeaned_unembed
 from .sources import GraphSources, dead_ends, graph_sources, source_tangents
@@ -136,7 +137,7 @@ def cut_heads(x: torch.Tensor, held: Callable[[torch.Tensor], torch.Tensor]) -> 
 def _result_hooks(n_layers: int, fn: Callable[[int], Callable], held: Callable[[torch.Tensor], torch.Tensor]
                   ) -> dict[str, Callable]:
     """Each head's output read (or cut) by `fn(layer)`, and the frozen forward's dead ends held (dead_ends)."""
-    hooks = {f"blocks.{layer}.attn.hook_result": fn(layer) for layer in range(n_layers)}
+    hooks = {layer_hook_name(layer, "attn.hook_result"): fn(layer) for layer in range(n_layers)}
     hooks.update(dead_ends(n_layers, held))
     return hooks
 

@@ -36,6 +36,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from ..hooks import layer_hook_name
 from .derived import node_index
 from .frozen import AttributionGraphError, frozen_names
 from .workbench import checked_ids, coders
@@ -164,7 +165,7 @@ def intervene(graph: Any, values: dict[str, Any], constrained: bool = True, cont
     with torch.inference_mode():
         if constrained:
             errors = [f"{sae.hook_name_out}.hook_sae_error" for sae in saes]
-            outs = [f"blocks.{L}.hook_mlp_out" for L in range(model.cfg.n_layers) if L not in transcoders]
+            outs = [layer_hook_name(L, "hook_mlp_out") for L in range(model.cfg.n_layers) if L not in transcoders]
             frozen = [*frozen_names(model.hook_names), *errors, *outs]
             before = model.trace(ids, saes=saes, names=[*frozen, *acts.values()])
             keep = {n: before[n] for n in frozen}

@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from ..hooks import layer_hook_name
 from .frozen import PromptState, Writes
 
 WRITE_CHUNK = 65_536  # writes materialised at once where every vector is needed (replacement_constant)
@@ -55,7 +56,7 @@ def node_table(model: Any, ids: torch.Tensor, f_layer: torch.Tensor, f_pos: torc
         rows.append({"node_id": f"{L}_{f}_{p}", "kind": "feature", "layer": L, "position": p, "feature": f,
                      "activation": a, "hook": hook, "token": strings[p], "probability": math.nan})
     for L in range(n_layers):
-        hook = f"blocks.{L}.hook_mlp_out"
+        hook = layer_hook_name(L, "hook_mlp_out")
         for p in range(n_pos):
             rows.append({"node_id": f"0_{L}_{p}", "kind": "error", "layer": L, "position": p, "feature": -1,
                          "activation": math.nan, "hook": hook, "token": strings[p], "probability": math.nan})

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..hooks import build_context
+from ..hooks import build_context, layer_hook_name
 from ..model.attention import attention_scale, kv_head_of
 from ..variants import resolve_variant
 from .frozen import AttributionGraphError
@@ -181,8 +181,8 @@ def model_entry(model: Any, input_ids: Any, layer: int, head: int, query: int,
     of that run) with hook_attn_scores as the capped score (else None).
     QKAttributionError where the entry is masked by a sliding window (a masked score holds -inf or the dtype's most
     negative value)."""
-    names = [f"blocks.{layer}.attn.hook_attn_scores", f"blocks.{layer}.attn.hook_pattern",
-             f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k"]
+    names = [layer_hook_name(layer, "attn.hook_attn_scores"), layer_hook_name(layer, "attn.hook_pattern"),
+             layer_hook_name(layer, "attn.hook_rot_q"), layer_hook_name(layer, "attn.hook_rot_k")]
     ids = torch.tensor(list(input_ids), dtype=torch.long)
     ctx = build_context(model.hook_names, names, batched=True)
     with torch.inference_mode():
@@ -220,7 +220,7 @@ def attention_vectors(sources: GraphSources, nodes: SourceNodes, layer: int, hea
         return fn
 
     hooks = {**dead_ends(layer, torch.Tensor.detach),  # the layers before: their scores and MLPs go nowhere
-             f"blocks.{layer}.attn.hook_rot_q": keep("q"), f"blocks.{layer}.attn.hook_rot_k": keep("k")}
+             layer_hook_name(layer, "attn.hook_rot_q"): keep("q"), layer_hook_name(layer, "attn.hook_rot_k"): keep("k")}
     embed, deltas = sources.leaves(requires_grad=True)
     sources.ts.frozen_forward(model, state, embed, deltas, grad=True, last_layer=layer, hooks=hooks)
     rot_q, rot_k = read["q"], read["k"]  # [1, pos, h, dh], [1, pos, g, dh]

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..hooks import layer_hook_name
 from .derived import node_index
 from .frozen import AttributionGraphError, PromptState, Writes, active_features, checked_transcoders, prompt_state
 from .workbench import feature_labels
@@ -207,7 +208,7 @@ def dead_ends(n_layers: int, held: Callable[[torch.Tensor], torch.Tensor]) -> di
     the hooks given to frozen_forward run after its own) and the queries and keys (the pattern they would make is
     replaced by the prompt's). The values are unchanged, and so is what reaches a target or a read (tests compare QK
     attributions and head loadings with the model's own run and brute-force recomputations)."""
-    names = [f"blocks.{layer}.{local}" for layer in range(n_layers)
+    names = [layer_hook_name(layer, local) for layer in range(n_layers)
              for local in ("mlp.hook_in", "attn.hook_q", "attn.hook_k")]
     return {name: (lambda x, _name: held(x)) for name in names}
 

@@ -41,10 +41,11 @@ import pandas as pd
 import torch
 
 from ..features.labels import AUTO
+from ..hooks import build_context, layer_hook_name
 from ..progress import ProgressLike, as_progress
-from .derived import kept_adjacency, node_influence
+from ..variants import resolve_variant
+from .derived import kept_adjacency, node_index, node_influence
 from .frozen import AttributionGraphError, frozen_names
-from .intervene import _edit_fn
 from .workbench import coders
 
 KINDS = ("features", "embedding", "error", "logit")
@@ -432,10 +433,15 @@ def demeaned_change(new: torch.Tensor, old: torch.Tensor, t: int) -> float:
     return float(delta[t] - delta.mean())
 
 
+CHECK_BATCH = 16  # groups per batched forward: [16, pos, d_sae] activations per layer stay small on every model
+
+
 def check_groups(graph: Any, groups: pd.DataFrame, target: int | str | None = None,
                  progress: ProgressLike = None) -> pd.DataFrame:
     """GraphSummary.check's frame (see there). Both runs are graphs.intervene's (constrained and free, every
-    transcoder spliced, error terms on), with the prompt's frozen values and logits computed once for all groups."""
+    transcoder spliced, error terms on), with the prompt's frozen values and logits computed once for all groups;
+    the groups run side by side, one row of a batched forward each (free and constrained: two forwards a batch),
+    which is what tests/test_summary.py pins against one intervention a group."""
     model, tcs = graph.model, coders(graph)
     if model is None or not tcs:
         raise SummaryError("This graph does not hold its model and transcoders (slmviz.attribution_graph keeps "
@@ -445,45 +451,85 @@ def check_groups(graph: Any, groups: pd.DataFrame, target: int | str | None = No
     saes = list(tcs.values())
     acts = {L: f"{sae.hook_name_out}.hook_sae_acts_post" for L, sae in tcs.items()}
     errors = [f"{sae.hook_name_out}.hook_sae_error" for sae in saes]
-    outs = [f"blocks.{L}.hook_mlp_out" for L in range(model.cfg.n_layers) if L not in tcs]
+    outs = [layer_hook_name(L, "hook_mlp_out") for L in range(model.cfg.n_layers) if L not in tcs]
     frozen = [*frozen_names(model.hook_names), *errors, *outs]
-    nodes = graph.nodes
-    from .derived import node_index
-
-    index = node_index(graph)
-    rows = []
+    edits = [group_edits(graph, members) for members in groups["members"]]
     n = len(groups)
+    chunks = [range(a, min(a + CHECK_BATCH, n)) for a in range(0, n, CHECK_BATCH)]
     with torch.inference_mode():
-        p.update(0, n + 1, "run", "the prompt's own runs")
+        p.update(0, n + 1, "group", "the prompt's own runs")
         before = model.trace(ids, saes=saes, names=frozen)
         keep = {name: before[name] for name in frozen}
         constrained_base = before.logits[-1].double()
         free_base = model.logits(ids)[-1].double()
         t = target_token(model, target, free_base)
         base_prob = torch.softmax(free_base, -1)[t]
-        p.update(1, n + 1, "run")
-        for k, r in enumerate(groups.itertuples()):
-            edits: dict[int, list[tuple[int, int, float]]] = {}
-            for m in r.members:
-                row = nodes.iloc[index[m]]
-                if row.kind == "feature":
-                    edits.setdefault(int(row.layer), []).append((int(row.position), int(row.feature), 0.0))
-            hooks: dict[str, Any] = {acts[L]: _edit_fn(e) for L, e in edits.items()}
-            free = model.trace(ids, saes=saes, names=[], hooks=dict(hooks)).logits[-1].double()
-            for name in frozen:
-                hooks.setdefault(name, lambda x, name: keep[name])
-            constrained = model.trace(ids, saes=saes, names=[], hooks=hooks).logits[-1].double()
-            predicted = demeaned_change(constrained, constrained_base, t)
-            measured = demeaned_change(free, free_base, t)
-            rows.append({"name": r.name, "predicted": predicted, "measured": measured,
-                         "agree": bool(np.sign(predicted) == np.sign(measured)),
-                         "measured_prob": float(torch.softmax(free, -1)[t] - base_prob),
-                         "negligible": abs(predicted) < NEGLIGIBLE})
-            p.update(k + 2, n + 1, "run", f"{r.name}")
-    df = pd.DataFrame(rows, columns=["name", "predicted", "measured", "agree", "measured_prob", "negligible"])
+        p.update(1, n + 1, "group")
+        free, constrained = [], []
+        for chunk in chunks:
+            rows = [edits[k] for k in chunk]
+            free.append(_batched_run(model, ids, saes, _batched_edits(rows, acts), {}, len(rows)))
+            constrained.append(_batched_run(model, ids, saes, _batched_edits(rows, acts), keep, len(rows)))
+            p.update(chunk[-1] + 2, n + 1, "group", str(groups["name"].iloc[chunk[-1]]))
+    free_t = torch.cat(free) if free else torch.zeros(0, free_base.numel(), dtype=torch.float64)
+    constrained_t = torch.cat(constrained) if constrained else free_t
+    out = []
+    for k, name in enumerate(groups["name"]):
+        predicted = demeaned_change(constrained_t[k], constrained_base, t)
+        measured = demeaned_change(free_t[k], free_base, t)
+        out.append({"name": name, "predicted": predicted, "measured": measured,
+                    "agree": bool(np.sign(predicted) == np.sign(measured)),
+                    "measured_prob": float(torch.softmax(free_t[k], -1)[t] - base_prob),
+                    "negligible": abs(predicted) < NEGLIGIBLE})
+    df = pd.DataFrame(out, columns=["name", "predicted", "measured", "agree", "measured_prob", "negligible"])
     df.attrs.update({"target": t, "target_token": model.to_strings([t])[0], "logit": float(free_base[t]),
                      "probability": float(base_prob)})
     return df
+
+
+def group_edits(graph: Any, members: list[str]) -> dict[int, list[tuple[int, int]]]:
+    """{layer: [(position, feature)]} of a group's feature members (the embedding, error and logit members of
+    other kinds of group are not features and are never set)."""
+    index, nodes = node_index(graph), graph.nodes
+    by_layer: dict[int, list[tuple[int, int]]] = {}
+    for m in members:
+        row = nodes.iloc[index[m]]
+        if row.kind == "feature":
+            by_layer.setdefault(int(row.layer), []).append((int(row.position), int(row.feature)))
+    return by_layer
+
+
+def _batched_edits(rows: list[dict[int, list[tuple[int, int]]]], acts: dict[int, str]) -> dict[str, Any]:
+    """Hooks on each layer's hook_sae_acts_post [b, pos, d_sae] setting row b's group's features to 0."""
+    hooks: dict[str, Any] = {}
+    for L, name in acts.items():
+        cells = [(b, p, f) for b, row in enumerate(rows) for p, f in row.get(L, [])]
+        if not cells:
+            continue
+        where = tuple(torch.tensor(c) for c in zip(*cells, strict=True))
+
+        def zero(x: torch.Tensor, name: str, where: tuple = where) -> torch.Tensor:
+            x = x.clone()
+            x[where] = 0.0
+            return x
+
+        hooks[name] = zero
+    return hooks
+
+
+def _batched_run(model: Any, ids: torch.Tensor, saes: list[Any], hooks: dict[str, Any],
+                 keep: dict[str, torch.Tensor], b: int) -> torch.Tensor:
+    """The last position's logits [b, vocab] (fp64) of one forward of b copies of the prompt, row k edited by
+    `hooks`' row k; `keep` {hook: the prompt's value}: frozen in every row (the constrained run), {} for a free
+    run."""
+    hooks = dict(hooks)
+    for name, value in keep.items():
+        # value[-n:]: with last_only the final norm sees the last position only (x [b, 1, 1], value [pos, 1]); for
+        # every other hook x.shape[1] is value.shape[0] and the slice is all of it
+        hooks.setdefault(name, lambda x, name, value=value: value[-x.shape[1]:].expand(x.shape))
+    ctx = build_context(model.hook_names, [], hooks, batched=True, saes=saes)
+    batch = ids.unsqueeze(0).expand(b, -1)
+    return model.decoder.forward(batch, ctx, resolve_variant(None, model.cfg), last_only=True)[:, -1].double()
 
 
 __all__ = ["COVER", "DEFAULT_METHOD", "KINDS", "METHODS", "NEGLIGIBLE", "GraphSummary", "SummaryError",

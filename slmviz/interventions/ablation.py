@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..hooks import HookFn
+from ..hooks import HookFn, layer_hook_name
 
 KINDS = ("zero", "mean", "resample")
 SUBLAYERS = {"attn": "hook_attn_out", "mlp": "hook_mlp_out"}
@@ -61,16 +61,16 @@ def ablation(
     for layer, head in _pairs(heads, "heads", "(layer, head)"):
         _check(layer, cfg.n_layers, "layer", f"head ({layer}, {head})")
         _check(head, cfg.n_heads, "head", f"head ({layer}, {head})")
-        targets.setdefault(f"blocks.{layer}.attn.hook_z", []).append(("head", head))
+        targets.setdefault(layer_hook_name(layer, "attn.hook_z"), []).append(("head", head))
     for layer, neuron in _pairs(neurons, "neurons", "(layer, neuron)"):
         _check(layer, cfg.n_layers, "layer", f"neuron ({layer}, {neuron})")
         _check(neuron, cfg.d_mlp, "neuron", f"neuron ({layer}, {neuron})")
-        targets.setdefault(f"blocks.{layer}.mlp.hook_post", []).append(("neuron", neuron))
+        targets.setdefault(layer_hook_name(layer, "mlp.hook_post"), []).append(("neuron", neuron))
     for item in layers:
         layer, parts = (item, tuple(SUBLAYERS)) if isinstance(item, int) else _sublayer(item)
         _check(layer, cfg.n_layers, "layer", f"layer {item!r}")
         for part in parts:
-            targets.setdefault(f"blocks.{layer}.{SUBLAYERS[part]}", []).append(("all", None))
+            targets.setdefault(layer_hook_name(layer, SUBLAYERS[part]), []).append(("all", None))
     if not targets:
         raise ValueError("Nothing to ablate: pass heads=[(layer, head)], neurons=[(layer, neuron)] or layers=[L]")
 

@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from ..hooks import build_context
+from ..hooks import build_context, layer_hook_name
 from ..metrics import Metric, as_float
 from ..variants import Variant, VariantLike, resolve_variant
 from .attribution import gradients_at
@@ -169,7 +169,7 @@ def feature_sweep(model: Any, saes: Sequence[Any], clean_ids: torch.Tensor, corr
     v = resolve_variant(variant)
     names = [acts_name(sae) for sae in saes]
     source = model.trace(source_ids, variant=v, names=names, saes=saes)
-    starts = sorted({f"blocks.{_start(sae)}.hook_resid_pre" for sae in saes})  # where exact runs begin
+    starts = sorted({layer_hook_name(_start(sae), "hook_resid_pre") for sae in saes})  # where exact runs begin
     target = model.trace(target_ids, variant=v, names=names + starts, saes=saes)
     grads, value = _output_gradients(model, saes, target_ids, metric, v)
     rows: list[dict[str, Any]] = []
@@ -262,7 +262,7 @@ def _exact(model: Any, saes: Sequence[Any], target: Any, jobs: list[tuple[Any, i
 
 def target_resid(model: Any, target: Any, layer: int, variant: Variant) -> torch.Tensor:
     """The target run's resid_pre of `layer` [pos, d_model] (one capture-only forward, stopped at that layer)."""
-    name = f"blocks.{layer}.hook_resid_pre"
+    name = layer_hook_name(layer, "hook_resid_pre")
     if name in target.cache:
         return target.cache[name]
     return model.trace(target.input_ids, variant=variant, names=[name])[name]

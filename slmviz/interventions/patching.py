@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from ..hooks import HookFn, build_context
+from ..hooks import HookFn, build_context, layer_hook_name
 from ..metrics import Metric, as_float, check_same_length, first_difference, logit_diff, single_token_id
 from ..progress import ProgressLike, as_progress
 from ..variants import Variant, VariantLike, resolve_variant
@@ -153,9 +153,9 @@ def patch_steps(
 
     n_layers = model.cfg.n_layers
     site_names = [site_hook_name(s, layer) for layer in range(n_layers)]
-    starts = [f"blocks.{layer}.hook_resid_pre" for layer in range(n_layers)]
+    starts = [layer_hook_name(layer, "hook_resid_pre") for layer in range(n_layers)]
     source = model.trace(source_ids, variant=v, names=site_names, saes=saes)
-    kv = [f"blocks.{layer}.attn.{hook}" for layer in range(n_layers) for hook in ("hook_rot_k", "hook_v")]
+    kv = [layer_hook_name(layer, f"attn.{hook}") for layer in range(n_layers) for hook in ("hook_rot_k", "hook_v")]
     target = model.trace(target_ids, variant=v, names=sorted(set(site_names + starts + kv)), saes=saes)
     clean_run, corrupted_run = (source, target) if direction == "denoise" else (target, source)
     shape = axis_sizes(s, model.cfg, target_ids.numel())
@@ -265,7 +265,7 @@ def _batched(model: Any, site: Site, cells: list[tuple[int, ...]], source: dict[
         if same:
             yield sorted(same), [base] * len(same)
         todo = sorted((c for c in layer_cells if c not in same), key=lambda c: c[1:])  # by position
-        start = target.cache[f"blocks.{layer}.hook_resid_pre"]  # [pos, d_model]
+        start = target.cache[layer_hook_name(layer, "hook_resid_pre")]  # [pos, d_model]
         i = 0
         while i < len(todo):
             prefix = todo[i][1] if skip_prefix else 0  # the batch's earliest patched position
@@ -291,8 +291,8 @@ def _shared_prefix(model: Any, target: Any, layer: int, n: int, batch: int) -> A
     """
     cache = model.decoder.new_cache(len(target.tokens), batch)
     for later in range(layer, model.cfg.n_layers):
-        k = target.cache[f"blocks.{later}.attn.hook_rot_k"][:n].transpose(0, 1)  # [n, g, dh] -> [g, n, dh]
-        v = target.cache[f"blocks.{later}.attn.hook_v"][:n].transpose(0, 1)
+        k = target.cache[layer_hook_name(later, "attn.hook_rot_k")][:n].transpose(0, 1)  # [n, g, dh] -> [g, n, dh]
+        v = target.cache[layer_hook_name(later, "attn.hook_v")][:n].transpose(0, 1)
         cache.k[later][:, :, :n] = k  # [b, g, n, dh], the same prefix in every row
         cache.v[later][:, :, :n] = v
     cache.length = n

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from ..hooks import layer_hook_name
+
 
 @dataclass(frozen=True)
 class Site:
@@ -71,4 +73,4 @@ def axis_sizes(site: Site, cfg: Any, n_pos: int) -> tuple[int, ...]:
 
 
 def site_hook_name(site: Site, layer: int) -> str:
-    return f"blocks.{layer}.{site.hook}"
+    return layer_hook_name(layer, site.hook)

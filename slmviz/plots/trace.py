@@ -24,7 +24,7 @@ from plotly.subplots import make_subplots
 
 from ..analysis.diff import kl_per_position as _kl_per_position
 from ..analysis.diff import trace_diff
-from ..hooks import RESIDUAL_STAGES
+from ..hooks import RESIDUAL_STAGES, layer_hook_name
 from ..model.attention import attention_mask, kv_head_index
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ def attention(trace: Trace, layer: int, head: int | None = None) -> go.Figure:
     """
     _check_layer(trace, layer)
     cfg = trace.config
-    pattern = trace[f"blocks.{layer}.attn.hook_pattern"]  # [h, pos_q, pos_k]
+    pattern = trace[layer_hook_name(layer, "attn.hook_pattern")]  # [h, pos_q, pos_k]
     n = pattern.shape[-1]
     z = _finite(pattern)
     visible = attention_mask(n, n, causal=trace.variant.causal, sliding_window=_sliding_window_of(trace, layer))

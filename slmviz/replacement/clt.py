@@ -40,6 +40,7 @@ from ..errors import CLTError
 from ..features.sae import SAE, _topk, weight_size
 from ..formats import circuit_tracer, gemma_scope
 from ..formats.saelens import canonical_architecture
+from ..hooks import layer_hook_name
 from .base import ReplacementSet
 
 # The hooks a CLT's features may read (local names, after "blocks.L."), and why each.
@@ -134,7 +135,7 @@ class CrossLayerTranscoder(torch.nn.Module, ReplacementSet):
                 f"{self.d_sae}, {self.architecture}{k}{skip})")
 
     def read_hook(self, layer: int) -> str:
-        return f"blocks.{layer}.{self.input_hook}"
+        return layer_hook_name(layer, self.input_hook)
 
     def feature_coder(self, layer: int) -> SAE:
         """Layer `layer`'s features as an SAE: CLTLayer.feature_view (the CLT's encoder, each feature's writes summed
