@@ -173,6 +173,7 @@ def page(request, browser, server):
 
 
 def pytest_sessionfinish(session):
+    write_file_seconds()
     if "app_helpers" in sys.modules:  # only where a test started an app server
         sys.modules["app_helpers"].stop_forkserver()
 
@@ -183,18 +184,48 @@ def pytest_report_header(config):
 
 
 # The order in which `make test`'s workers take modules (pytest-xdist's loadfile, with --no-loadscope-reorder so
-# that this order stands): those that start the app or drive Chromium first (each takes 30 s to two minutes), then
-# those that load the real models, then the many quick ones, which fill in at the end so that both workers finish
-# together. xdist's own reorder (most tests first) put the long app modules last, where one worker ran them alone.
+# that this order stands): longest first, so that the many quick ones fill in at the end and the workers finish
+# together (xdist's own reorder, most tests first, put the long app modules last, where one worker ran them alone).
+# A module's cost is its seconds in FILE_SECONDS (a CI run's, written with SLMVIZ_FILE_SECONDS=path; only the order
+# reads it), else its class: those that drive Chromium, then those that start the app, then those that load the
+# real models, then the rest.
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
 MODULE_COST_ORDER = ("browser", "app", "slow")
 
 
 def pytest_collection_modifyitems(config, items):
-    def cost_class(item) -> int:
-        marks = module_marks[item.nodeid.split("::")[0]]
-        return next((i for i, name in enumerate(MODULE_COST_ORDER) if name in marks), len(MODULE_COST_ORDER))
+    import json
+
+    seconds = json.loads(FILE_SECONDS.read_text(encoding="utf-8")) if FILE_SECONDS.exists() else {}
+
+    def cost(item) -> tuple[int, float]:
+        module = item.nodeid.split("::")[0]
+        marks = module_marks[module]
+        cls = next((i for i, name in enumerate(MODULE_COST_ORDER) if name in marks), len(MODULE_COST_ORDER))
+        known = seconds.get(Path(module).name)
+        return (0, -known) if known is not None else (1 + cls, 0.0)
 
     module_marks: dict[str, set[str]] = {}
     for item in items:
         module_marks.setdefault(item.nodeid.split("::")[0], set()).update(m.name for m in item.iter_markers())
-    items.sort(key=cost_class)  # stable: each module's own order is kept
+    items.sort(key=cost)  # stable: each module's own order is kept
+
+
+_file_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Each module's seconds (setup, call and teardown of its tests), summed where the reports arrive (xdist's
+    controller), for SLMVIZ_FILE_SECONDS."""
+    if os.environ.get("SLMVIZ_FILE_SECONDS"):
+        name = Path(report.nodeid.split("::")[0]).name
+        _file_seconds[name] = _file_seconds.get(name, 0.0) + report.duration
+
+
+def write_file_seconds() -> None:
+    import json
+
+    out = os.environ.get("SLMVIZ_FILE_SECONDS")
+    if out and _file_seconds and not os.environ.get("PYTEST_XDIST_WORKER"):
+        ranked = dict(sorted(((k, round(v, 1)) for k, v in _file_seconds.items()), key=lambda kv: -kv[1]))
+        Path(out).write_text(json.dumps(ranked, indent=1) + "\n", encoding="utf-8")
