@@ -164,7 +164,8 @@ def report(path: Path, out: Path, model_name: str, set_name: str) -> None:
              f"(bench/results/summary_runs/).", "",
              "## Grouping methods (all prompts; medians, and the share of prompts meeting each goal)", "",
              "| method | groups | coverage | sign agree (non-negligible) | Spearman | Spearman (non-negl.) | "
-             "summarize + check s |", "|---|---|---|---|---|---|---|"]
+             "non-negligible groups a prompt | largest group's share of features | groups of 1-2 features a prompt | "
+             "summarize + check s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for method in (*STUDY_METHODS, *(m for m in METHODS if m not in STUDY_METHODS)):
         ms = [r["methods"][method] for r in rows if method in r["methods"]]
         if not ms:
@@ -177,9 +178,13 @@ def report(path: Path, out: Path, model_name: str, set_name: str) -> None:
         pooled_agree = np.mean([c["agree"] for m in ms for c in m["checks"] if not c["negligible"]] or [math.nan])
         pp = np.array([c["predicted"] for m in ms for c in m["checks"]])
         mm = np.array([c["measured"] for m in ms for c in m["checks"]])
+        # a method can agree more by lumping half the features into one group and leaving singletons: these say so
+        largest = np.median([max(m["sizes"]) / sum(m["sizes"]) for m in ms])
+        tiny = np.mean([sum(1 for x in m["sizes"] if x <= 2) for m in ms])
         lines.append(f"| {method} | {med('groups'):.0f} | {med('coverage'):.3f} | {pooled_agree:.3f} pooled, "
                      f"{med('agree'):.2f} median | {spearman(pp, mm):.3f} pooled, {med('spearman'):.2f} median | "
-                     f"{med('spearman_non_negligible'):.2f} | {med('summarize_s') + med('check_s'):.1f} |")
+                     f"{med('spearman_non_negligible'):.2f} | {med('non_negligible'):.1f} | {largest:.2f} | "
+                     f"{tiny:.1f} | {med('summarize_s') + med('check_s'):.1f} |")
     lines += ["", f"## Per prompt ({DEFAULT_METHOD})", "",
               "| prompt | answer (p) | graph s | summarize + check s | groups | coverage | agree | Spearman | "
               "most influential group | its Δlogit pred / meas | Δp(answer) off |",

@@ -50,7 +50,7 @@ from .workbench import coders
 
 KINDS = ("features", "embedding", "error", "logit")
 METHODS = ("profile", "decoder", "both", "both+place", "signed")
-DEFAULT_METHOD = "signed"  # bench/studies/summary.py chose it (bench/results/summary_*.md)
+DEFAULT_METHOD = "both+place"  # bench/studies/summary.py chose it (bench/results/summary_*.md)
 COVER = 0.9  # the share of the kept features' influence the clustered features hold
 MAX_CLUSTERED = 4096  # features clustered at most: the distance matrix is quadratic in them
 SIGN_SPLIT = 0.5  # method "signed": the extra distance between a feature that helps the target and one that hurts it
@@ -272,37 +272,63 @@ def removal_effects(graph: Any, target_row: int | None = None) -> np.ndarray:
 
 def cluster(dist: np.ndarray, n_clusters: int) -> list[np.ndarray]:
     """Average-linkage agglomerative clusters of a distance matrix, merged down to at most `n_clusters`: lists of
-    indices into it, each ascending, the clusters in order of their first (most influential) member. The closest
-    pair merges first; ties go to the lowest indices, so the result is deterministic. Each row's nearest cluster is
-    kept and only the rows a merge touches are searched again, so a merge costs a few row scans, not a scan of the
-    whole matrix (thousands of features cluster in seconds)."""
+    indices into it, each ascending, the clusters in order of their first (most influential) member.
+
+    The whole tree is built by the nearest-neighbour chain (O(n^2): follow each cluster's nearest until two are
+    each other's, merge those), then its merges are replayed lowest first until `n_clusters` remain. Average linkage
+    is reducible (a merge never brings a third cluster closer than the closer of the two were), so the chain finds
+    exactly the merges of the greedy closest-pair-first algorithm; their heights never decrease up the tree, so
+    replaying by height is a valid order. Ties go to the lowest indices: the result is deterministic."""
+    n = len(dist)
+    merges = _average_linkage_tree(dist) if n > n_clusters else []
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for _, _, a, b in sorted(merges)[:max(n - n_clusters, 0)]:
+        ra, rb = root(a), root(b)
+        parent[max(ra, rb)] = min(ra, rb)
+    groups: dict[int, list[int]] = {}
+    for i in range(n):
+        groups.setdefault(root(i), []).append(i)
+    return [np.array(groups[r]) for r in sorted(groups)]
+
+
+def _average_linkage_tree(dist: np.ndarray) -> list[tuple[float, int, int, int]]:
+    """Every merge of average linkage over `dist`, as (height, order, a, b): a and b are the lowest index of each of
+    the two clusters merged (the nearest-neighbour chain; see cluster)."""
     n = len(dist)
     d = dist.astype(np.float64).copy()
     np.fill_diagonal(d, np.inf)
     size = np.ones(n)
     alive = np.ones(n, dtype=bool)
-    members = [[i] for i in range(n)]
-    nearest = d.argmin(axis=1) if n else np.zeros(0, dtype=int)
-    near_d = d[np.arange(n), nearest] if n else np.zeros(0)
-    count = n
-    while count > n_clusters:
-        i = int(np.argmin(near_d))
-        i, j = sorted((i, int(nearest[i])))
-        merged = (size[i] * d[i] + size[j] * d[j]) / (size[i] + size[j])  # Lance-Williams for average linkage
-        d[i, :], d[:, i] = merged, merged
-        d[i, i] = np.inf
-        d[j, :], d[:, j] = np.inf, np.inf
-        size[i] += size[j]
-        members[i] += members[j]
-        members[j] = []
-        alive[j], near_d[j] = False, np.inf
-        for r in [i, *np.nonzero(alive & ((nearest == i) | (nearest == j)))[0].tolist()]:
-            nearest[r] = int(np.argmin(d[r]))
-            near_d[r] = d[r, nearest[r]]
-        closer = alive & (d[:, i] < near_d)
-        nearest[closer], near_d[closer] = i, d[closer, i]
-        count -= 1
-    return [np.array(sorted(members[i])) for i in np.nonzero(alive)[0]]
+    merges: list[tuple[float, int, int, int]] = []
+    chain: list[int] = []
+    while len(merges) < n - 1:
+        if not chain:
+            chain.append(int(np.argmax(alive)))
+        a = chain[-1]
+        b = int(np.argmin(d[a]))
+        if len(chain) > 1 and d[a, chain[-2]] <= d[a, b]:
+            b = chain[-2]  # a tie with the previous link: merge, or the chain could cycle
+        if len(chain) > 1 and b == chain[-2]:
+            chain.pop()
+            chain.pop()
+            i, j = min(a, b), max(a, b)
+            merges.append((float(d[i, j]), len(merges), i, j))
+            merged = (size[i] * d[i] + size[j] * d[j]) / (size[i] + size[j])  # Lance-Williams, average linkage
+            d[i, :], d[:, i] = merged, merged
+            d[i, i] = np.inf
+            d[j, :], d[:, j] = np.inf, np.inf
+            size[i] += size[j]
+            alive[j] = False
+        else:
+            chain.append(b)
+    return merges
 
 
 def _feature_group_rows(g: Any, clusters: list[np.ndarray], influence: np.ndarray) -> list[dict[str, Any]]:
