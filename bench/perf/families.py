@@ -107,7 +107,45 @@ def run_family(arch: str, args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+FAMILY_PRESETS = {  # the presets each family brought (issue 53); kv_position_bug changes cached decoding only
+    "gpt2": ("post_norm", "rms_for_layernorm", "no_pos_embed"),
+    "gpt_neox": ("sequential_residual", "rotary_full", "rms_for_layernorm"),
+    "gemma2": ("no_softcap", "pre_norm_only", "no_norm_offset"),
+}
+
+
+def variants_table(args: argparse.Namespace) -> None:
+    """What each family's presets do to a random model of its real shape: slmviz.compare on 128 random token ids
+    (KL, top-1 agreement, the first layer whose residual moves > 1 %), written to results/variants_families.md.
+    Random weights say how far a switch moves the computation, not what it breaks in a trained model."""
+    lines = ["# What each family's presets do, on random models of the real shapes (bench/perf/families.py "
+             "--variants)", "",
+             "Random weights (no checkpoint can be downloaded here): these say how far each switch moves the "
+             "computation of a model of the real shape, not what it breaks in a trained one; `slmviz check` and "
+             "the variants lab on a real checkpoint say that. KL(faithful ‖ variant) in nats over 128 random token "
+             "ids (`kv_position_bug` changes cached decoding only: tests/test_families_gpt2_neox_gemma2.py).", "",
+             "| model | preset | KL mean | KL last | top-1 agreement | first layer > 1 % |",
+             "|---|---|---|---|---|---|"]
+    for arch in args.only.split(","):
+        with tempfile.TemporaryDirectory(prefix=f"slmviz-bench-{arch}-") as tmp:
+            build(arch, Path(tmp), args.layers, args.gemma_vocab)
+            ours = slmviz.load(tmp)
+            ids = torch.randint(0, ours.cfg.vocab_size, (N_TOKENS,), generator=torch.Generator().manual_seed(0))
+            with torch.inference_mode():
+                frame = slmviz.compare(ids, list(FAMILY_PRESETS[arch]), model=ours)
+            for r in frame.itertuples():
+                lines.append(f"| {NAMES[arch]} ({ours.cfg.n_layers} layers) | `{r.variant}` | {r.kl_mean:.3g} | "
+                             f"{r.kl_last:.3g} | {r.top1_agreement:.2f} | {r.diverges_at_layer} |")
+            print("\n".join(lines[-len(frame):]), flush=True)
+    out = Path(__file__).resolve().parents[1] / "results" / "variants_families.md"
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
+
+
 def run(args: argparse.Namespace) -> list[Row]:
+    if args.variants:
+        variants_table(args)
+        return []
     rows = []
     for arch in args.only.split(","):
         done = run_family(arch, args)
@@ -121,6 +159,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=None, help="layers per model (default: the real count; Gemma 4)")
     parser.add_argument("--gemma-vocab", type=int, default=None, help="Gemma 2's vocabulary (default 256 000)")
     parser.add_argument("--only", default="gpt2,gpt_neox,gemma2", help="comma-separated families to run")
+    parser.add_argument("--variants", action="store_true",
+                        help="instead of timing: what each family's presets do (results/variants_families.md)")
 
 
 if __name__ == "__main__":
