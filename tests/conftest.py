@@ -229,3 +229,18 @@ def write_file_seconds() -> None:
     if out and _file_seconds and not os.environ.get("PYTEST_XDIST_WORKER"):
         ranked = dict(sorted(((k, round(v, 1)) for k, v in _file_seconds.items()), key=lambda kv: -kv[1]))
         Path(out).write_text(json.dumps(ranked, indent=1) + "\n", encoding="utf-8")
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """After a module's last test: collect its garbage and hand the freed heap back to the OS (glibc's malloc_trim),
+    so a worker's memory is what its current module holds, not the peak of every module it ran (the real models'
+    tensors are freed into glibc's arenas, which keep them otherwise)."""
+    if nextitem is None or nextitem.module is not item.module:
+        import ctypes
+        import gc
+
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
