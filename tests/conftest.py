@@ -236,11 +236,10 @@ def pytest_runtest_teardown(item, nextitem):
     so a worker's memory is what its current module holds, not the peak of every module it ran (the real models'
     tensors are freed into glibc's arenas, which keep them otherwise)."""
     if nextitem is None or nextitem.module is not item.module:
+        import contextlib
         import ctypes
         import gc
 
         gc.collect()
-        try:
+        with contextlib.suppress(OSError, AttributeError):  # not glibc
             ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc
-            pass
