@@ -39,12 +39,13 @@ def build_corpus_tab(ctx: AppContext, prompt: gr.Textbox, source: gr.State, queu
     background job, so neither holds up other visitors' model requests."""
     model = ctx.store.get()
     hooks = all_hooks(model)
+    first = " and ".join(map(str, sorted({layer_of(h) for h in scan_hooks(model)})))
     with gr.Tab("Corpus", id="tab-corpus") as tab:
         gr.Markdown(
             f"Top activating contexts of one feature across {corpus_size()} verses of the King James Bible "
             "(every k-th verse), scanned once per model and cached; the first visit computes it. A feature is "
             "an MLP neuron, a head's ‖z‖, or a head's strongest attention to an earlier token (not the first). "
-            f"Every layer can be picked: layers {' and '.join(map(str, sorted({layer_of(h) for h in scan_hooks(model)})))} "
+            f"Every layer can be picked: layers {first} "
             "are scanned first, any other layer when you pick it (with its progress). "
             "Click a strip to load its verse as the prompt.")
         with gr.Row():
