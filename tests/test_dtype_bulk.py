@@ -138,9 +138,16 @@ def test_the_bf16_batched_sweep_equals_one_forward_per_cell_in_bf16(pair):
         assert float((fast.values - slow.values).abs().max()) <= 2.0**-7 * scale, site
 
 
+@pytest.fixture(scope="module")
+def smollm2_bf16() -> slmviz.Model:
+    """The real default model in bf16, once for both of its tests (a load dequantizes nothing, but converts 135M
+    weights)."""
+    return slmviz.load(dtype="bfloat16")
+
+
 @pytest.mark.slow
-def test_smollm2_bf16_patching_heatmap_is_within_its_tolerance_of_fp32s(model):
-    bf16 = slmviz.load(dtype="bfloat16")
+def test_smollm2_bf16_patching_heatmap_is_within_its_tolerance_of_fp32s(model, smollm2_bf16):
+    bf16 = smollm2_bf16
     clean, corrupted = ("When Mary and John went out, John gave a drink to",
                         "When Mary and John went out, Mary gave a drink to")
     for site in ("resid_pre", "attn_out"):
@@ -150,10 +157,10 @@ def test_smollm2_bf16_patching_heatmap_is_within_its_tolerance_of_fp32s(model):
 
 
 @pytest.mark.slow
-def test_smollm2_bf16_scan_stays_within_bf16_rounding_of_the_fp32_scan(model):
+def test_smollm2_bf16_scan_stays_within_bf16_rounding_of_the_fp32_scan(model, smollm2_bf16):
     docs = list(iter_documents(bundled_corpus_path(), limit=24))
     hooks = ["blocks.29.mlp.hook_post", "blocks.15.attn.hook_z", "blocks.15.attn.hook_pattern"]
-    pair = {"float32": model, "bfloat16": slmviz.load(dtype="bfloat16")}
+    pair = {"float32": model, "bfloat16": smollm2_bf16}
     scans = {dt: slmviz.scan(docs, hooks=hooks, top_k=TOP_K, model=m, progress=False) for dt, m in pair.items()}
     check_scans_agree(scans, pair, docs, hooks)
 

@@ -226,7 +226,7 @@ def test_the_graph_tab_on_smollm2_for_the_screenshots(browser, server):
         scroll = page.evaluate("window.scrollY")
         plot = page.locator("#graph-plot").bounding_box()
         page.screenshot(path=str(ASSETS / "screenshot-graph.png"), full_page=True,
-                        clip={"x": 0, "y": plot["y"] + scroll - 90, "width": 1400, "height": plot["height"] + 100})
+                        clip={"x": 0, "y": plot["y"] + scroll - 6, "width": 1400, "height": plot["height"] + 12})
         page.mouse.move(5, 5)
         click_feature_node(page)
         page.wait_for_function("document.querySelector('#graph-node-card').innerText.includes('Strongest incoming')",

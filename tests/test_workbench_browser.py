@@ -105,10 +105,13 @@ def test_card_pins_subgraph_supernode_json_and_an_intervention(browser, tiny_ser
         assert subgraph_points(page) == 3
         # a supernode of the three: the downloaded JSON holds it
         page.fill("#graph-supernode-name input, #graph-supernode-name textarea", "story")
+        before = page.locator("#graph-json a").first.get_attribute("href")
         page.click("#graph-supernode-add")
         page.wait_for_function("document.querySelector('#graph-subgraph-status').innerText.includes('story')",
                                timeout=60_000)
-        page.wait_for_timeout(500)
+        # the JSON is written afresh for each edit: under load its link arrives after the status line
+        page.wait_for_function("(b) => { const a = document.querySelector('#graph-json a');"
+                               " return a && a.getAttribute('href') !== b; }", arg=before, timeout=60_000)
         data = downloaded_json(page)
         assert [s[0] for s in data["qParams"]["supernodes"]] == ["story"]
         assert len(data["qParams"]["supernodes"][0]) == 4 and len(data["qParams"]["pinnedIds"]) == 3
