@@ -3,9 +3,9 @@
 
 GPT-2 small is built by transformers from its config (random weights: no checkpoint can be downloaded here) and
 saved; slmviz loads the folder, and a worker subprocess in TransformerLens's own venv loads the same transformers
-model and converts it with TransformerLens's own GPT-2 weight conversion into a HookedTransformer. Both patch
-`resid_pre` at every (layer, position) of a corrupted prompt with the clean run's value and read the logit
-difference of two tokens at the last position; the two heatmaps are compared (max |difference|).
+model and boots TransformerLens 4's TransformerBridge on it (compatibility mode's hook names, no weight
+processing). Both patch `resid_pre` at every (layer, position) of a corrupted prompt with the clean run's value and
+read the logit difference of two tokens at the last position; the two heatmaps are compared (max |difference|).
 
     python3 -m venv /tmp/tl-venv
     /tmp/tl-venv/bin/pip install --find-links /opt/wheels torch==2.13.0 transformer-lens==4.3.0
@@ -34,21 +34,16 @@ def worker(folder: str, data_file: str) -> None:
     """In TransformerLens's venv: the sweep once as a warm-up, then one timed sweep per line on stdin."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from transformer_lens import HookedTransformer, HookedTransformerConfig, patching
-    from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
+    from transformer_lens import patching
+    from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(int(os.environ.get("TL_THREADS", torch.get_num_threads())))
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    c = hf.config
-    cfg = HookedTransformerConfig(n_layers=c.n_layer, d_model=c.n_embd, n_ctx=c.n_positions,
-                                  d_head=c.n_embd // c.n_head, n_heads=c.n_head, d_mlp=4 * c.n_embd,
-                                  d_vocab=c.vocab_size, act_fn="gelu_new",
-                                  normalization_type="LN", positional_embedding_type="standard", dtype=torch.float32)
-    model = HookedTransformer(cfg)
-    model.load_and_process_state_dict(convert_gpt2_weights(hf, cfg), fold_ln=False, center_writing_weights=False,
-                                      center_unembed=False, fold_value_biases=False)
-    model.eval()
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    model = TransformerBridge.boot_transformers(folder, hf_model=hf, device="cpu")
+    # HookedTransformer's hook names (blocks.L.hook_resid_pre), without its weight processing: HF's numerics, as
+    # slmviz computes them
+    model.enable_compatibility_mode(disable_warnings=True, no_processing=True)
     data = json.loads(Path(data_file).read_text())
     clean, corrupted = torch.tensor(data["clean"])[None], torch.tensor(data["corrupted"])[None]
 
