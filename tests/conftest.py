@@ -184,33 +184,31 @@ def pytest_report_header(config):
 
 
 # The order in which `make test`'s workers take modules (pytest-xdist's loadfile, with --no-loadscope-reorder so
-# that this order stands). By cost class, longest first (those that drive Chromium, then those that start the app,
-# then those that load the real models, then the rest), so the many quick ones fill in at the end and the workers
-# finish together; xdist's own reorder (most tests first) put the long app modules last, where one worker ran them
-# alone. And the Chromium modules alternate with the others, so that the two workers seldom drive a browser at
-# once: a browser module keeps about two thirds of a core busy (the page, the server and the test take turns
-# waiting on each other), so two of them side by side left a core idle for minutes.
+# that this order stands): longest first, so that the many quick ones fill in at the end and the workers finish
+# together (xdist's own reorder, most tests first, put the long app modules last, where one worker ran them alone).
+# A module's cost is its seconds in FILE_SECONDS (a CI run's, written with SLMVIZ_FILE_SECONDS=path; only the order
+# reads it), else its class: those that drive Chromium, then those that start the app, then those that load the
+# real models, then the rest.
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
 MODULE_COST_ORDER = ("browser", "app", "slow")
 
 
 def pytest_collection_modifyitems(config, items):
-    modules: dict[str, list] = {}
-    marks: dict[str, set[str]] = {}
-    for item in items:
+    import json
+
+    seconds = json.loads(FILE_SECONDS.read_text(encoding="utf-8")) if FILE_SECONDS.exists() else {}
+
+    def cost(item) -> tuple[int, float]:
         module = item.nodeid.split("::")[0]
-        modules.setdefault(module, []).append(item)
-        marks.setdefault(module, set()).update(m.name for m in item.iter_markers())
+        marks = module_marks[module]
+        cls = next((i for i, name in enumerate(MODULE_COST_ORDER) if name in marks), len(MODULE_COST_ORDER))
+        known = seconds.get(Path(module).name)
+        return (0, -known) if known is not None else (1 + cls, 0.0)
 
-    def cost_class(module: str) -> int:
-        return next((i for i, name in enumerate(MODULE_COST_ORDER) if name in marks[module]), len(MODULE_COST_ORDER))
-
-    ordered = sorted(modules, key=cost_class)  # stable: collection order within a class
-    browser = [m for m in ordered if "browser" in marks[m]]
-    others = [m for m in ordered if "browser" not in marks[m]]
-    mixed = [m for pair in zip(browser, others, strict=False) for m in pair]
-    n = min(len(browser), len(others))
-    mixed += browser[n:] + others[n:]
-    items[:] = [item for module in mixed for item in modules[module]]
+    module_marks: dict[str, set[str]] = {}
+    for item in items:
+        module_marks.setdefault(item.nodeid.split("::")[0], set()).update(m.name for m in item.iter_markers())
+    items.sort(key=cost)  # stable: each module's own order is kept
 
 
 _file_seconds: dict[str, float] = {}
