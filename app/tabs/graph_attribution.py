@@ -199,6 +199,9 @@ class AttributionHandlers:
             cap = MAX_FEATURE_NODES if full else None  # a full set: the most influential features only
             graph = slmviz.attribution_graph(text, transcoders=transcoders, model=model, max_feature_nodes=cap,
                                              memory_budget_gb=ATTR_MEMORY_GB, progress=attributed)
+            labels = self.sets.deep_labels(model, kind) if full else None
+            if labels is not None:  # the set's deep scan is done: its labels and their scores, on cards and groups
+                graph.use_labels(labels)
             return GraphState(graph=graph, layers=layers, model=model, seconds=time.perf_counter() - started,
                               scores=graph.scores(), picked=list(names), cap=cap)
 
