@@ -428,3 +428,33 @@ def test_summary_boxes_never_overlap_and_the_logits_sit_just_above_the_rest():
     lowest_logit = max(boxes[n][1] + boxes[n][3] for n in names if kinds[n] == "logit")
     assert lowest_logit <= top_feature and top_feature - lowest_logit <= 3 * GAP + 1
     assert all(boxes[n][1] > top_feature for n in names if kinds[n] == "embedding")
+
+
+def test_a_graph_over_a_set_with_a_finished_deep_scan_shows_its_labels_and_scores(damaged_scan_server, tiny):
+    """A set whose deep scan is done (its LabelTable on disk, written here by hand with known labels and scores): a
+    graph built over it in the tab gives each feature's card the deep label and its measured score, as
+    `g.use_labels` would; before this, the tab's graphs never read the deep labels ("no score")."""
+    import pandas as pd
+
+    from slmviz.features.deep_scan import LabelTable
+    from slmviz.features.prepared_scans import deep_scan_dir
+
+    url, cache = damaged_scan_server
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLMVIZ_CACHE", str(cache))
+        folder = deep_scan_dir(tiny, KIND)
+    folder.mkdir(parents=True, exist_ok=True)
+    layers, features = np.meshgrid(np.arange(tiny.cfg.n_layers), np.arange(8192), indexing="ij")
+    frame = pd.DataFrame({"layer": layers.ravel(), "feature": features.ravel()})
+    frame["hook"] = [f"blocks.{L}.mlp.hook_in" for L in frame.layer]
+    frame["label"] = [f"deep{L}x{f} / w5 (+3)" for L, f in zip(frame.layer, frame.feature, strict=True)]
+    frame["tokens"] = [[5] for _ in range(len(frame))]
+    frame["score"] = 0.5 + frame.feature / 20_000
+    frame["baseline"] = 0.5
+    LabelTable(frame, {"tokens": 1_000_000, "heldout_tokens": 1_000}).save(folder)
+    client = Client(url, verbose=False)
+    _, table, _, _ = client.predict(PROMPT, [SET_LABEL], 1.0, 1.0, api_name="/graph_attribution")
+    layer, feature = (int(x) for x in table["data"][0][:2])
+    card, _ = client.predict(first_node(table), 1.0, 1.0, api_name="/workbench_card")
+    assert f"deep{layer}x{feature} / w5 (+3)" in html.unescape(card), card
+    assert f"score {0.5 + feature / 20_000:.2f}" in card and "no score" not in card, card
