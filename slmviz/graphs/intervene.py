@@ -125,8 +125,8 @@ def resolve(graph: Any, values: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _edits(graph: Any, chosen: dict[str, float]) -> dict[int, list[tuple[int, int, float]]]:
-    """{layer: [(position, feature, value)]}."""
+def feature_edits(graph: Any, chosen: dict[str, float]) -> dict[int, list[tuple[int, int, float]]]:
+    """{layer: [(position, feature, value)]} of {feature node_id: value} (summary checks build theirs here too)."""
     nodes, index = graph.nodes, node_index(graph)
     by_layer: dict[int, list[tuple[int, int, float]]] = {}
     for nid, v in chosen.items():
@@ -156,7 +156,7 @@ def intervene(graph: Any, values: dict[str, Any], constrained: bool = True, cont
         raise InterventionError("This graph does not hold its model and transcoders (slmviz.attribution_graph "
                                 "keeps them); build it again to intervene")
     chosen = resolve(graph, values)
-    by_layer = _edits(graph, chosen)
+    by_layer = feature_edits(graph, chosen)
     saes = list(transcoders.values())
     ids = torch.tensor(graph.input_ids)
     acts = {L: f"{sae.hook_name_out}.hook_sae_acts_post" for L, sae in transcoders.items()}

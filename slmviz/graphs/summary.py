@@ -46,6 +46,7 @@ from ..progress import ProgressLike, as_progress
 from ..variants import resolve_variant
 from .derived import kept_adjacency, node_index, node_influence
 from .frozen import AttributionGraphError, frozen_names
+from .intervene import feature_edits
 from .workbench import coders
 
 KINDS = ("features", "embedding", "error", "logit")
@@ -513,33 +514,29 @@ def check_groups(graph: Any, groups: pd.DataFrame, target: int | str | None = No
     return df
 
 
-def group_edits(graph: Any, members: list[str]) -> dict[int, list[tuple[int, int]]]:
-    """{layer: [(position, feature)]} of a group's feature members (the embedding, error and logit members of
-    other kinds of group are not features and are never set)."""
-    index, nodes = node_index(graph), graph.nodes
-    by_layer: dict[int, list[tuple[int, int]]] = {}
-    for m in members:
-        row = nodes.iloc[index[m]]
-        if row.kind == "feature":
-            by_layer.setdefault(int(row.layer), []).append((int(row.position), int(row.feature)))
-    return by_layer
+def group_edits(graph: Any, members: list[str]) -> dict[int, list[tuple[int, int, float]]]:
+    """{layer: [(position, feature, 0.0)]}: a group's feature members turned off (the embedding, error and logit
+    members of other kinds of group are not features and are never set)."""
+    kinds, index = graph.nodes["kind"].to_numpy(), node_index(graph)
+    return feature_edits(graph, {m: 0.0 for m in members if kinds[index[m]] == "feature"})
 
 
-def _batched_edits(rows: list[dict[int, list[tuple[int, int]]]], acts: dict[int, str]) -> dict[str, Any]:
-    """Hooks on each layer's hook_sae_acts_post [b, pos, d_sae] setting row b's group's features to 0."""
+def _batched_edits(rows: list[dict[int, list[tuple[int, int, float]]]], acts: dict[int, str]) -> dict[str, Any]:
+    """Hooks on each layer's hook_sae_acts_post [b, pos, d_sae] setting row b's group's features to their values."""
     hooks: dict[str, Any] = {}
     for L, name in acts.items():
-        cells = [(b, p, f) for b, row in enumerate(rows) for p, f in row.get(L, [])]
+        cells = [(b, p, f, v) for b, row in enumerate(rows) for p, f, v in row.get(L, [])]
         if not cells:
             continue
-        where = tuple(torch.tensor(c) for c in zip(*cells, strict=True))
+        b, p, f, v = zip(*cells, strict=True)
+        where, values = (torch.tensor(b), torch.tensor(p), torch.tensor(f)), torch.tensor(v)
 
-        def zero(x: torch.Tensor, name: str, where: tuple = where) -> torch.Tensor:
+        def put(x: torch.Tensor, name: str, where: tuple = where, values: torch.Tensor = values) -> torch.Tensor:
             x = x.clone()
-            x[where] = 0.0
+            x[where] = values.to(x.dtype)
             return x
 
-        hooks[name] = zero
+        hooks[name] = put
     return hooks
 
 
