@@ -45,6 +45,7 @@ from slmviz.graphs.workbench import coders  # noqa: E402
 from slmviz.hooks import layer_hook_name  # noqa: E402
 
 PARTS = ("patterns", "scales", "errors")  # what the constrained run freezes, in three parts
+SCALES = (0.5, 0.9)  # smaller edits than turning a group off: each group's features set to this share of themselves
 
 
 def parts_of(model, tcs) -> dict[str, list[str]]:
@@ -78,14 +79,18 @@ def run_prompt(model, ts, prompt: str) -> dict:
     parts = parts_of(model, tcs)
     acts = {L: f"{sae.hook_name_out}.hook_sae_acts_post" for L, sae in tcs.items()}
     ids = torch.tensor(p.input_ids)
-    edits = [group_edits(p, members) for members in groups["members"]]
+    off = [group_edits(p, members) for members in groups["members"]]
+    # the same groups scaled instead of turned off: (position, feature, share x its activation in the prompt)
+    acts_of = {(int(r.layer), int(r.position), int(r.feature)): float(r.activation)
+               for r in p.nodes[p.nodes.kind == "feature"].itertuples()}
     n = len(groups)
     out: dict[str, list[float]] = {}
     with torch.inference_mode():
         before = model.trace(ids, saes=saes, names=[n for ns in parts.values() for n in ns])
         base = before.logits[-1].double()
         t = int(torch.argmax(model.logits(ids)[-1]))
-        for run, frozen in variants().items():
+
+        def changes(edits, frozen) -> list[float]:
             keep = {name: before[name] for part in frozen for name in parts[part]}
             rows = []
             for a in range(0, n, CHECK_BATCH):
@@ -93,7 +98,15 @@ def run_prompt(model, ts, prompt: str) -> dict:
                 rows.append(_batched_run(model, ids, saes, _batched_edits(chunk, acts), keep, len(chunk)))
             logits = torch.cat(rows)
             # the unedited run with these freezes is the prompt's own run (frozen values are its values)
-            out[run] = [demeaned_change(logits[k], base, t) for k in range(n)]
+            return [demeaned_change(logits[k], base, t) for k in range(n)]
+
+        for run, frozen in variants().items():
+            out[run] = changes(off, frozen)
+        for share in SCALES:
+            scaled = [{L: [(q, f, share * acts_of[(L, q, f)]) for q, f, _ in cells] for L, cells in e.items()}
+                      for e in off]
+            out[f"constrained x{share}"] = changes(scaled, PARTS)
+            out[f"free x{share}"] = changes(scaled, ())
     last = len(p.tokens) - 1
     return {"prompt": prompt, "answer": model.to_strings([t])[0], "seconds": time.perf_counter() - t0,
             "load": common.load_average(), "runs": out,
@@ -108,7 +121,7 @@ def agreement(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> tuple[float, fl
 
 def report(path: Path, out: Path, model_name: str, set_name: str) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    runs = {k: np.array([v for r in rows for v in r["runs"][k]]) for k in variants()}
+    runs = {k: np.array([v for r in rows for v in r["runs"][k]]) for k in variants()}  # the freezes, groups off
     at_last = np.array([x for r in rows for x in r["at_last"]])
     predicted, measured = runs["constrained"], runs["free"]
     big = np.abs(predicted) >= NEGLIGIBLE
@@ -129,7 +142,21 @@ def report(path: Path, out: Path, model_name: str, set_name: str) -> None:
         ae, _ = agreement(value, measured, big & ~at_last)
         lines.append(f"| {name} | {ap:.2f} | {sp:.2f} | {am:.2f} | {sm:.2f} | {al:.2f} | {ae:.2f} |")
     lines += ["", f"Groups at the last position: {int((big & at_last).sum())}; at earlier positions only: "
-              f"{int((big & ~at_last).sum())}.", ""]
+              f"{int((big & ~at_last).sum())}.", "",
+              "## Smaller edits", "",
+              "The same groups (the same non-negligible ones) with their features scaled to a share of their "
+              "activation instead of turned off: constrained against free at each share.", "",
+              "| edit | sign agreement | Spearman | at the last position | at earlier positions only |",
+              "|---|---|---|---|---|"]
+    for share in (0.0, *SCALES):
+        names = ("constrained", "free") if share == 0 else (f"constrained x{share}", f"free x{share}")
+        c, f = (np.array([v for r in rows for v in r["runs"].get(k, [])]) for k in names)
+        if len(c) != len(predicted):
+            continue  # rows written before the smaller edits were measured
+        a, rho = agreement(c, f, big)
+        lines.append(f"| x{share} | {a:.2f} | {rho:.2f} | {agreement(c, f, big & at_last)[0]:.2f} | "
+                     f"{agreement(c, f, big & ~at_last)[0]:.2f} |")
+    lines.append("")
     out.write_text("\n".join(lines))
     print(out.read_text())
 
