@@ -438,6 +438,7 @@ def test_a_graph_over_a_set_with_a_finished_deep_scan_shows_its_labels_and_score
 
     from slmviz.features.deep_scan import LabelTable
     from slmviz.features.prepared_scans import deep_scan_dir
+    from slmviz.hooks import layer_hook_name
 
     url, cache = damaged_scan_server
     with pytest.MonkeyPatch.context() as mp:
@@ -446,7 +447,7 @@ def test_a_graph_over_a_set_with_a_finished_deep_scan_shows_its_labels_and_score
     folder.mkdir(parents=True, exist_ok=True)
     layers, features = np.meshgrid(np.arange(tiny.cfg.n_layers), np.arange(8192), indexing="ij")
     frame = pd.DataFrame({"layer": layers.ravel(), "feature": features.ravel()})
-    frame["hook"] = [f"blocks.{L}.mlp.hook_in" for L in frame.layer]
+    frame["hook"] = [layer_hook_name(int(L), "mlp.hook_in") for L in frame.layer]
     frame["label"] = [f"deep{L}x{f} / w5 (+3)" for L, f in zip(frame.layer, frame.feature, strict=True)]
     frame["tokens"] = [[5] for _ in range(len(frame))]
     frame["score"] = 0.5 + frame.feature / 20_000

@@ -125,6 +125,18 @@ def resolve(graph: Any, values: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def constrained_hooks(model: Any, transcoders: dict[int, Any]) -> dict[str, list[str]]:
+    """The hooks a constrained run keeps at the prompt's values (FROZEN), by part: "patterns" (every attention
+    pattern), "scales" (every norm's divisor) and "errors" (each transcoder's error term, and the MLP output of each
+    layer without a transcoder). Summary checks freeze the same hooks; bench/studies/summary_disagreement.py frees
+    them part by part."""
+    names = frozen_names(model.hook_names)
+    errors = [f"{sae.hook_name_out}.hook_sae_error" for sae in transcoders.values()]
+    errors += [layer_hook_name(L, "hook_mlp_out") for L in range(model.cfg.n_layers) if L not in transcoders]
+    return {"patterns": [n for n in names if n.endswith("attn.hook_pattern")],
+            "scales": [n for n in names if n.endswith("hook_scale")], "errors": errors}
+
+
 def feature_edits(graph: Any, chosen: dict[str, float]) -> dict[int, list[tuple[int, int, float]]]:
     """{layer: [(position, feature, value)]} of {feature node_id: value} (summary checks build theirs here too)."""
     nodes, index = graph.nodes, node_index(graph)
@@ -164,9 +176,7 @@ def intervene(graph: Any, values: dict[str, Any], constrained: bool = True, cont
     crossed: list[str] = []
     with torch.inference_mode():
         if constrained:
-            errors = [f"{sae.hook_name_out}.hook_sae_error" for sae in saes]
-            outs = [layer_hook_name(L, "hook_mlp_out") for L in range(model.cfg.n_layers) if L not in transcoders]
-            frozen = [*frozen_names(model.hook_names), *errors, *outs]
+            frozen = [n for part in constrained_hooks(model, transcoders).values() for n in part]
             before = model.trace(ids, saes=saes, names=[*frozen, *acts.values()])
             keep = {n: before[n] for n in frozen}
             for n in frozen:

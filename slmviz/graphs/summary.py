@@ -41,12 +41,12 @@ import pandas as pd
 import torch
 
 from ..features.labels import AUTO
-from ..hooks import build_context, layer_hook_name
+from ..hooks import build_context
 from ..progress import ProgressLike, as_progress
 from ..variants import resolve_variant
 from .derived import kept_adjacency, node_index, node_influence
-from .frozen import AttributionGraphError, frozen_names
-from .intervene import feature_edits
+from .frozen import AttributionGraphError
+from .intervene import constrained_hooks, feature_edits
 from .workbench import coders
 
 KINDS = ("features", "embedding", "error", "logit")
@@ -477,9 +477,7 @@ def check_groups(graph: Any, groups: pd.DataFrame, target: int | str | None = No
     ids = torch.tensor(graph.input_ids)
     saes = list(tcs.values())
     acts = {L: f"{sae.hook_name_out}.hook_sae_acts_post" for L, sae in tcs.items()}
-    errors = [f"{sae.hook_name_out}.hook_sae_error" for sae in saes]
-    outs = [layer_hook_name(L, "hook_mlp_out") for L in range(model.cfg.n_layers) if L not in tcs]
-    frozen = [*frozen_names(model.hook_names), *errors, *outs]
+    frozen = [n for part in constrained_hooks(model, tcs).values() for n in part]
     edits = [group_edits(graph, members) for members in groups["members"]]
     n = len(groups)
     chunks = [range(a, min(a + CHECK_BATCH, n)) for a in range(0, n, CHECK_BATCH)]
