@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from summary import CANDIDATES, MAX_FEATURE_NODES, answers, spearman  # noqa: E402
 
 import slmviz  # noqa: E402
-from slmviz.graphs.frozen import frozen_names  # noqa: E402
+from slmviz.graphs.intervene import constrained_hooks  # noqa: E402
 from slmviz.graphs.summary import (  # noqa: E402
     CHECK_BATCH,
     NEGLIGIBLE,
@@ -42,20 +42,9 @@ from slmviz.graphs.summary import (  # noqa: E402
     group_edits,
 )
 from slmviz.graphs.workbench import coders  # noqa: E402
-from slmviz.hooks import layer_hook_name  # noqa: E402
 
-PARTS = ("patterns", "scales", "errors")  # what the constrained run freezes, in three parts
+PARTS = ("patterns", "scales", "errors")  # what the constrained run freezes (intervene.constrained_hooks)
 SCALES = (0.5, 0.9)  # smaller edits than turning a group off: each group's features set to this share of themselves
-
-
-def parts_of(model, tcs) -> dict[str, list[str]]:
-    """The constrained run's frozen hooks, by part: attention patterns, norm scales, and the error terms (each
-    transcoder's, and the MLP output of each layer without one)."""
-    names = frozen_names(model.hook_names)
-    errors = [f"{sae.hook_name_out}.hook_sae_error" for sae in tcs.values()]
-    errors += [layer_hook_name(L, "hook_mlp_out") for L in range(model.cfg.n_layers) if L not in tcs]
-    return {"patterns": [n for n in names if n.endswith("attn.hook_pattern")],
-            "scales": [n for n in names if n.endswith("hook_scale")], "errors": errors}
 
 
 def variants() -> dict[str, tuple[str, ...]]:
@@ -76,7 +65,7 @@ def run_prompt(model, ts, prompt: str) -> dict:
     groups = s.feature_groups
     tcs = coders(p)
     saes = list(tcs.values())
-    parts = parts_of(model, tcs)
+    parts = constrained_hooks(model, tcs)
     acts = {L: f"{sae.hook_name_out}.hook_sae_acts_post" for L, sae in tcs.items()}
     ids = torch.tensor(p.input_ids)
     off = [group_edits(p, members) for members in groups["members"]]
@@ -86,7 +75,7 @@ def run_prompt(model, ts, prompt: str) -> dict:
     n = len(groups)
     out: dict[str, list[float]] = {}
     with torch.inference_mode():
-        before = model.trace(ids, saes=saes, names=[n for ns in parts.values() for n in ns])
+        before = model.trace(ids, saes=saes, names=[name for part in parts.values() for name in part])
         base = before.logits[-1].double()
         t = int(torch.argmax(model.logits(ids)[-1]))
 
@@ -114,6 +103,10 @@ def run_prompt(model, ts, prompt: str) -> dict:
 
 
 def agreement(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
+    """Sign agreement and Spearman of a and b over `mask`, leaving out the groups whose run overflowed (a
+    non-finite change: Gemma's residual with its norm scales frozen and attention free can); the report counts
+    them."""
+    mask = mask & np.isfinite(a) & np.isfinite(b)
     if not mask.any():
         return math.nan, math.nan
     return float((np.sign(a[mask]) == np.sign(b[mask])).mean()), spearman(a[mask], b[mask])
@@ -133,14 +126,15 @@ def report(path: Path, out: Path, model_name: str, set_name: str) -> None:
              "`predicted`, `free` is `measured`. Sign agreement and Spearman over the non-negligible groups, "
              "pooled.", "",
              "| run (what stays frozen) | agrees with predicted | Spearman | agrees with measured | Spearman | "
-             "agrees with measured, groups at the last position | at earlier positions only |",
-             "|---|---|---|---|---|---|---|"]
+             "agrees with measured, groups at the last position | at earlier positions only | overflowed (left out) |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, value in runs.items():
         ap, sp = agreement(value, predicted, big)
         am, sm = agreement(value, measured, big)
         al, _ = agreement(value, measured, big & at_last)
         ae, _ = agreement(value, measured, big & ~at_last)
-        lines.append(f"| {name} | {ap:.2f} | {sp:.2f} | {am:.2f} | {sm:.2f} | {al:.2f} | {ae:.2f} |")
+        overflowed = int((big & ~np.isfinite(value)).sum())
+        lines.append(f"| {name} | {ap:.2f} | {sp:.2f} | {am:.2f} | {sm:.2f} | {al:.2f} | {ae:.2f} | {overflowed} |")
     lines += ["", f"Groups at the last position: {int((big & at_last).sum())}; at earlier positions only: "
               f"{int((big & ~at_last).sum())}.", "",
               "## Smaller edits", "",
