@@ -138,8 +138,9 @@ def test_plots_can_tell_sliding_from_global_layers(family_models, tiny_model):
 GEMMA_PROMPTS = {
     "short": "The capital of France is",
     "code": "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)",
-    # > 512 tokens, so the 15 sliding layers (window 512) really drop keys while the 3 global layers keep them.
-    "beyond_window": "The old lighthouse keeper wrote in his log every night. " * 60 + "On the last night he wrote",
+    # 535 tokens, past the window of 512, so the 15 sliding layers really drop keys while the 3 global layers keep
+    # them (the test asserts it is past); no longer than that, since attention's cost grows with its square.
+    "beyond_window": "The old lighthouse keeper wrote in his log every night. " * 48 + "On the last night he wrote",
 }
 
 
@@ -159,7 +160,7 @@ def test_gemma_3_270m_matches_transformers(gemma, gemma_reference, prompt):
     """max |Δlogit| ≤ 1e-4, same argmax everywhere, every layer's residual within 1e-5 relative, against
     transformers' eager attention (capturing patterns runs slmviz's eager path too).
 
-    The capture-off path uses SDPA, as transformers' sdpa does: on the 667-token prompt the two sdpa runs
+    The capture-off path uses SDPA, as transformers' sdpa does: on a 667-token prompt the two sdpa runs
     agree with each other and both differ from eager by 1.6e-4 (measured), so that path is held to the
     reference's own eager-vs-sdpa gap instead."""
     ids = gemma.encode(GEMMA_PROMPTS[prompt])

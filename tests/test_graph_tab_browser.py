@@ -68,69 +68,78 @@ def move(page, slider: str, value: float) -> None:
     page.locator(f"#{slider} input[type=range]").fill(str(value))
 
 
-def test_set_line_sliders_redraw_in_the_page_and_a_click_shows_the_card(browser, tiny_server):
+def test_one_built_graph_sliders_a_card_hover_labels_head_loadings_and_qk(browser, tiny_server, graph):
+    """On one page and one build of the tiny graph (each costs Chromium a few CPU-seconds, bench/results/notes.md),
+    in turn: the sliders redraw in the page and a click shows the card; hovering picks out a node's edges and no two
+    labels overlap; an edge's head loadings, then the QK table of its head, and a bad layer kept out."""
     with recording_page(browser, tiny_server, height=1400) as page:
         build(page)
-        assert "completeness" in page.locator("#graph-set").inner_text()
-        first = plotted(page)
-        g = first["meta"]
-        # the page's drawing is the server's, at the sliders' first values and at others
-        for keep, weight in [(KEEP_DEFAULT, MIN_WEIGHT_DEFAULT), (3, 0.5), (10, 0.0)]:
-            js = page.evaluate(f"(g) => ({DRAW_JS})(g, {keep}, {weight})", g)
-            assert json.loads(json.dumps(js)) == json.loads(json.dumps(draw(g, keep, weight)))
-        assert first["points"] == points(draw(g, KEEP_DEFAULT, MIN_WEIGHT_DEFAULT))
-        # the sliders redraw without a request to the server
-        requests = []
-        page.on("request", lambda r: requests.append(r.url))
-        for slider, value, expected in [("graph-keep-nodes", 10, draw(g, 10, MIN_WEIGHT_DEFAULT)),
-                                        ("graph-min-weight", 0.5, draw(g, 10, 0.5))]:
-            move(page, slider, value)
-            page.wait_for_function("(want) => JSON.stringify(document.querySelector('#graph-plot .js-plotly-plot')"
-                                   ".data.map((t) => [t.name, (t.x || []).length])) === JSON.stringify(want)",
-                                   arg=points(expected), timeout=10_000)
-        assert not [u for u in requests if "/queue/" in u or "/run/" in u], requests
-        # a click on a feature node shows its card
-        move(page, "graph-keep-nodes", KEEP_DEFAULT)
-        click_feature_node(page)
-        page.wait_for_function("document.querySelector('#graph-node-card').innerText.includes('feature')",
-                               timeout=60_000)
-        errors = page.locator(".toast-body.error")
-        assert errors.count() == 0, errors.first.inner_text()
-        assert page.hosts <= {tiny_server.split("//")[1].rstrip("/")}
+        sliders_redraw_in_the_page_and_a_click_shows_the_card(page, tiny_server)
+        hovering_a_node_picks_out_its_edges_and_no_two_labels_overlap(page)
+        head_loadings_for_an_edge_then_the_qk_table_for_its_head(page, graph)
 
 
-def test_head_loadings_for_an_edge_then_the_qk_table_for_its_head(browser, tiny_server, graph):
+def sliders_redraw_in_the_page_and_a_click_shows_the_card(page, url: str) -> None:
+    """The page's drawing is the server's (DRAW_JS == draw) at the sliders' first values and at others; the sliders
+    redraw without a request; a click on a feature node shows its card; no host but the server's is contacted."""
+    assert "completeness" in page.locator("#graph-set").inner_text()
+    first = plotted(page)
+    g = first["meta"]
+    # the page's drawing is the server's, at the sliders' first values and at others
+    for keep, weight in [(KEEP_DEFAULT, MIN_WEIGHT_DEFAULT), (3, 0.5), (10, 0.0)]:
+        js = page.evaluate(f"(g) => ({DRAW_JS})(g, {keep}, {weight})", g)
+        assert json.loads(json.dumps(js)) == json.loads(json.dumps(draw(g, keep, weight)))
+    assert first["points"] == points(draw(g, KEEP_DEFAULT, MIN_WEIGHT_DEFAULT))
+    # the sliders redraw without a request to the server
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    for slider, value, expected in [("graph-keep-nodes", 10, draw(g, 10, MIN_WEIGHT_DEFAULT)),
+                                    ("graph-min-weight", 0.5, draw(g, 10, 0.5))]:
+        move(page, slider, value)
+        page.wait_for_function("(want) => JSON.stringify(document.querySelector('#graph-plot .js-plotly-plot')"
+                               ".data.map((t) => [t.name, (t.x || []).length])) === JSON.stringify(want)",
+                               arg=points(expected), timeout=10_000)
+    assert not [u for u in requests if "/queue/" in u or "/run/" in u], requests
+    # a click on a feature node shows its card
+    move(page, "graph-keep-nodes", KEEP_DEFAULT)
+    click_feature_node(page)
+    page.wait_for_function("document.querySelector('#graph-node-card').innerText.includes('feature')",
+                           timeout=60_000)
+    errors = page.locator(".toast-body.error")
+    assert errors.count() == 0, errors.first.inner_text()
+    assert page.hosts <= {url.split("//")[1].rstrip("/")}
+
+
+def head_loadings_for_an_edge_then_the_qk_table_for_its_head(page, graph) -> None:
     source, target = crossing_edge(graph)
-    with recording_page(browser, tiny_server, height=1400) as page:
-        build(page)
-        page.fill("#graph-edge textarea", f"{source} -> {target}")
-        page.click("#graph-head-loadings-run")
-        page.wait_for_selector("#graph-head-loadings [data-testid=cell-0-0]", timeout=TIMEOUT_MS)
-        page.locator("#graph-head-loadings [data-testid=cell-0-0]").click()  # the head: fills layer, head, positions
-        page.wait_for_function("document.querySelector('#graph-qk-key input').value !== '0' || "
-                               "document.querySelector('#graph-qk-query input').value !== '-1'", timeout=30_000)
-        page.click("#graph-qk")
-        page.wait_for_selector("#graph-qk-result [data-testid=cell-0-0]", timeout=TIMEOUT_MS)
-        page.wait_for_selector("#graph-qk-plot .js-plotly-plot", timeout=TIMEOUT_MS)
-        assert "pattern" in page.locator("#graph-qk-status").inner_text()
-        # the heat map's title inside its plot (issue 52: it was clipped at the right edge)
-        page.wait_for_selector("#graph-qk-plot .gtitle", timeout=30_000)
-        inside = page.evaluate("""() => {
-            const svg = document.querySelector('#graph-qk-plot .main-svg').getBoundingClientRect();
-            const t = document.querySelector('#graph-qk-plot .gtitle').getBoundingClientRect();
-            return [t.left >= svg.left - 1, t.right <= svg.right + 1, t.top >= svg.top - 1, t.width > 0];
-        }""")
-        assert inside == [True, True, True, True], inside
-        # bad input: a warning, the table and the heat map kept, and the status says what went wrong (issue 52)
-        page.fill("#graph-qk-layer input", "99")
-        page.click("#graph-qk")
-        page.wait_for_selector(".toast-body.warning", timeout=30_000)
-        assert "out of range" in page.locator(".toast-body.warning").first.inner_text()
-        page.wait_for_function("document.querySelector('#graph-qk-status').innerText.includes('Not done')",
-                               timeout=30_000)
-        assert page.locator("#graph-qk-result [data-testid=cell-0-0]").count() == 1
-        assert page.locator("#graph-qk-plot .js-plotly-plot").count() == 1
-        assert page.locator(".toast-body.error").count() == 0
+    page.fill("#graph-edge textarea", f"{source} -> {target}")
+    page.click("#graph-head-loadings-run")
+    page.wait_for_selector("#graph-head-loadings [data-testid=cell-0-0]", timeout=TIMEOUT_MS)
+    page.locator("#graph-head-loadings [data-testid=cell-0-0]").click()  # the head: fills layer, head, positions
+    page.wait_for_function("document.querySelector('#graph-qk-key input').value !== '0' || "
+                           "document.querySelector('#graph-qk-query input').value !== '-1'", timeout=30_000)
+    page.click("#graph-qk")
+    page.wait_for_selector("#graph-qk-result [data-testid=cell-0-0]", timeout=TIMEOUT_MS)
+    page.wait_for_selector("#graph-qk-plot .js-plotly-plot", timeout=TIMEOUT_MS)
+    assert "pattern" in page.locator("#graph-qk-status").inner_text()
+    # the heat map's title inside its plot (issue 52: it was clipped at the right edge)
+    page.wait_for_selector("#graph-qk-plot .gtitle", timeout=30_000)
+    inside = page.evaluate("""() => {
+        const svg = document.querySelector('#graph-qk-plot .main-svg').getBoundingClientRect();
+        const t = document.querySelector('#graph-qk-plot .gtitle').getBoundingClientRect();
+        return [t.left >= svg.left - 1, t.right <= svg.right + 1, t.top >= svg.top - 1, t.width > 0];
+    }""")
+    assert inside == [True, True, True, True], inside
+    # bad input: a warning, the table and the heat map kept, and the status says what went wrong (issue 52)
+    page.fill("#graph-qk-layer input", "99")
+    page.click("#graph-qk")
+    page.wait_for_selector(".toast-body.warning", timeout=30_000)
+    assert "out of range" in page.locator(".toast-body.warning").first.inner_text()
+    page.wait_for_function("document.querySelector('#graph-qk-status').innerText.includes('Not done')",
+                           timeout=30_000)
+    assert page.locator("#graph-qk-result [data-testid=cell-0-0]").count() == 1
+    assert page.locator("#graph-qk-plot .js-plotly-plot").count() == 1
+    assert page.locator(".toast-body.error").count() == 0
 
 
 REBUILD_SCREENSHOT = Path(tempfile.gettempdir()) / "slmviz-rebuild-scan.png"  # looked at by hand, not kept
@@ -282,10 +291,12 @@ def labels_never_overlap(page, settings: list[tuple[float, float]]) -> list[int]
     return shown
 
 
-def test_nothing_shows_before_a_graph_then_the_summary_first_and_a_box_opens_its_nodes(browser, tiny_server):
+def test_nothing_shows_before_a_graph_then_the_summary_first_a_box_opens_its_nodes_and_a_bad_prompt_keeps_them(
+        browser, tiny_server):
     """Issue 51: before a graph exists the page shows no empty panel; once built, the summary's boxes show, and
     clicking a feature group's box selects its members and draws them ringed in the full graph with their edges
-    picked out (the rest dimmed)."""
+    picked out (the rest dimmed). Then issue 52's empty prompt on the same page (one page and one build: each costs
+    Chromium a few CPU-seconds, bench/results/notes.md)."""
     with recording_page(browser, tiny_server, height=1400) as page:
         page.get_by_role("tab", name="Graph").click()
         page.wait_for_selector("#graph-prompt textarea")
@@ -312,62 +323,59 @@ def test_nothing_shows_before_a_graph_then_the_summary_first_and_a_box_opens_its
             .layout.meta.slmviz_graph.focus[i])""")
         assert set(focus) == set(members), name  # (an error node's id can equal a feature's: sets)
         assert page.locator(".toast-body.error").count() == 0
+        a_bad_prompt_is_a_warning_and_the_graph_and_its_panels_stay(page)
 
 
-def test_hovering_a_node_picks_out_its_edges_and_no_two_labels_overlap(browser, tiny_server):
+def hovering_a_node_picks_out_its_edges_and_no_two_labels_overlap(page) -> None:
     """Issue 51: hovering a node adds its edges (and their end nodes' rings) on top and dims every other trace; the
     labels drawn (logits, features, the tokens under the columns) never overlap at any slider setting. The real
     prompt's labels are checked the same way in the SmolLM2 screenshot test."""
-    with recording_page(browser, tiny_server, height=1400) as page:
-        build(page)
-        page.wait_for_timeout(1500)
-        g = plotted(page)["meta"]
-        assert labels_never_overlap(page, [(10, 0.0), (50, 0.05), (200, 0.0), (len(g["ids"]), 0.5)])
-        move(page, "graph-keep-nodes", len(g["ids"]))
-        move(page, "graph-min-weight", 0)
-        page.wait_for_timeout(700)
-        page.locator("#graph-plot .js-plotly-plot").scroll_into_view_if_needed()
-        at = page.evaluate("""() => {
-            const div = document.querySelector('#graph-plot .js-plotly-plot');
-            const t = div.data.find((t) => t.name === 'feature' && t.x.length);
-            const xa = div._fullLayout.xaxis, ya = div._fullLayout.yaxis, box = div.getBoundingClientRect();
-            return {x: box.left + xa._offset + xa.l2p(t.x[0]), y: box.top + ya._offset + ya.l2p(t.y[0]),
-                    id: t.customdata[0][0]};
-        }""")
-        page.mouse.move(at["x"], at["y"])
-        page.wait_for_function("""() => document.querySelector('#graph-plot .js-plotly-plot').data
-            .some((t) => t.name === 'highlight nodes' && t.x.length)""", timeout=10_000)
-        seen = page.evaluate("""() => document.querySelector('#graph-plot .js-plotly-plot').data
-            .map((t) => [t.name, (t.x || []).filter((v) => v !== null).length, t.opacity])""")
-        hovered = page.evaluate("() => document.querySelector('#graph-plot .js-plotly-plot')._slmvizShown")
-        assert hovered  # the node under the mouse (plotly's closest point)
-        edges = [(s, d) for s, d in zip(g["src"], g["dst"], strict=True) if hovered in (g["ids"][s], g["ids"][d])]
-        picked = sum(n for name, n, _ in seen if name in ("highlight +", "highlight −")) // 2
-        assert picked == len(edges) > 0, (picked, len(edges))
-        dimmed = {name: op for name, _, op in seen if name in ("edges +", "edges −", "feature", "error", "logit")}
-        assert dimmed and all(op is not None and op < 0.2 for op in dimmed.values()), dimmed
-        page.mouse.move(5, 5)  # away: the highlight goes, the opacities come back
-        page.wait_for_function("""() => !document.querySelector('#graph-plot .js-plotly-plot').data
-            .some((t) => t.name.startsWith('highlight'))""", timeout=10_000)
+    page.wait_for_timeout(1500)
+    g = plotted(page)["meta"]
+    assert labels_never_overlap(page, [(10, 0.0), (50, 0.05), (200, 0.0), (len(g["ids"]), 0.5)])
+    move(page, "graph-keep-nodes", len(g["ids"]))
+    move(page, "graph-min-weight", 0)
+    page.wait_for_timeout(700)
+    page.locator("#graph-plot .js-plotly-plot").scroll_into_view_if_needed()
+    at = page.evaluate("""() => {
+        const div = document.querySelector('#graph-plot .js-plotly-plot');
+        const t = div.data.find((t) => t.name === 'feature' && t.x.length);
+        const xa = div._fullLayout.xaxis, ya = div._fullLayout.yaxis, box = div.getBoundingClientRect();
+        return {x: box.left + xa._offset + xa.l2p(t.x[0]), y: box.top + ya._offset + ya.l2p(t.y[0]),
+                id: t.customdata[0][0]};
+    }""")
+    page.mouse.move(at["x"], at["y"])
+    page.wait_for_function("""() => document.querySelector('#graph-plot .js-plotly-plot').data
+        .some((t) => t.name === 'highlight nodes' && t.x.length)""", timeout=10_000)
+    seen = page.evaluate("""() => document.querySelector('#graph-plot .js-plotly-plot').data
+        .map((t) => [t.name, (t.x || []).filter((v) => v !== null).length, t.opacity])""")
+    hovered = page.evaluate("() => document.querySelector('#graph-plot .js-plotly-plot')._slmvizShown")
+    assert hovered  # the node under the mouse (plotly's closest point)
+    edges = [(s, d) for s, d in zip(g["src"], g["dst"], strict=True) if hovered in (g["ids"][s], g["ids"][d])]
+    picked = sum(n for name, n, _ in seen if name in ("highlight +", "highlight −")) // 2
+    assert picked == len(edges) > 0, (picked, len(edges))
+    dimmed = {name: op for name, _, op in seen if name in ("edges +", "edges −", "feature", "error", "logit")}
+    assert dimmed and all(op is not None and op < 0.2 for op in dimmed.values()), dimmed
+    page.mouse.move(5, 5)  # away: the highlight goes, the opacities come back
+    page.wait_for_function("""() => !document.querySelector('#graph-plot .js-plotly-plot').data
+        .some((t) => t.name.startsWith('highlight'))""", timeout=10_000)
 
 
-def test_a_bad_prompt_is_a_warning_and_the_graph_and_its_panels_stay(browser, tiny_server):
+def a_bad_prompt_is_a_warning_and_the_graph_and_its_panels_stay(page) -> None:
     """Issue 52: an empty prompt after a graph is built: a warning toast, no error badge, the status says what went
     wrong (no stale 'Running'), and the summary, the full graph and the table show what they showed."""
-    with recording_page(browser, tiny_server, height=1400) as page:
-        build(page)
-        page.wait_for_selector("#graph-summary .graph-summary-box", timeout=TIMEOUT_MS)
-        before = page.evaluate("() => document.querySelector('#graph-plot .js-plotly-plot').layout.meta"
-                               ".slmviz_graph.ids.length")
-        page.fill("#graph-prompt textarea", "")
-        page.click("#graph-build")
-        page.wait_for_selector(".toast-body.warning", timeout=30_000)
-        assert "empty" in page.locator(".toast-body.warning").first.inner_text()
-        page.wait_for_function("document.querySelector('#graph-status').innerText.includes('Not done')",
-                               timeout=30_000)
-        assert "Running" not in page.locator("#graph-status").inner_text()
-        assert page.locator(".toast-body.error").count() == 0
-        assert page.locator("#graph-summary .graph-summary-box").count() > 0
-        assert page.evaluate("() => document.querySelector('#graph-plot .js-plotly-plot').layout.meta"
-                             ".slmviz_graph.ids.length") == before
-        assert page.locator("#graph-features [data-testid=cell-0-0]").count() == 1
+    page.wait_for_selector("#graph-summary .graph-summary-box", timeout=TIMEOUT_MS)
+    before = page.evaluate("() => document.querySelector('#graph-plot .js-plotly-plot').layout.meta"
+                           ".slmviz_graph.ids.length")
+    page.fill("#graph-prompt textarea", "")
+    page.click("#graph-build")
+    page.wait_for_selector(".toast-body.warning", timeout=30_000)
+    assert "empty" in page.locator(".toast-body.warning").first.inner_text()
+    page.wait_for_function("document.querySelector('#graph-status').innerText.includes('Not done')",
+                           timeout=30_000)
+    assert "Running" not in page.locator("#graph-status").inner_text()
+    assert page.locator(".toast-body.error").count() == 0
+    assert page.locator("#graph-summary .graph-summary-box").count() > 0
+    assert page.evaluate("() => document.querySelector('#graph-plot .js-plotly-plot').layout.meta"
+                         ".slmviz_graph.ids.length") == before
+    assert page.locator("#graph-features [data-testid=cell-0-0]").count() == 1

@@ -197,13 +197,15 @@ class Mistake:
     righted: str
     where: str | None = None
     stale: str | None = None
+    ready: str = "true"  # a JS condition true once the page's load has filled the fields (it would overwrite the value)
 
 
 MISTAKES = {
     # the RoPE base's own check puts the box back to its last valid value (empty: the checkpoint's own)
     "rope-base": Mistake("Break it", "Fields (a preset fills them", "#variant-rope_theta input", "-5", None,
                          "RoPE base must be a number above 1, or empty for the checkpoint's own base; got -5",
-                         "document.querySelector('#variant-rope_theta input').value === ''"),
+                         "document.querySelector('#variant-rope_theta input').value === ''",
+                         ready="document.querySelector('#variant-description').innerText.trim().length > 0"),
     # a head past the layer's 9: the library's message, and no "Ablating..." left under it
     "ablated-head": Mistake("Patch", "Ablation: knock out heads or neurons",
                             "#patch-ablate-heads textarea, #patch-ablate-heads input", "3.12", "#patch-ablate",
@@ -219,6 +221,7 @@ MISTAKES = {
 def test_a_mistake_warns_in_the_apps_words_and_the_page_is_put_right(page, mistake):
     page.wait_for_selector("#prompt textarea", timeout=120_000)
     page.get_by_role("tab", name=mistake.tab).click()
+    page.wait_for_function(f"() => {mistake.ready}", timeout=60_000)
     page.get_by_text(mistake.fold).click()
     box = page.locator(mistake.field)
     box.fill(mistake.value)
