@@ -50,6 +50,9 @@ def app_process(env: dict[str, str] | None = None, fresh: bool = False,
     `env`: variables set for the server on top of this process's environment. Corpus scans (Corpus tab, mean
     ablation) go to a temporary folder and cover TEST_CORPUS_DOCS verses unless `env` says otherwise: tests
     never write into the user's cache, nor wait for the app's 1000-verse scan.
+    No background deep scan ($SLMVIZ_DEEP_SCAN=0) unless `env` asks for one: a server that loads a prepared set
+    would otherwise scan a million tokens beside every test after it, until it stops (tests/test_deep_scan_app.py
+    tests the deep scan itself; what it cost the suite: bench/results/notes.md, "make test's CPU").
     The server is forked from a process that has imported the heavy libraries once (serve_forked), or with `fresh`
     started as a new interpreter, as `slmviz app` starts (for what only a whole process shows: its exit).
     The server's output goes to a log file that is shown if it fails to start. The process is
@@ -60,7 +63,8 @@ def app_process(env: dict[str, str] | None = None, fresh: bool = False,
     with tempfile.NamedTemporaryFile(prefix="slmviz-app-", suffix=".log") as log, \
             tempfile.TemporaryDirectory(prefix="slmviz-scans-") as scans:
         server_env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1",
-                      "SLMVIZ_CORPUS_DOCS": str(TEST_CORPUS_DOCS), "SLMVIZ_SCAN_CACHE": scans, **(env or {})}
+                      "SLMVIZ_CORPUS_DOCS": str(TEST_CORPUS_DOCS), "SLMVIZ_SCAN_CACHE": scans,
+                      "SLMVIZ_DEEP_SCAN": "0", **(env or {})}
         server_env.pop("SPACE_ID", None)
         if fresh:
             kwargs = ", ".join(f"{k}={v!r}" for k, v in launch_kwargs.items())

@@ -40,7 +40,18 @@ def _only_the_server(page, server: str) -> None:
     assert page.hosts - allowed == set(), f"requests left the server: {sorted(page.hosts - allowed)}"
 
 
-def test_run_renders_attention_residual_and_logit_lens_from_the_server_only(page, server):
+def test_run_break_it_generate_and_the_gemma_picker_on_one_page_from_the_server_only(page, server):
+    """One page through the Run tabs, Break it, Generate and a switch to Gemma, in turn (each new page costs Chromium
+    a few CPU-seconds, bench/results/notes.md); no error toast, and no request leaves the server."""
+    run_renders_attention_residual_and_logit_lens(page)
+    break_it_switches_a_variant_and_renders_the_comparison(page)
+    generate_streams_text_and_an_empty_prompt_shows_a_readable_warning(page)
+    the_model_picker_switches_to_gemma_and_break_it_offers_its_presets(page)  # last: it changes the page's model
+    _no_error_toast(page)
+    _only_the_server(page, server)
+
+
+def run_renders_attention_residual_and_logit_lens(page) -> None:
     page.click("#examples input")  # pick the example prompt rather than typing it
     page.get_by_role("option", name=re.compile(re.escape(PROMPT))).click()
     page.wait_for_function(f"document.querySelector('#prompt textarea').value === {PROMPT!r}", timeout=30_000)
@@ -62,10 +73,9 @@ def test_run_renders_attention_residual_and_logit_lens_from_the_server_only(page
     # the indirect object: SmolLM2 ranks " Mary" among its top next tokens here
     page.wait_for_function("document.querySelector('#next-token').innerText.includes('␣Mary')", timeout=30_000)
     _no_error_toast(page)
-    _only_the_server(page, server)
 
 
-def test_break_it_switches_a_variant_and_renders_the_comparison(page, server):
+def break_it_switches_a_variant_and_renders_the_comparison(page) -> None:
     page.fill("#prompt textarea", PROMPT)
     page.get_by_role("tab", name="Break it").click()
     page.click("#variant-preset input")
@@ -80,10 +90,9 @@ def test_break_it_switches_a_variant_and_renders_the_comparison(page, server):
     page.wait_for_timeout(500)
     page.screenshot(path=str(ASSETS / "screenshot-break-it.png"), full_page=True)
     _no_error_toast(page)
-    _only_the_server(page, server)
 
 
-def test_generate_streams_text_and_an_empty_prompt_shows_a_readable_warning(page, server):
+def generate_streams_text_and_an_empty_prompt_shows_a_readable_warning(page) -> None:
     page.fill("#prompt textarea", "Once upon a time")
     page.get_by_role("tab", name="Generate").click()
     page.click("#generate")
@@ -94,10 +103,9 @@ def test_generate_streams_text_and_an_empty_prompt_shows_a_readable_warning(page
     toast = page.locator(".toast-body.warning")  # a person's mistake is a warning, not an error (issue 52)
     toast.first.wait_for(timeout=60_000)
     assert "empty" in toast.first.inner_text() and "Traceback" not in toast.first.inner_text()
-    _only_the_server(page, server)
 
 
-def test_the_model_picker_switches_to_gemma_and_break_it_offers_its_presets(page, server):
+def the_model_picker_switches_to_gemma_and_break_it_offers_its_presets(page) -> None:
     """Pick Gemma: the status line names it, the attention grid shows 4 heads under one KV head with the layer
     marked sliding, and the Break-it presets are Gemma's (no_norm_offset offered, gqa_tile not)."""
     page.click("#model-picker input")
@@ -108,10 +116,15 @@ def test_the_model_picker_switches_to_gemma_and_break_it_offers_its_presets(page
         timeout=PLOT_TIMEOUT_MS)
     page.fill("#prompt textarea", "The capital of France is")
     page.click("#run")
+    page.get_by_role("tab", name="Attention").click()  # an earlier step may have left another tab open
     page.wait_for_function(
         "(document.querySelector('#attention-plot .gtitle') || {}).textContent?.includes('all 4 heads')",
         timeout=PLOT_TIMEOUT_MS)
     assert "(sliding)" in page.locator("#attention-plot .gtitle").text_content()  # an SVG <text>, not HTML
+    # drawn while its tab was hidden, the figure is laid out again at the tab's width: wait for that
+    page.wait_for_function("""() => { const svg = document.querySelector('#attention-plot .main-svg');
+        return svg && svg.getBoundingClientRect().width > 0.9 * document.querySelector('#attention-plot')
+            .getBoundingClientRect().width; }""", timeout=30_000)
     page.wait_for_timeout(500)
     page.locator("#attention-plot").screenshot(path=str(ASSETS / "screenshot-gemma-attention.png"))
     page.get_by_role("tab", name="Break it").click()
@@ -122,4 +135,3 @@ def test_the_model_picker_switches_to_gemma_and_break_it_offers_its_presets(page
     assert "no_norm_offset" in names and "gqa_tile" not in names
     page.keyboard.press("Escape")
     _no_error_toast(page)
-    _only_the_server(page, server)

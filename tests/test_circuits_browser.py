@@ -19,7 +19,23 @@ if not CHROMIUM.exists():
     pytest.skip(NO_CHROMIUM, allow_module_level=True)
 
 
-def test_run_see_the_graph_and_the_curve_and_select_an_edge(page, server):
+def test_a_circuit_then_an_attribution_graph_on_one_page_from_the_server_only(page, server):
+    """The Circuits tab, then the Graph tab, on one page (each new page costs Chromium a few CPU-seconds,
+    bench/results/notes.md); no error toast, and no request leaves the server."""
+    run_see_the_graph_and_the_curve_and_select_an_edge(page)
+    close_the_toasts(page)  # the bad pair's warning would lie over the next screenshot
+    build_an_attribution_graph_and_click_a_feature_to_open_its_page(page)
+    _no_error_toast(page)
+    _only_the_server(page, server)
+
+
+def close_the_toasts(page) -> None:
+    while page.locator(".toast-close").count():
+        page.locator(".toast-close").first.click()
+        page.wait_for_timeout(300)  # its closing transition
+
+
+def run_see_the_graph_and_the_curve_and_select_an_edge(page) -> None:
     page.get_by_role("tab", name="Circuits").click()
     page.wait_for_selector("#circuit-clean textarea")
     assert "John gave" in page.locator("#circuit-clean textarea").input_value()
@@ -54,10 +70,9 @@ def test_run_see_the_graph_and_the_curve_and_select_an_edge(page, server):
     toast.first.wait_for(timeout=60_000)
     assert "same number of tokens" in toast.first.inner_text()
     assert "Top 30 of 70651 edges" in page.locator("#circuit-graph").inner_text()
-    _only_the_server(page, server)
 
 
-def test_build_an_attribution_graph_and_click_a_feature_to_open_its_page(page, server):
+def build_an_attribution_graph_and_click_a_feature_to_open_its_page(page) -> None:
     page.get_by_role("tab", name="Graph").click()
     page.wait_for_selector("#graph-prompt textarea")
     tick_one_bundled_transcoder(page)
@@ -91,5 +106,3 @@ def test_build_an_attribution_graph_and_click_a_feature_to_open_its_page(page, s
     page.mouse.move(5, 5)  # no hover label over the graph in the screenshot
     page.wait_for_timeout(500)
     page.locator("#graph-all-edges").screenshot(path=str(ASSETS / "screenshot-attribution.png"))
-    _no_error_toast(page)
-    _only_the_server(page, server)

@@ -93,6 +93,9 @@ def wrap_line(text: str, chars: int) -> tuple[str, int]:
     return "<br>".join(lines), len(lines)
 
 
+SUBPLOT_TITLE_PX = 24  # a subplot title's line (plotly's 16 px font) above each panel of a grid
+
+
 def title_layout(title: str, subtitle: str = "", title_chars: int = TITLE_CHARS,
                  subtitle_chars: int = SUBTITLE_CHARS) -> tuple[dict[str, Any], int]:
     """(plotly's title layout, the top margin it needs): the title and subtitle wrapped to fit a half-width plot, so
@@ -106,8 +109,12 @@ def title_layout(title: str, subtitle: str = "", title_chars: int = TITLE_CHARS,
 
 
 def _style(fig: go.Figure, title: str, subtitle: str, x_title: str | None, y_title: str | None,
-           height: int) -> go.Figure:
+           height: int, extra_top: int = 0) -> go.Figure:
+    """`extra_top`: pixels of the top margin kept free below the subtitle (a grid's subplot titles sit there)."""
     layout, top = title_layout(title, subtitle)
+    if extra_top:  # the title at the figure's top edge (plotly's own place follows the plot area down)
+        top += extra_top
+        layout.update(yref="container", y=1.0, yanchor="top", pad={"t": 14})
     fig.update_layout(
         title=layout, template="plotly_white", height=height + max(0, top - 110),
         margin={"t": max(110, top), "l": 80, "r": 30, "b": 70},
@@ -230,7 +237,7 @@ def attention(trace: Trace, layer: int, head: int | None = None) -> go.Figure:
                    f"Each row: the {n_cols} query heads that read the same KV head (GQA). ")
         _style(fig, f"Attention, layer {layer}{kind}, all {cfg.n_heads} heads by KV head — {run_label(trace)}",
                sharing + subtitle,
-               None, None, height)
+               None, None, height, extra_top=SUBPLOT_TITLE_PX)
         fig.update_xaxes(title_text="key token", row=cfg.n_kv_heads)
         fig.update_yaxes(title_text="query token", col=1)
         fig.update_xaxes(tickfont={"size": 9})
