@@ -8,10 +8,13 @@ them with the library).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from app_helpers import CHROMIUM, NO_CHROMIUM, tick_one_bundled_transcoder
 from playwright.sync_api import expect
 from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server
+from test_polish_app import ASSETS as SHOTS  # the polish screenshots' folder: assets/ only when asked
 
 pytestmark = pytest.mark.browser
 
@@ -52,6 +55,16 @@ def run_see_the_graph_and_the_curve_and_select_an_edge(page) -> None:
     assert "Top 30 of 70651 edges (eap)" in page.locator("#circuit-graph").inner_text()
     assert "80 %:" in page.locator("#circuit-faithfulness").inner_text()
     assert "smallest circuit found to recover 80 %" in page.locator("#circuit-status").inner_text()
+    # issue 52: the graph takes the whole row (not a column beside the curve), every node is labelled, the MLPs on
+    # a row of their own (tests/test_polish_app.py checks the rows in the figure), and the task's name is not cut
+    graph = page.locator("#circuit-graph").bounding_box()
+    row = page.locator("#circuit-status").bounding_box()
+    assert graph["width"] >= 0.95 * row["width"]
+    labels = page.locator("#circuit-graph .textpoint text")
+    named = [labels.nth(i).text_content() or "" for i in range(labels.count())]
+    assert named and all(re.fullmatch(r"input|logits|m\d+|a\d+\.h\d+", name) for name in named), named
+    assert page.locator("#circuit-task input").evaluate("e => e.scrollWidth <= e.clientWidth + 1")
+    page.locator("#circuit-graph").screenshot(path=str(SHOTS / "circuits-graph.png"))
 
     # select the first edge of the table: its exact patches, alone and as the circuit without it
     page.locator("#circuit-edges [data-testid=cell-0-1]").click()
