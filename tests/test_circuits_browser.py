@@ -14,6 +14,7 @@ import pytest
 from app_helpers import CHROMIUM, NO_CHROMIUM, tick_one_bundled_transcoder
 from playwright.sync_api import expect
 from test_browser import ASSETS, PLOT_TIMEOUT_MS, _no_error_toast, _only_the_server
+from test_graph_tab_browser import overlapping
 from test_polish_app import ASSETS as SHOTS  # the polish screenshots' folder: assets/ only when asked
 
 pytestmark = pytest.mark.browser
@@ -64,6 +65,9 @@ def run_see_the_graph_and_the_curve_and_select_an_edge(page) -> None:
     named = [labels.nth(i).text_content() or "" for i in range(labels.count())]
     assert named and all(re.fullmatch(r"input|logits|m\d+|a\d+\.h\d+", name) for name in named), named
     assert page.locator("#circuit-task input").evaluate("e => e.scrollWidth <= e.clientWidth + 1")
+    ticks = page.evaluate("""() => Array.from(document.querySelectorAll('#circuit-graph .xtick text')).map((t) => {
+        const r = t.getBoundingClientRect(); return [t.textContent, r.left, r.top, r.right, r.bottom]; })""")
+    assert len(ticks) > 2 and not overlapping(ticks), overlapping(ticks)  # "input" clear of "L0" (they touched)
     page.locator("#circuit-graph").screenshot(path=str(SHOTS / "circuits-graph.png"))
 
     # select the first edge of the table: its exact patches, alone and as the circuit without it

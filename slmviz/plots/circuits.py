@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 NEGATIVE, POSITIVE = "#c0392b", "#2471a3"  # red: the corrupted value moves the metric down; blue: up
 DASH = {"q": "solid", "k": "dash", "v": "dot", "": "solid"}
 MLP_ROW = -1.5  # the MLPs' row: below head 0, apart from every head's
+INPUT_X = -1.0  # the input's column: two layer steps left of layer 0's heads, so its tick label clears L0's
 
 
 def node_position(name: str, n_layers: int, n_heads: int, n_kv_heads: int) -> tuple[float, float, str]:
@@ -27,7 +28,7 @@ def node_position(name: str, n_layers: int, n_heads: int, n_kv_heads: int) -> tu
         name, kind = name[: name.index("<")], name[name.index("<") + 1]
     middle = (n_heads - 1) / 2
     if name == "input":
-        return 0.0, middle, kind
+        return INPUT_X, middle, kind
     if name == "logits":
         return 2.0 * n_layers + 1, middle, kind
     layer, _, rest = name[1:].partition(".")
@@ -72,12 +73,13 @@ def circuit_graph(circuit: Any, n: int = 50, title: str | None = None) -> go.Fig
     fig.add_trace(go.Scatter(x=[xs[i] for i in shown], y=[ys[i] for i in shown], mode="text",
                              text=[labels[i] for i in shown], textposition="top center", textfont={"size": 10},
                              hoverinfo="skip", showlegend=False))
-    ticks = [0.0, *[1.0 + 2 * layer for layer in range(L)], 2.0 * L + 1]
+    ticks = [INPUT_X, *[1.0 + 2 * layer for layer in range(L)], 2.0 * L + 1]
     tick_text = ["input", *[f"L{layer}" for layer in range(L)], "logits"]
     steps = f", {circuit.steps} steps" if getattr(circuit, "steps", None) else ""
     fig.update_layout(
         title=title or f"Top {len(top)} of {graph.n_edges} edges ({circuit.method}{steps}): {circuit.metric_name}",
-        xaxis={"tickvals": ticks, "ticktext": tick_text, "title": "layer (heads, then MLP)", "showgrid": False},
+        xaxis={"tickvals": ticks, "ticktext": tick_text, "title": "layer (heads, then MLP)", "showgrid": False,
+               "zeroline": False},
         yaxis={"title": "head", "tickvals": [MLP_ROW, *range(h)], "ticktext": ["MLP", *map(str, range(h))],
                "showgrid": False, "range": [MLP_ROW - 1, h]},
         template="plotly_white", height=360 + 22 * h, margin={"t": 60, "l": 60, "r": 20, "b": 50},
