@@ -131,15 +131,21 @@ def head_loadings_for_an_edge_then_the_qk_table_for_its_head(page, graph) -> Non
     }""")
     assert inside == [True, True, True, True], inside
     # bad input: a warning, the table and the heat map kept, and the status says what went wrong (issue 52)
-    page.fill("#graph-qk-layer input", "99")
-    page.click("#graph-qk")
-    page.wait_for_selector(".toast-body.warning", timeout=30_000)
-    assert "out of range" in page.locator(".toast-body.warning").first.inner_text()
-    page.wait_for_function("document.querySelector('#graph-qk-status').innerText.includes('Not done')",
-                           timeout=30_000)
+    a_mistake_warns_and_its_status_says_not_done(page, "#graph-qk-layer input", "99", "#graph-qk", "out of range",
+                                                 "#graph-qk-status")
     assert page.locator("#graph-qk-result [data-testid=cell-0-0]").count() == 1
     assert page.locator("#graph-qk-plot .js-plotly-plot").count() == 1
     assert page.locator(".toast-body.error").count() == 0
+
+
+def a_mistake_warns_and_its_status_says_not_done(page, field: str, value: str, button: str, says: str,
+                                                 status: str) -> None:
+    """`value` typed into `field` and `button` pressed: a warning toast saying `says`, and `status` says 'Not done'."""
+    page.fill(field, value)
+    page.click(button)
+    page.wait_for_selector(".toast-body.warning", timeout=30_000)
+    assert says in page.locator(".toast-body.warning").first.inner_text()
+    page.wait_for_function(f"document.querySelector({status!r}).innerText.includes('Not done')", timeout=30_000)
 
 
 REBUILD_SCREENSHOT = Path(tempfile.gettempdir()) / "slmviz-rebuild-scan.png"  # looked at by hand, not kept
@@ -367,12 +373,8 @@ def a_bad_prompt_is_a_warning_and_the_graph_and_its_panels_stay(page) -> None:
     page.wait_for_selector("#graph-summary .graph-summary-box", timeout=TIMEOUT_MS)
     before = page.evaluate("() => document.querySelector('#graph-plot .js-plotly-plot').layout.meta"
                            ".slmviz_graph.ids.length")
-    page.fill("#graph-prompt textarea", "")
-    page.click("#graph-build")
-    page.wait_for_selector(".toast-body.warning", timeout=30_000)
-    assert "empty" in page.locator(".toast-body.warning").first.inner_text()
-    page.wait_for_function("document.querySelector('#graph-status').innerText.includes('Not done')",
-                           timeout=30_000)
+    a_mistake_warns_and_its_status_says_not_done(page, "#graph-prompt textarea", "", "#graph-build", "empty",
+                                                 "#graph-status")
     assert "Running" not in page.locator("#graph-status").inner_text()
     assert page.locator(".toast-body.error").count() == 0
     assert page.locator("#graph-summary .graph-summary-box").count() > 0

@@ -112,7 +112,7 @@ def _style(fig: go.Figure, title: str, subtitle: str, x_title: str | None, y_tit
            height: int, extra_top: int = 0) -> go.Figure:
     """`extra_top`: pixels of the top margin kept free below the subtitle (a grid's subplot titles sit there)."""
     layout, top = title_layout(title, subtitle)
-    if extra_top:  # the title at the figure's top edge (plotly's own place follows the plot area down)
+    if extra_top:  # the title at the figure's top, held inside it by its pad (plotly's own place follows the plot down)
         top += extra_top
         layout.update(yref="container", y=1.0, yanchor="top", pad={"t": 14})
     fig.update_layout(
