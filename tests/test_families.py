@@ -168,11 +168,18 @@ def test_gemma_3_270m_matches_transformers(gemma, gemma_reference, prompt):
         assert ids.numel() > gemma.cfg.sliding_window
     ours = gemma.trace(ids, names=lambda n: n.endswith(("hook_resid_post", "hook_pattern")))
     ref = run_reference(gemma_reference, ids)
-    assert float((ours.logits - ref.logits).abs().max()) <= 1e-4
-    assert float((gemma.logits(ids) - ref.logits).abs().max()) <= 5e-4
+    assert max_abs_difference(ours.logits, ref.logits) <= 1e-4
+    assert max_abs_difference(gemma.logits(ids), ref.logits) <= 5e-4
     assert torch.equal(ours.logits.argmax(-1), ref.logits.argmax(-1))
     for layer in range(gemma.cfg.n_layers):
         assert relative_error(ref.resid_post[layer], ours[f"blocks.{layer}.hook_resid_post"]) <= 1e-5, layer
+
+
+def max_abs_difference(a: torch.Tensor, b: torch.Tensor, rows: int = 32) -> float:
+    """max |a - b| over logits [pos, vocab], `rows` positions at a time: at once, the difference and its absolute
+    value are two more tensors as large as the logits (560 MB each on the beyond-window prompt), and on these
+    machines fresh memory costs more than the arithmetic (bench/results/notes.md, "make test's CPU")."""
+    return max(float((x - y).abs().max()) for x, y in zip(a.split(rows), b.split(rows), strict=True))
 
 
 @pytest.mark.slow

@@ -12,8 +12,28 @@ DIVERGENCE_THRESHOLD = 0.01  # 1 % relative change of the residual stream
 RESIDUAL_HOOKS = tuple(RESIDUAL_STAGES.values())
 
 
+KL_BLOCK_CELLS = 1 << 24  # logits per block of rows (64 MB in fp32): see kl_per_position
+
+
 def kl_per_position(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """KL(reference ‖ other) in nats per position, from logits [pos, vocab]. +inf where `other` is not finite."""
+    """KL(reference ‖ other) in nats per position, from logits [..., vocab]. +inf where `other` is not finite.
+
+    Computed a block of rows at a time: over the whole [pos, vocab] at once, its five temporaries are each as large
+    as the logits (Gemma's 262,144-token vocabulary over a 535-token prompt: 560 MB each), and memory touched
+    afresh costs far more than the arithmetic on some machines (bench/results/notes.md, "make test's CPU"). Each
+    row's value is the same either way: every operation is row by row."""
+    if reference.shape != other.shape:
+        raise ValueError(f"kl_per_position needs logits of one shape, got {tuple(reference.shape)} and "
+                         f"{tuple(other.shape)}")
+    vocab = reference.shape[-1]
+    ref_rows, other_rows = reference.reshape(-1, vocab), other.reshape(-1, vocab)
+    step = max(1, KL_BLOCK_CELLS // max(vocab, 1))
+    out = [_kl_rows(ref_rows[i:i + step], other_rows[i:i + step]) for i in range(0, ref_rows.shape[0], step)]
+    kl = torch.cat(out) if out else torch.zeros(0, device=reference.device)
+    return kl.reshape(reference.shape[:-1])
+
+
+def _kl_rows(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     log_p = torch.log_softmax(reference.float(), dim=-1)
     log_q = torch.log_softmax(other.float(), dim=-1)
     kl = (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0)
