@@ -106,9 +106,21 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 def serve_forked(env: dict[str, str], launch_kwargs: dict, log: Path) -> ForkedServer:
     import multiprocessing
+    from multiprocessing import forkserver
 
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(SERVER_PRELOAD)
+    # and the default model (tests/server_preload.py), importable there through PYTHONPATH: the forkserver, a new
+    # interpreter started with this environment, does not see this process's sys.path
+    context.set_forkserver_preload([*SERVER_PRELOAD, "server_preload"])
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), saved) if p)
+    try:
+        forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
     proc = context.Process(target=_forked_server, args=(env, launch_kwargs, str(log)), name="slmviz test server")
     proc.start()
     return ForkedServer(proc)
@@ -147,6 +159,8 @@ def _forked_server(env: dict[str, str], launch_kwargs: dict, log: str) -> None:
         stream.reconfigure(line_buffering=True)  # PYTHONUNBUFFERED is read only at an interpreter's start
     os.environ.clear()
     os.environ.update(env)
+    if "server_preload" in sys.modules:
+        sys.modules["server_preload"].forget_if_another_cache()
     os.chdir(REPO)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the forkserver ignores Ctrl-C (ANSWER_CTRL_C)
     import atexit

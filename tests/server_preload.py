@@ -1,0 +1,44 @@
+"""Imported once by the test servers' forkserver (tests/app_helpers.py): the default model, loaded before the servers
+fork, so that each SmolLM2 server shares its weights with the forkserver (copy-on-write) instead of loading them.
+
+A load copies 538 MB of weights into memory of the server's own: ~1 CPU-second, and on the virtual machines the suite
+runs on, memory that no process has touched lately costs ~10 CPU-seconds a GB in the kernel (the host has taken it
+back), so each server start paid several seconds for the same weights (bench/results/notes.md, "make test's CPU").
+A forked server finds the model where `slmviz.load()` keeps bundled models (`model_api._BUNDLED_LOADED`); a server
+whose $SLMVIZ_CACHE differs from the one read here forgets it first (forget_if_another_cache).
+
+Only when the model is already prepared: the forkserver must never spend a minute preparing one. Loaded on one
+thread, so that no OpenMP thread pool exists in the process that forks.
+"""
+
+from __future__ import annotations
+
+import os
+
+CACHE = os.environ.get("SLMVIZ_CACHE")
+LOADED = False
+
+try:
+    import torch
+
+    import slmviz
+    from slmviz.loading.bundled import DEFAULT_MODEL_NAME, is_prepared, model_dir
+
+    if is_prepared(model_dir(DEFAULT_MODEL_NAME)):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            slmviz.load()
+            LOADED = True
+        finally:
+            torch.set_num_threads(threads)
+except Exception as e:  # a forkserver whose preload raises would fail every server: they load their own instead
+    print(f"server_preload: the default model was not preloaded ({e!r})", flush=True)
+
+
+def forget_if_another_cache() -> None:
+    """In a forked server whose environment is set: a preloaded model is kept only for the cache it came from."""
+    if LOADED and os.environ.get("SLMVIZ_CACHE") != CACHE:
+        from slmviz import model_api
+
+        model_api._BUNDLED_LOADED.clear()
