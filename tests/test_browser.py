@@ -121,10 +121,14 @@ def the_model_picker_switches_to_gemma_and_break_it_offers_its_presets(page) -> 
         "(document.querySelector('#attention-plot .gtitle') || {}).textContent?.includes('all 4 heads')",
         timeout=PLOT_TIMEOUT_MS)
     assert "(sliding)" in page.locator("#attention-plot .gtitle").text_content()  # an SVG <text>, not HTML
-    # drawn while its tab was hidden, the figure is laid out again at the tab's width: wait for that
+    # drawn while its tab was hidden, the figure is laid out again at the tab's width: wait for that, for the
+    # screenshot. Plotly lays a figure out again on a window's resize; once in a CI run (1 in 5 today) the tab's
+    # showing did not, and the figure kept its hidden width for 30 s: each poll that finds it narrow sends one.
     page.wait_for_function("""() => { const svg = document.querySelector('#attention-plot .main-svg');
-        return svg && svg.getBoundingClientRect().width > 0.9 * document.querySelector('#attention-plot')
-            .getBoundingClientRect().width; }""", timeout=30_000)
+        const wide = svg && svg.getBoundingClientRect().width > 0.9 * document.querySelector('#attention-plot')
+            .getBoundingClientRect().width;
+        if (!wide) window.dispatchEvent(new Event('resize'));
+        return wide; }""", timeout=30_000, polling=500)
     page.wait_for_timeout(500)
     page.locator("#attention-plot").screenshot(path=str(ASSETS / "screenshot-gemma-attention.png"))
     page.get_by_role("tab", name="Break it").click()
