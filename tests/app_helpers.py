@@ -86,15 +86,17 @@ def app_process(env: dict[str, str] | None = None, fresh: bool = False,
 # A server's start spent most of its CPU importing torch, transformers (and, on the model's load, the parts of it
 # that it imports lazily) and gradio, and `make test` starts some twenty (bench/results/notes.md, "make test's
 # CPU"). The test servers fork instead from one process per test process that has imported those once
-# (multiprocessing's forkserver); each then imports only slmviz and app, with its own environment set first, so
-# whatever reads a server's settings ($SLMVIZ_*) reads its own. Nothing preloaded reads them, nor starts a thread
-# (so the fork is safe). The names are modules: the forkserver of Python 3.11 ignores sys.path, so it cannot
-# import one of tests/.
+# (multiprocessing's forkserver), and has loaded the default model once (tests/server_preload.py); each then imports
+# app, with its own environment set first, so whatever reads a server's settings ($SLMVIZ_*) reads its own. Nothing
+# preloaded reads them but $SLMVIZ_CACHE (server_preload: a server with another cache forgets the model), nor starts
+# a thread (so the fork is safe). The names are modules; the forkserver of Python 3.11 ignores sys.path, so it
+# imports server_preload from tests/ through PYTHONPATH (serve_forked).
 SERVER_PRELOAD = [
     "torch", "gradio", "gradio_client", "plotly.graph_objects", "transformers", "transformers.tokenization_utils_fast",
     # the config modules of the models the test servers load (the tiny models and SmolLM2 are llama's, the other
     # bundled one Gemma 3's): the first import of either pulls in transformers' loading and torch.distributed
     "transformers.models.llama.configuration_llama", "transformers.models.gemma3.configuration_gemma3",
+    "server_preload",
 ]
 # as app/main.py sets it before it imports gradio: the forkserver, started with this process's environment,
 # imports gradio before any app module runs (gradio reads it only when a page is built, but no telemetry, ever)
@@ -107,20 +109,14 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 def serve_forked(env: dict[str, str], launch_kwargs: dict, log: Path) -> ForkedServer:
     import multiprocessing
     from multiprocessing import forkserver
+    from unittest import mock
 
     context = multiprocessing.get_context("forkserver")
-    # and the default model (tests/server_preload.py), importable there through PYTHONPATH: the forkserver, a new
-    # interpreter started with this environment, does not see this process's sys.path
-    context.set_forkserver_preload([*SERVER_PRELOAD, "server_preload"])
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), saved) if p)
-    try:
+    context.set_forkserver_preload(SERVER_PRELOAD)
+    # the forkserver, a new interpreter started with this environment, finds server_preload through PYTHONPATH
+    here = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
+    with mock.patch.dict(os.environ, {"PYTHONPATH": here}):
         forkserver.ensure_running()
-    finally:
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
     proc = context.Process(target=_forked_server, args=(env, launch_kwargs, str(log)), name="slmviz test server")
     proc.start()
     return ForkedServer(proc)

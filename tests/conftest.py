@@ -21,7 +21,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-
 def keep_freed_memory_until_the_module_ends() -> None:
     """glibc: serve large tensors from the heap (M_MMAP_MAX 0) and do not hand freed memory back on each free
     (M_TRIM_THRESHOLD), so that a test's 560 MB logits reuse the pages the last one freed; the heap goes back to
@@ -257,10 +256,9 @@ def pytest_runtest_teardown(item, nextitem):
     so a worker's memory is what its current module holds, not the peak of every module it ran (the real models'
     tensors are freed into glibc's arenas, which keep them otherwise)."""
     if nextitem is None or nextitem.module is not item.module:
-        import contextlib
-        import ctypes
         import gc
 
+        from slmviz.training.loop import release_freed_memory
+
         gc.collect()
-        with contextlib.suppress(OSError, AttributeError):  # not glibc
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        release_freed_memory()

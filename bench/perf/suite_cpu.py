@@ -25,13 +25,9 @@ HZ = os.sysconf("SC_CLK_TCK")
 _rows: list[dict] = []
 
 
-def busy_seconds() -> float:
-    """The machine's CPU-seconds spent not idle (nor waiting on I/O) since boot, over every core."""
-    return cpu_seconds()[0]
-
-
 def cpu_seconds() -> tuple[float, float]:
-    """The machine's busy CPU-seconds since boot, and of them those in the kernel (system, irq, softirq): on these
+    """The machine's CPU-seconds spent not idle (nor waiting on I/O) since boot, over every core, and of them those
+    in the kernel (system, irq, softirq): on these
     virtual machines mostly first touches of memory the host had reclaimed (bench/results/notes.md)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
