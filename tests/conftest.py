@@ -40,6 +40,29 @@ def keep_freed_memory_until_the_module_ends() -> None:
 
 keep_freed_memory_until_the_module_ends()
 
+
+def share_one_ssl_context_between_http_clients() -> None:
+    """gradio_client opens a new httpx client for each call it makes (a prediction's POST, its event stream, a GET),
+    and each client builds an SSL context that parses certifi's whole CA bundle, ~70 ms, even to talk plain http to
+    a test server: about a thousand of them, 72 CPU-seconds of a one-process run of the suite (py-spy). This process
+    keeps the first context built for each set of arguments; the servers and the library are untouched."""
+    import functools
+
+    from httpx._transports import default
+
+    cached = functools.lru_cache(maxsize=8)(default.create_ssl_context)
+
+    def create_ssl_context(verify=True, cert=None, trust_env=True):
+        try:
+            return cached(verify, cert, trust_env)
+        except TypeError:  # arguments that cannot be a cache key (an SSLContext of the caller's, a dict)
+            return cached.__wrapped__(verify, cert, trust_env)
+
+    default.create_ssl_context = create_ssl_context
+
+
+share_one_ssl_context_between_http_clients()
+
 TINY_BASE = dict(
     vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
@@ -196,6 +219,17 @@ def pytest_sessionfinish(session):
     write_file_seconds()
     if "app_helpers" in sys.modules:  # only where a test started an app server
         sys.modules["app_helpers"].stop_forkserver()
+
+
+def pytest_collection_finish(session):
+    """Move everything alive once the tests are collected (torch, transformers, gradio, every test module) out of
+    the garbage collector's reach: it lives as long as the process, and each full collection walked all of it,
+    about 0.4 s each time, not counting conftest's own collection at the end of every module (37 CPU-s of a
+    one-process run of the suite, py-spy). What the tests make afterwards is collected as before."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_report_header(config):

@@ -61,9 +61,12 @@ def test_show_a_feature_click_through_its_neighbours_and_the_prompts_tokens_and_
     picked = int(feature.get_attribute("data-feature"))
     feature.click()
     _card_shows(page, picked)
+    # the steering strength follows the feature opened by a click, not the first one shown
+    page.wait_for_function(f"document.querySelector('#steer-note').innerText.includes(\"feature {picked}'s\")",
+                           timeout=30_000)
+    assert page.locator("#steer-feature input").input_value() == str(picked)
 
-    page.fill("#steer-strength input[type=number]", "150")
-    page.click("#steer-run")
+    page.click("#steer-run")  # at the strength set from the feature's own scale
     page.wait_for_function("document.querySelector('#steer-steered textarea').value.length > 0",
                            timeout=PLOT_TIMEOUT_MS)
     assert page.locator("#steer-default textarea").input_value()

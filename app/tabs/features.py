@@ -313,7 +313,9 @@ def build_features_tab(fh: FeatureHandlers, prompt: gr.Textbox, chat: gr.Checkbo
                                           **shown, **queues.jobs))
     cancel_btn.click(fh.cancel, None, status, cancels=show_events, api_name="feature_cancel", **queues.light)
     feature.change(lambda f: f, feature, steer_feature, api_visibility="private", **queues.light)
-    for shown_event in show_events[:2]:  # the feature's scan is there once its page shows: scale the strength by it
+    # The feature's scan is there once its page shows: scale the strength by it, whichever way the page was opened
+    # (Show, Enter, or a click on a neighbour or a prompt's feature), so the note never names another feature.
+    for shown_event in show_events:
         shown_event.success(fh.steer_scale, [picker, feature, source], [strength, steer_note],
                             api_name="steer_scale_after_show", api_visibility="private", **queues.light)
     steer_feature.submit(fh.steer_scale, [picker, steer_feature, source], [strength, steer_note],
