@@ -247,11 +247,23 @@ def write_test_sae(root: Path, name: str = TEST_SAE_NAME, seed: int = 0) -> Path
     return sae.save(root / name)
 
 
+# No CSS animations or transitions in the tests' pages. Gradio's spinners and pulsing progress bars run while a
+# job does, and Chromium repainted them at 60 frames a second for every second a test waited on the server.
+STILL_PAGE_JS = """
+document.addEventListener('DOMContentLoaded', () => {
+  const style = document.createElement('style');
+  style.textContent = '*, *::before, *::after { animation: none !important; transition: none !important; }';
+  document.head.appendChild(style);
+});
+"""
+
+
 @contextmanager
 def recording_page(browser, url: str, height: int = 1000) -> Iterator:
     """A Playwright page on the app at `url` that records the host of every request and websocket it opens
     (`page.hosts`: the browser tests check that none leaves the server), once the prompt box is there."""
-    context = browser.new_context(viewport={"width": 1400, "height": height})
+    context = browser.new_context(viewport={"width": 1400, "height": height}, reduced_motion="reduce")
+    context.add_init_script(STILL_PAGE_JS)
     page = context.new_page()
     page.hosts = set()
     page.on("request", lambda r: page.hosts.add(origin(r.url)))

@@ -209,3 +209,34 @@ def test_load_gemma_by_name_gives_a_shared_gemma3_text_model():
 def test_load_with_no_argument_is_still_smollm2(model):
     assert model is slmviz.load() is slmviz.load("SmolLM2-135M-Instruct")
     assert model.cfg.model_type == "llama" and model.name == "SmolLM2-135M-Instruct"
+
+
+def test_one_gguf_parse_reads_every_field_and_tensor_as_the_plain_reader_does(tmp_path):
+    """_one_gguf_parse's reader parses over a plain ndarray view of the file instead of np.memmap (faster): the same
+    fields (names, types, every part's bytes, data indices) and tensors, and np.memmap itself is left as it was."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "small.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("tokenizer.ggml.tokens", [f"tok{i}" for i in range(300)] + ["▁é", "<0xF0>"])
+    writer.add_array("tokenizer.ggml.scores", [float(i) / 7 for i in range(302)])
+    writer.add_array("tokenizer.ggml.token_type", [1] * 301 + [6])
+    writer.add_uint32("llama.block_count", 2)
+    writer.add_tensor("w", np.arange(24, dtype=np.float32).reshape(4, 6))
+    for call in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file,
+                 writer.close):
+        call()
+
+    plain = gguf.GGUFReader(path)
+    with bundled._one_gguf_parse():
+        fast = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(path) is fast  # parsed once
+    assert gguf.gguf_reader.np is np and gguf.GGUFReader is not None
+    assert list(plain.fields) == list(fast.fields)
+    for name, field in plain.fields.items():
+        other = fast.fields[name]
+        assert (field.offset, field.data, field.types) == (other.offset, other.data, other.types), name
+        assert [bytes(p) for p in field.parts] == [bytes(p) for p in other.parts], name
+    assert [(t.name, t.tensor_type, bytes(t.data)) for t in plain.tensors] == \
+        [(t.name, t.tensor_type, bytes(t.data)) for t in fast.tensors]
