@@ -166,7 +166,9 @@ def test_bundled_models_in_bf16_match_transformers_bf16(name):
     """Both bundled models, a 21-token prompt: bf16 trace vs transformers' bf16 eager run, capture-off forward vs
     its sdpa run, within transformers' own eager-vs-sdpa difference; loaded once per dtype."""
     m = slmviz.load(name, dtype="bfloat16")
-    assert m.dtype == BF16 and slmviz.load(name, dtype="bf16") is m and slmviz.load(name).dtype == torch.float32
+    assert m.dtype == BF16 and slmviz.load(name, dtype="bf16") is m
+    if name == "SmolLM2-135M-Instruct":  # the default dtype is still fp32 after a bf16 load (not Gemma's 1 GB again)
+        assert slmviz.load(name).dtype == torch.float32
     ids = m.encode("Once upon a time, in a small village by the sea, there lived")
     pair = (load_reference(m.path, dtype=BF16), load_reference(m.path, "sdpa", dtype=BF16))
     eager, sdpa, logit_tol, resid_tol = _transformers_tolerance(pair, ids)
