@@ -247,8 +247,8 @@ def write_test_sae(root: Path, name: str = TEST_SAE_NAME, seed: int = 0) -> Path
     return sae.save(root / name)
 
 
-# No CSS animations or transitions in the tests' pages. Gradio's spinners and pulsing progress bars run while a
-# job does, and Chromium repainted them at 60 frames a second for every second a test waited on the server.
+# No CSS animations or transitions in the tests' pages: Gradio's spinners and pulsing progress bars run while a
+# job does, and Chromium repaints them for every second a test waits on the server.
 STILL_PAGE_JS = """
 document.addEventListener('DOMContentLoaded', () => {
   const style = document.createElement('style');

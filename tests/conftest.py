@@ -43,9 +43,10 @@ keep_freed_memory_until_the_module_ends()
 
 def share_one_ssl_context_between_http_clients() -> None:
     """gradio_client opens a new httpx client for each call it makes (a prediction's POST, its event stream, a GET),
-    and each client builds an SSL context that parses certifi's whole CA bundle, ~70 ms, even to talk plain http to
-    a test server: about a thousand of them, 72 CPU-seconds of a one-process run of the suite (py-spy). This process
-    keeps the first context built for each set of arguments; the servers and the library are untouched."""
+    and each client builds an SSL context that parses certifi's whole CA bundle, even to talk plain http to a test
+    server: over a whole run, one of the largest costs of the test process (bench/results/notes.md, "The night of
+    2026-12-07"). This process keeps the first context built for each set of arguments; the servers and the library
+    are untouched."""
     import functools
 
     from httpx._transports import default
@@ -224,8 +225,8 @@ def pytest_sessionfinish(session):
 def pytest_collection_finish(session):
     """Move everything alive once the tests are collected (torch, transformers, gradio, every test module) out of
     the garbage collector's reach: it lives as long as the process, and each full collection walked all of it,
-    about 0.4 s each time, not counting conftest's own collection at the end of every module (37 CPU-s of a
-    one-process run of the suite, py-spy). What the tests make afterwards is collected as before."""
+    conftest's own at the end of every module included (bench/results/notes.md, "The night of 2026-12-07"). What
+    the tests make afterwards is collected as before."""
     import gc
 
     gc.collect()

@@ -30,7 +30,7 @@ try:
         try:
             slmviz.load()
             LOADED = True
-            # what app/fast_mode.py asks when a server builds its Patch tab: ~0.7 s of GEMMs measured once here
+            # what app/fast_mode.py asks when a server builds its Patch tab: timed GEMMs, measured once here
             # instead of in every server
             from slmviz.model.params import bf16_bulk_speedup
 

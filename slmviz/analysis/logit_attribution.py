@@ -74,7 +74,7 @@ def logit_attribution(trace: Traced, answer: str | int, wrong: str | int | None 
     def at(name: str) -> torch.Tensor:
         return trace[name][pos].double()
 
-    # the two rows, then fp64: the whole unembedding in fp64 was 1.3 GB on Gemma's 262,144-token vocabulary
+    # the two rows, then fp64: the whole unembedding in fp64 is a GB on Gemma's 262,144-token vocabulary
     readout = p.unembed[a].double() - (p.unembed[w].double() if w is not None else 0.0)  # [d_model]
     direction = readout if conv["norm"] == "none" else _through_norm(
         readout, _weight(p.ln_final, conv), at("ln_final.hook_scale"), conv["norm_type"])  # [d_model]

@@ -170,8 +170,8 @@ class AttributionGraph:
         """Write `to_json()` to `path` (circuit-tracer's frontend reads it; the slug defaults to the file's stem)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        # compact: json.dumps with an indent runs its pure-Python encoder, ~3.5 times slower on a graph of thousands
-        # of links, and the app writes this file at every prune
+        # compact: json.dumps with an indent runs its pure-Python encoder instead of the C one, and the app writes
+        # this file at every prune of a graph of thousands of links
         path.write_text(json.dumps(self.to_json(slug=slug or path.stem, scan=scan), separators=(",", ":")))
         return path
 
