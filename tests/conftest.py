@@ -25,8 +25,9 @@ def keep_freed_memory_until_the_module_ends() -> None:
     """glibc: serve large tensors from the heap (M_MMAP_MAX 0) and do not hand freed memory back on each free
     (M_TRIM_THRESHOLD), so that a test's 560 MB logits reuse the pages the last one freed; the heap goes back to
     the OS once a module ends (pytest_runtest_teardown's malloc_trim). Why: on the virtual machines the suite runs
-    on, memory handed back is soon reclaimed by the host, and touching it again costs ~10 CPU-seconds a GB in the
-    kernel, more than the arithmetic of the Gemma tests that make it (bench/results/notes.md, "make test's CPU").
+    on, memory handed back is soon reclaimed by the host, and touching it again costs the kernel more than the
+    arithmetic of the Gemma tests that make it (bench/perf/fresh_memory.py; bench/results/notes.md, "make test's
+    CPU").
     Only this process: the servers and subprocesses it starts keep glibc's defaults."""
     import contextlib
     import ctypes

@@ -1,9 +1,10 @@
 """Imported once by the test servers' forkserver (tests/app_helpers.py): the default model, loaded before the servers
 fork, so that each SmolLM2 server shares its weights with the forkserver (copy-on-write) instead of loading them.
 
-A load copies 538 MB of weights into memory of the server's own: ~1 CPU-second, and on the virtual machines the suite
-runs on, memory that no process has touched lately costs ~10 CPU-seconds a GB in the kernel (the host has taken it
-back), so each server start paid several seconds for the same weights (bench/results/notes.md, "make test's CPU").
+A load copies the model's weights into memory of the server's own, and on the virtual machines the suite runs on,
+memory that no process has touched lately costs the kernel more than the copy itself (the host has taken it back), so
+each server start paid for the same weights again (bench/perf/fresh_memory.py; bench/results/notes.md, "make test's
+CPU").
 A forked server finds the model where `slmviz.load()` keeps bundled models (`model_api._BUNDLED_LOADED`); a server
 whose $SLMVIZ_CACHE differs from the one read here forgets it first (forget_if_another_cache).
 
