@@ -157,6 +157,7 @@ def launch(
     print(f"slmviz app: loading {model or 'the default model'} ...", flush=True)
     demo = build(ctx)
     demo.queue(default_concurrency_limit=MODEL_CONCURRENCY, max_size=32)
+    poll_queue_less(demo)
     demo.launch(
         server_name=host, server_port=port, theme=THEME, css=CSS, show_error=False, quiet=False,
         prevent_thread_lock=True, footer_links=["api", "settings"], run_history=False,
@@ -164,6 +165,22 @@ def launch(
     if not prevent_thread_lock:
         serve_until_interrupted(demo, exit_on_interrupt)
     return demo
+
+
+QUEUE_POLL_S = 0.02  # how often an idle queue looks for a new event: what an event may wait before it starts
+PROGRESS_POLL_S = 0.05  # how often it looks for a progress update to send: 20 a second at most
+
+
+def poll_queue_less(demo: gr.Blocks) -> None:
+    """Gradio's queue looks for a new event every millisecond while it has none, and for progress to send every
+    10 ms (gradio 6.31: Queue.sleep_when_free, progress_update_sleep_when_free), so an idle server wakes a thousand
+    times a second: a steady share of a core for nothing, on a laptop and in a Space alike (bench/results/notes.md,
+    "Idle servers and pages"). Every QUEUE_POLL_S instead, which a request of this app (a tenth of a second and
+    more) does not notice. Attributes of Gradio's queue, set only where they exist."""
+    queue = getattr(demo, "_queue", None)
+    for name, seconds in (("sleep_when_free", QUEUE_POLL_S), ("progress_update_sleep_when_free", PROGRESS_POLL_S)):
+        if isinstance(getattr(queue, name, None), float):
+            setattr(queue, name, max(getattr(queue, name), seconds))
 
 
 def serve_until_interrupted(demo: gr.Blocks, exit_on_interrupt: bool = False) -> None:

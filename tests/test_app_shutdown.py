@@ -25,7 +25,8 @@ SHUTDOWN_S = 5.0  # "within seconds": less than Gradio's own 5 s join of its ser
 
 
 def test_a_server_with_a_finished_job_and_an_open_session_exits_within_seconds_of_ctrl_c():
-    with app_process(fresh=True) as (proc, url):  # a whole process of its own, as `slmviz app` runs
+    # a whole process of its own, as `slmviz app` runs; its long job a scan of a few verses (any finished job will do)
+    with app_process({"SLMVIZ_CORPUS_DOCS": "4"}, fresh=True) as (proc, url):
         client = Client(url, verbose=False)  # its heartbeat stream stays open, as a test module's clients' do
         status, *_ = client.predict("blocks.7.mlp.hook_post", "", False, api_name="/corpus_load")
         assert status.startswith("Scan of")  # a finished long job: the job worker now waits for the next one

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import gradio as gr
 import pytest
-from app_helpers import CHROMIUM, NO_CHROMIUM, free_port
+from app_helpers import CHROMIUM, NO_CHROMIUM, free_port, quiet_context
 from playwright.sync_api import expect
 
 from app.shared import busy_while
@@ -54,7 +54,7 @@ def server() -> Iterator[str]:
 
 @pytest.fixture()
 def page(browser, server):
-    context = browser.new_context()
+    context = quiet_context(browser)
     pg = context.new_page()
     pg.goto(server)
     pg.wait_for_selector("#busy-run")

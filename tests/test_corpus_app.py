@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from app_helpers import CHROMIUM, NO_CHROMIUM, app_server
+from app_helpers import CHROMIUM, NO_CHROMIUM, app_server, quiet_context
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
@@ -56,7 +56,7 @@ def test_a_running_scan_holds_up_no_other_request_and_cancel_stops_it(server, sc
 def test_cancel_in_the_page_stops_the_first_scan_and_says_so(browser, server, scan_cache):
     """As a visitor meets it: opening the tab starts the scan with a progress bar; Cancel ends the wait with a
     message (no error toast); the page keeps working; nothing half-scanned is cached."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = quiet_context(browser, viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.goto(server)
     page.wait_for_selector("#prompt textarea")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from app_helpers import CHROMIUM, NO_CHROMIUM, REPO, app_server
+from app_helpers import CHROMIUM, NO_CHROMIUM, REPO, app_server, quiet_context
 
 from app.scans import corpus_docs
 
@@ -37,7 +37,7 @@ def server(scan_cache):
 
 
 def _open_corpus_tab(browser, server):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = quiet_context(browser, viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.goto(server)
     page.wait_for_selector("#prompt textarea")

@@ -46,10 +46,15 @@ def _transformers_tolerance(pair, ids: torch.Tensor) -> tuple[object, object, fl
     on these ids, relative to each tensor's size (the largest over layers for the residual)."""
     eager = run_reference(pair[0], ids)
     sdpa = run_reference(pair[1], ids, attentions=False)
+    return eager, sdpa, *_tolerance(eager, sdpa)
+
+
+def _tolerance(eager, sdpa) -> tuple[float, float]:
+    """(logits tolerance, residual tolerance) from transformers' eager and sdpa runs of the same ids."""
     logit_tol = relative_error(eager.logits, sdpa.logits)
     resid_tol = max(relative_error(a, b) for a, b in zip(eager.resid_post, sdpa.resid_post, strict=True))
     assert logit_tol > 0  # the two implementations do differ in bf16, so the tolerance is a real measurement
-    return eager, sdpa, logit_tol, resid_tol
+    return logit_tol, resid_tol
 
 
 @pytest.mark.parametrize("arch", list(TINY_ARCHS))
@@ -170,8 +175,11 @@ def test_bundled_models_in_bf16_match_transformers_bf16(name):
     if name == "SmolLM2-135M-Instruct":  # the default dtype is still fp32 after a bf16 load (not Gemma's 1 GB again)
         assert slmviz.load(name).dtype == torch.float32
     ids = m.encode("Once upon a time, in a small village by the sea, there lived")
-    pair = (load_reference(m.path, dtype=BF16), load_reference(m.path, "sdpa", dtype=BF16))
-    eager, sdpa, logit_tol, resid_tol = _transformers_tolerance(pair, ids)
+    reference = load_reference(m.path, dtype=BF16)
+    eager = run_reference(reference, ids)
+    reference.set_attn_implementation("sdpa")  # the same weights, not a second 1 GB model of Gemma's
+    sdpa = run_reference(reference, ids, attentions=False)
+    logit_tol, resid_tol = _tolerance(eager, sdpa)
     t = m.trace(ids, names=lambda n: n.endswith("hook_resid_post"))
     assert relative_error(eager.logits, t.logits) <= logit_tol
     assert relative_error(sdpa.logits, m.logits(ids)) <= logit_tol
