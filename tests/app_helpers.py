@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -271,10 +272,24 @@ document.addEventListener('DOMContentLoaded', () => {
 """
 
 
+WAIT_POLL_MS = 100  # how often a test page's wait_for_function checks its condition
+
+
 def quiet_context(browser, **kwargs):
-    """A new browser context whose pages run STILL_PAGE_JS (every test page: what an idle page costs Chromium)."""
+    """A new browser context whose pages run STILL_PAGE_JS, and whose `page.wait_for_function` checks its condition
+    every WAIT_POLL_MS unless a call says otherwise: Playwright's default checks it at every animation frame, and a
+    page asked for frames draws them, 60 a second for as long as a test waits on the server (bench/results/notes.md,
+    "Chromium's idle pages"). Every test page comes from here."""
     context = browser.new_context(**kwargs)
     context.add_init_script(STILL_PAGE_JS)
+    new_page = context.new_page
+
+    def new_quiet_page():
+        page = new_page()
+        page.wait_for_function = functools.partial(page.wait_for_function, polling=WAIT_POLL_MS)
+        return page
+
+    context.new_page = new_quiet_page
     return context
 
 
