@@ -267,6 +267,27 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=cost)  # stable: each module's own order is kept
 
 
+# The modules that load the bundled Gemma 3 (fp32) in the test process: `make test` runs them on one worker, one
+# after another, so that the worker's shared Gemma (slmviz.load's cache) is loaded and paged in once, not once on
+# each worker (a gigabyte of fresh memory each time: bench/results/notes.md, "make test's CPU").
+GEMMA_MODULES = frozenset({"test_bundled.py", "test_circuits_tasks.py", "test_families.py",
+                           "test_logit_attribution.py", "test_sae_splice.py", "test_sae_train.py"})
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's loadfile, each module one unit of work, except GEMMA_MODULES: one unit together."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GemmaModulesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return "the Gemma modules" if Path(module).name in GEMMA_MODULES else module
+
+    return GemmaModulesTogether(config, log)
+
+
 _file_seconds: dict[str, float] = {}
 
 
