@@ -274,6 +274,7 @@ GEMMA_MODULES = frozenset({"test_bundled.py", "test_circuits_tasks.py", "test_fa
                            "test_logit_attribution.py", "test_sae_splice.py", "test_sae_train.py"})
 
 
+@pytest.hookimpl(optionalhook=True)  # known only where xdist is loaded (not under -p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's loadfile, each module one unit of work, except GEMMA_MODULES: one unit together."""
     if config.getvalue("dist") != "loadfile":
