@@ -251,11 +251,12 @@ def write_test_sae(root: Path, name: str = TEST_SAE_NAME, seed: int = 0) -> Path
 # What a test's page draws while nothing changes, kept to what a person would see:
 # - No CSS animations or transitions: Gradio's spinners and pulsing progress bars run while a job does, and
 #   Chromium repaints them for every second a test waits on the server.
-# - Gradio's status tracker counts a job's elapsed time in a requestAnimationFrame loop, and the tracker of the
-#   page's own "Loading..." never ends its loop once the page has loaded (gradio 6.31, in any app: an idle page
-#   requests 60 frames a second, forever). Its frames come once a second instead: an elapsed time then moves by
-#   whole seconds, and an idle page draws nothing (bench/results/notes.md, "Chromium's idle pages"). The wrapper is
-#   in place before Gradio's modules run (an init script), which read window.requestAnimationFrame once.
+# - Gradio's status tracker counts a job's elapsed time in a requestAnimationFrame loop, and one such loop keeps
+#   running once the page has loaded, with no job pending (gradio 6.31, in any app, even one of a single Markdown:
+#   an idle page asks for 60 frames a second, forever). The tracker's frames come once a second instead: an elapsed
+#   time then moves by whole seconds, and an idle page draws nothing (bench/results/notes.md, "Idle servers and
+#   pages"). The wrapper is in place before Gradio's modules run (an init script), which read
+#   window.requestAnimationFrame once; the app itself cannot do the same, since its own scripts run after them.
 STILL_PAGE_JS = """
 document.addEventListener('DOMContentLoaded', () => {
   const style = document.createElement('style');
@@ -279,7 +280,7 @@ def quiet_context(browser, **kwargs):
     """A new browser context whose pages run STILL_PAGE_JS, and whose `page.wait_for_function` checks its condition
     every WAIT_POLL_MS unless a call says otherwise: Playwright's default checks it at every animation frame, and a
     page asked for frames draws them, 60 a second for as long as a test waits on the server (bench/results/notes.md,
-    "Chromium's idle pages"). Every test page comes from here."""
+    "Idle servers and pages"). Every test page comes from here."""
     context = browser.new_context(**kwargs)
     context.add_init_script(STILL_PAGE_JS)
     new_page = context.new_page
