@@ -269,7 +269,7 @@ def pytest_collection_modifyitems(config, items):
 
 # The modules that load the bundled Gemma 3 (fp32) in the test process: `make test` runs them on one worker, one
 # after another, so that the worker's shared Gemma (slmviz.load's cache) is loaded and paged in once, not once on
-# each worker (a gigabyte of fresh memory each time: bench/results/notes.md, "make test's CPU").
+# each worker (its weights paged in afresh each time: bench/results/notes.md, "Idle servers and pages").
 GEMMA_MODULES = frozenset({"test_bundled.py", "test_circuits_tasks.py", "test_families.py",
                            "test_logit_attribution.py", "test_sae_splice.py", "test_sae_train.py"})
 

@@ -1,5 +1,6 @@
 """The app under load: 8 concurrent gradio_client sessions × 5 requests each, a cancelled generation, and a Run
-served during another session's generation (checked by order of completion, never by time).
+served during another session's generation (checked by order of completion, never by time); and, idle, the queue's
+poll the app slows down.
 
 Checks every request succeeds, results equal a single client's (determinism under Gradio's queue and
 its concurrency limit), and the server's memory stays bounded (peak RSS is printed and recorded in
@@ -135,3 +136,20 @@ def test_another_sessions_run_during_a_long_generation_finishes_first(server):
     assert result[4].startswith("Traced")
     assert not job.done()  # bob's Run did not wait for alice's generation
     job.cancel()
+
+
+def test_an_idle_queue_looks_for_work_every_20_ms_not_every_millisecond():
+    """Gradio's queue polls for new events every millisecond and for progress every 10 ms (the attributes read
+    below); the app sets them to QUEUE_POLL_S and PROGRESS_POLL_S (app/main.py, poll_queue_less). Fails where a
+    Gradio release renames them, which would silently bring back an idle server's busy core."""
+    import gradio as gr
+
+    from app.main import PROGRESS_POLL_S, QUEUE_POLL_S, poll_queue_less
+
+    with gr.Blocks() as demo:
+        gr.Markdown("idle")
+    demo.queue()
+    assert demo._queue.sleep_when_free < QUEUE_POLL_S  # Gradio's own, before
+    poll_queue_less(demo)
+    assert demo._queue.sleep_when_free == QUEUE_POLL_S
+    assert demo._queue.progress_update_sleep_when_free == PROGRESS_POLL_S
