@@ -19,7 +19,7 @@ TEST_WORKERS ?= 2
 TEST_PYCACHE := $(CURDIR)/.cache/pycache
 BYTECODE := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(TEST_PYCACHE)
 
-.PHONY: app test lint bench model setup clean docs transcoders collect
+.PHONY: app test lint bench model setup clean docs transcoders
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -50,13 +50,6 @@ app: model
 test: model
 	$(PY) -m ruff check .
 	$(BYTECODE) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25  # the slowest, so a CI log shows where its minutes go
-
-# Collect the suite without running it: every module the tests import is compiled into the bytecode cache once.
-# .ci/run does it beside the models' preparation, on the core Gemma's longer preparation leaves idle; otherwise the
-# two test workers compile the same modules side by side as they start (bench/results/notes.md, "Idle servers and
-# pages").
-collect: setup
-	$(BYTECODE) $(PY) -m pytest --collect-only -q -p no:xdist tests >/dev/null
 
 lint: setup
 	$(PY) -m ruff check .
