@@ -74,12 +74,12 @@ def idle(measure, *args) -> float:
 
 
 def main() -> None:
-    from app_helpers import CHROMIUM, CHROMIUM_ARGS, STILL_PAGE_JS, app_process
+    from app_helpers import CHROMIUM, CHROMIUM_ARGS, STILL_PAGE_JS, app_server
     from playwright.sync_api import sync_playwright
 
     for poll, name in (("gradio", "Gradio's own queue poll"), ("app", "the app's (poll_queue_less)")):
         print(f"idle server, {name}: {idle_server(poll):.2f} CPU-s in {IDLE_S:.0f} s")
-    with app_process() as (_, url), sync_playwright() as p:
+    with app_server() as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         for name, script in (("as a browser runs it", None), ("with the test pages' throttle", STILL_PAGE_JS)):
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
